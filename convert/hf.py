@@ -1,0 +1,88 @@
+"""Hugging Face safetensors directory -> ``models.DiffusionLM`` with real weights.
+
+The source key set must equal the key table's expansion exactly (a missing, unexpected or
+duplicated tensor is an error naming it), every tensor's shape is asserted before it is used, and
+each parameter is assembled and placed on device before the next one is read, so peak host memory
+is one stacked parameter, not the model twice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models import DiffusionLM, ModelConfig, load_config, param_shapes
+
+from .keys import Target, expected_keys
+from .safetensors_dir import CheckpointError, SafetensorsDir
+
+
+def check_key_set(cfg: ModelConfig, available: dict[str, tuple[int, ...]], source: str) -> dict[str, Target]:
+    """Completeness and shape check of a source key set against the family's key table."""
+    expected = expected_keys(cfg)
+    missing = sorted(set(expected) - set(available))
+    unexpected = sorted(set(available) - set(expected))
+    if missing:
+        raise CheckpointError(f"{source}: missing tensor(s) {', '.join(missing[:10])}" + (" ..." if len(missing) > 10 else ""))
+    if unexpected:
+        raise CheckpointError(
+            f"{source}: unexpected tensor(s) {', '.join(unexpected[:10])}" + (" ..." if len(unexpected) > 10 else "")
+            + f" (not in the {cfg.family} key table for this config)"
+        )
+    for key, target in expected.items():
+        if tuple(available[key]) != target.source_shape:
+            raise CheckpointError(
+                f"{source}: tensor '{key}' has shape {tuple(available[key])}, expected {target.source_shape} from config.json"
+            )
+    return expected
+
+
+def stream_params(
+    reader: SafetensorsDir,
+    cfg: ModelConfig,
+    dtype: jnp.dtype,
+    place: Callable[[str, np.ndarray], jax.Array] = lambda name, host: jnp.asarray(host),
+) -> dict[str, jax.Array]:
+    """Assemble each parameter from its source tensors, one parameter at a time."""
+    expected = check_key_set(cfg, reader.shapes, str(reader.dir))
+    by_param: dict[str, list[tuple[str, Target]]] = {}
+    for key, target in expected.items():
+        by_param.setdefault(target.param, []).append((key, target))
+    np_dtype = jnp.dtype(dtype)
+    params = {}
+    for name, shape in param_shapes(cfg).items():
+        host = np.empty(shape, np_dtype)
+        for key, target in by_param[name]:
+            tensor = reader.get(key)
+            if tensor.shape != target.source_shape:
+                raise CheckpointError(f"{reader.location[key]}: tensor '{key}' has shape {tensor.shape}, expected {target.source_shape}")
+            tensor = tensor.T if target.transpose else tensor
+            if target.layer is None:
+                host[...] = tensor.astype(np_dtype)
+            else:
+                host[target.layer] = tensor.astype(np_dtype)
+            del tensor
+        params[name] = place(name, host)
+        del host
+    return params
+
+
+def model_from_params(cfg: ModelConfig, params: dict[str, jax.Array], dtype: jnp.dtype) -> DiffusionLM:
+    """A DiffusionLM whose parameters are ``params`` (no random initialisation is run)."""
+    model = nnx.eval_shape(lambda: DiffusionLM(cfg, dtype=dtype))
+    for name, value in params.items():
+        getattr(model, name).value = value
+    return model
+
+
+def load_hf_model(model_dir: str | Path, dtype: str | jnp.dtype = jnp.float32) -> DiffusionLM:
+    """Load a Hugging Face LLaDA/Dream directory straight into a Flax model."""
+    cfg = load_config(model_dir)
+    with SafetensorsDir(model_dir) as reader:
+        params = stream_params(reader, cfg, jnp.dtype(dtype))
+    return model_from_params(cfg, params, jnp.dtype(dtype))

@@ -1,0 +1,161 @@
+"""The bidirectional transformer shared by LLaDA and Dream, as a Flax NNX module.
+
+Both families are a Llama-style pre-norm block (RMSNorm, RoPE attention with GQA, SiLU-gated
+MLP) without a causal mask; Dream adds q/k/v biases. Layer weights are stacked on a leading
+layer axis and run with ``lax.scan``, so compile time does not grow with depth and every layer's
+weights can be sharded by one rule.
+
+Numerics follow upstream: RMSNorm normalises in float32, casts back, then multiplies the weight;
+RoPE (rotate-half) is applied in float32; logits are returned in float32.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from .config import ModelConfig
+
+# Parameter names and the logical axes of each (used by the converter and for sharding).
+LAYER_PARAMS: dict[str, tuple[str, ...]] = {
+    "attn_norm": ("layers", "embed"),
+    "wq": ("layers", "embed", "heads"),
+    "wk": ("layers", "embed", "kv_heads"),
+    "wv": ("layers", "embed", "kv_heads"),
+    "wo": ("layers", "heads", "embed"),
+    "mlp_norm": ("layers", "embed"),
+    "w_gate": ("layers", "embed", "mlp"),
+    "w_up": ("layers", "embed", "mlp"),
+    "w_down": ("layers", "mlp", "embed"),
+}
+BIAS_PARAMS: dict[str, tuple[str, ...]] = {
+    "bq": ("layers", "heads"),
+    "bk": ("layers", "kv_heads"),
+    "bv": ("layers", "kv_heads"),
+}
+TOP_PARAMS: dict[str, tuple[str, ...]] = {
+    "embed": ("vocab", "embed"),
+    "final_norm": ("embed",),
+    "lm_head": ("embed", "vocab"),
+}
+
+
+def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Shape of every parameter of the model, by name (the single source of truth)."""
+    L, d, F, V = cfg.n_layers, cfg.d_model, cfg.mlp_hidden, cfg.vocab_size
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    shapes = {
+        "embed": (V, d),
+        "final_norm": (d,),
+        "attn_norm": (L, d),
+        "wq": (L, d, q),
+        "wk": (L, d, kv),
+        "wv": (L, d, kv),
+        "wo": (L, q, d),
+        "mlp_norm": (L, d),
+        "w_gate": (L, d, F),
+        "w_up": (L, d, F),
+        "w_down": (L, F, d),
+    }
+    if cfg.qkv_bias:
+        shapes.update(bq=(L, q), bk=(L, kv), bv=(L, kv))
+    if not cfg.tie_embeddings:
+        shapes["lm_head"] = (d, V)
+    return shapes
+
+
+def logical_axes(name: str) -> tuple[str, ...]:
+    return {**LAYER_PARAMS, **BIAS_PARAMS, **TOP_PARAMS}[name]
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight * x32.astype(x.dtype)
+
+
+def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """sin/cos tables [B, N, head_dim] in float32 for integer positions [B, N]."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+    angles = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.sin(angles), jnp.cos(angles)
+
+
+def apply_rope(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
+    """Rotate-half RoPE on x [B, N, H, hd], computed in float32."""
+    x32 = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    out = x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+    return out.astype(x.dtype)
+
+
+def default_positions(cfg: ModelConfig, attention_mask: jax.Array | None, batch: int, length: int) -> jax.Array:
+    """LLaDA: absolute positions even when padded. Dream: cumsum(mask) - 1 (pad positions -> 1)."""
+    if cfg.positions_from_mask and attention_mask is not None:
+        mask = attention_mask.astype(jnp.int32)
+        return jnp.where(mask > 0, jnp.cumsum(mask, axis=-1) - 1, 1)
+    return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+
+
+class DiffusionLM(nnx.Module):
+    """Token ids [B, N] -> raw (unshifted) logits [B, N, V] in float32."""
+
+    def __init__(self, config: ModelConfig, *, dtype: jnp.dtype = jnp.float32, rngs: nnx.Rngs | None = None):
+        self.config = config
+        self.dtype = jnp.dtype(dtype)
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        for name, shape in param_shapes(config).items():
+            if name.endswith("norm"):
+                value = jnp.ones(shape, self.dtype)
+            elif name.startswith("b"):
+                value = jnp.zeros(shape, self.dtype)
+            else:
+                value = (0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(self.dtype)
+            setattr(self, name, nnx.Param(value))
+
+    def layer_weights(self) -> dict[str, jax.Array]:
+        names = list(LAYER_PARAMS) + (list(BIAS_PARAMS) if self.config.qkv_bias else [])
+        return {name: getattr(self, name)[...] for name in names}
+
+    def head_weight(self) -> jax.Array:
+        return self.embed[...].T if self.config.tie_embeddings else self.lm_head[...]
+
+    def __call__(
+        self,
+        tokens: jax.Array,
+        attention_mask: jax.Array | None = None,
+        positions: jax.Array | None = None,
+    ) -> jax.Array:
+        cfg = self.config
+        batch, length = tokens.shape
+        if positions is None:
+            positions = default_positions(cfg, attention_mask, batch, length)
+        # Keys at pad positions are masked for every query; queries are never masked.
+        key_mask = None if attention_mask is None else attention_mask.astype(bool)[:, None, None, :]
+        sin, cos = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(self.dtype)
+
+        def block(h: jax.Array, w: dict[str, jax.Array]) -> tuple[jax.Array, None]:
+            h = h + self._attention(rms_norm(h, w["attn_norm"], cfg.norm_eps), w, sin, cos, key_mask)
+            y = rms_norm(h, w["mlp_norm"], cfg.norm_eps)
+            y = jax.nn.silu(y @ w["w_gate"]) * (y @ w["w_up"])
+            return h + y @ w["w_down"], None
+
+        x, _ = jax.lax.scan(block, x, self.layer_weights())
+        x = rms_norm(x, self.final_norm[...], cfg.norm_eps)
+        return jnp.einsum("bnd,dv->bnv", x, self.head_weight(), preferred_element_type=jnp.float32)
+
+    def _attention(self, x, w, sin, cos, key_mask) -> jax.Array:
+        cfg = self.config
+        batch, length, _ = x.shape
+        q, k, v = x @ w["wq"], x @ w["wk"], x @ w["wv"]
+        if cfg.qkv_bias:
+            q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
+        q = apply_rope(q.reshape(batch, length, cfg.n_heads, cfg.head_dim), sin, cos)
+        k = apply_rope(k.reshape(batch, length, cfg.n_kv_heads, cfg.head_dim), sin, cos)
+        v = v.reshape(batch, length, cfg.n_kv_heads, cfg.head_dim)
+        out = jax.nn.dot_product_attention(q, k, v, mask=key_mask)
+        return out.reshape(batch, length, cfg.n_heads * cfg.head_dim) @ w["wo"]
