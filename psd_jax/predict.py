@@ -1,0 +1,111 @@
+"""The one model-calling primitive: K candidate canvases per row -> what policies need.
+
+``predict`` flattens ``[B, K, N]`` canvases into a single ``[B*K, N]`` forward (doubled for
+classifier-free guidance), applies the family's logit shift, suppresses the mask token, and turns
+logits into a ``Prediction``: predicted token and its confidence per position, plus what RPS needs
+(entropy, top-k probabilities) when asked. Decoders never see logits.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from models import ModelConfig
+
+from .config import DecodeConfig
+
+ENTROPY_EPS = 1e-10  # Dream's epsilon inside log for the entropy confidence
+
+
+@struct.dataclass
+class Prediction:
+    token: jax.Array  # [..., N] int32 predicted token (argmax, or Gumbel-max sample if temperature > 0)
+    conf: jax.Array  # [..., N] float32 policy confidence of `token`
+    entropy: jax.Array | None = None  # [..., N] full-vocabulary entropy (RPS)
+    topk_prob: jax.Array | None = None  # [..., N, k_max] (RPS)
+    topk_id: jax.Array | None = None  # [..., N, k_max] (RPS)
+
+
+def shift_logits(logits: jax.Array, shift: int) -> jax.Array:
+    """Dream predicts position i at logit i - 1: ``concat(logits[:, :1], logits[:, :-1])``."""
+    if shift == 0:
+        return logits
+    return jnp.concatenate([logits[:, :shift], logits[:, :-shift]], axis=1)
+
+
+def needs_rps_fields(dcfg: DecodeConfig) -> bool:
+    return dcfg.decoder == "rps"
+
+
+def logits_to_prediction(logits: jax.Array, key: jax.Array, mcfg: ModelConfig, dcfg: DecodeConfig) -> Prediction:
+    """Token choice and confidence from logits [M, N, V] (already shifted)."""
+    logits = logits.at[..., mcfg.mask_id].set(-jnp.inf)  # never predict [MASK]
+    if dcfg.logits_eos_inf:
+        logits = logits.at[..., mcfg.eos_id].set(-jnp.inf)
+    sample_key, conf_key = jax.random.split(key)
+    if dcfg.temperature > 0:
+        # Gumbel-max: argmax(l/T + G) samples softmax(l/T), as LLaDA's add_gumbel_noise does.
+        gumbel = jax.random.gumbel(sample_key, logits.shape, jnp.float32)
+        token = jnp.argmax(logits / dcfg.temperature + gumbel, axis=-1)
+    else:
+        token = jnp.argmax(logits, axis=-1)
+    token = token.astype(jnp.int32)
+    if dcfg.confidence_eos_eot_inf and mcfg.eot_id is not None:
+        # As LLaDA's generate.py: the EOT logit is removed before the confidence softmax.
+        logits = logits.at[..., mcfg.eot_id].set(-jnp.inf)
+    probs = jax.nn.softmax(logits, axis=-1)
+    entropy = None
+    if dcfg.confidence == "entropy" or needs_rps_fields(dcfg):
+        entropy = -jnp.sum(probs * jnp.log(probs + ENTROPY_EPS), axis=-1)
+    if dcfg.confidence == "prob":
+        conf = jnp.take_along_axis(probs, token[..., None], axis=-1)[..., 0]
+    elif dcfg.confidence == "margin":
+        top2 = jax.lax.top_k(probs, 2)[0]
+        conf = top2[..., 0] - top2[..., 1]
+    elif dcfg.confidence == "entropy":
+        conf = -entropy
+    else:  # random remasking
+        conf = jax.random.uniform(conf_key, token.shape, jnp.float32)
+    pred = Prediction(token=token, conf=conf.astype(jnp.float32), entropy=entropy)
+    if needs_rps_fields(dcfg):
+        topk_prob, topk_id = jax.lax.top_k(probs, dcfg.k_max)
+        pred = pred.replace(topk_prob=topk_prob, topk_id=topk_id.astype(jnp.int32))
+    return pred
+
+
+ForwardFn = Callable[[jax.Array, jax.Array | None], jax.Array]
+
+
+def predict(
+    forward: ForwardFn,
+    canvases: jax.Array,
+    attention_mask: jax.Array | None,
+    prompt_length: int,
+    key: jax.Array,
+    mcfg: ModelConfig,
+    dcfg: DecodeConfig,
+) -> Prediction:
+    """One model call over canvases [B, K, N]; returns a Prediction with leading dims [B, K]."""
+    batch, k, n = canvases.shape
+    flat = canvases.reshape(batch * k, n)
+    mask = None if attention_mask is None else jnp.repeat(attention_mask, k, axis=0)
+    if dcfg.cfg_scale > 0:
+        # Classifier-free guidance: the prompt replaced by [MASK] gives the unconditional branch.
+        uncond = flat.at[:, :prompt_length].set(mcfg.mask_id)
+        both = forward(jnp.concatenate([flat, uncond]), None if mask is None else jnp.concatenate([mask, mask]))
+        cond_logits, uncond_logits = jnp.split(both, 2)
+        logits = uncond_logits + (dcfg.cfg_scale + 1.0) * (cond_logits - uncond_logits)
+    else:
+        logits = forward(flat, mask)
+    logits = shift_logits(logits, mcfg.logit_shift)
+    pred = logits_to_prediction(logits, key, mcfg, dcfg)
+    return jax.tree.map(lambda a: a.reshape(batch, k, *a.shape[1:]), pred)
+
+
+def forwards_per_call(batch: int, dcfg: DecodeConfig) -> int:
+    """Sequences processed by one ``predict`` call (what `sequence_forwards` counts)."""
+    return batch * dcfg.branches * (2 if dcfg.cfg_scale > 0 else 1)

@@ -1,0 +1,693 @@
+"""Synthetic GSM8K-style arithmetic word problems and GSM8K answer scoring.
+
+Each generated problem is a short story (one of several templates) whose answer
+is a chain of 2-4 dependent calculator lines followed by a GSM8K final line::
+
+    6 * 12 = 72
+    72 - 9 = 63
+    63 / 7 = 9
+    #### 9
+
+Every line after the first uses the result of the previous line, so a decoder
+that fills many answer tokens in parallel without conditioning on earlier
+results tends to make mistakes. Numbers are kept small (operands mostly < 100,
+every intermediate result in [1, 999]) so that a tiny model can learn them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import NamedTuple
+
+TEST_SEED = 12345  # seed of the shipped held-out set (models/default/test.jsonl)
+MAX_VALUE = 999  # largest allowed intermediate result
+
+__all__ = [
+    "MAX_VALUE",
+    "TEMPLATES",
+    "TEST_SEED",
+    "extract_answer",
+    "generate_problem",
+    "gold_answer",
+    "is_correct",
+    "load_jsonl",
+    "make_dataset",
+    "normalize_number",
+    "parse_steps",
+    "save_jsonl",
+]
+
+
+# --------------------------------------------------------------------------- #
+# Answer extraction / scoring (GSM8K conventions)
+# --------------------------------------------------------------------------- #
+
+_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?|-?\.\d+")
+
+
+def normalize_number(text: str) -> str | None:
+    """Canonical string for a number: strip ``$``, commas, spaces and a trailing
+    period; ``"1,234"`` -> ``"1234"``, ``"72.0"`` -> ``"72"``, ``"3.50"`` -> ``"3.5"``.
+    Returns None if ``text`` is not a number."""
+    s = text.strip().replace(",", "").replace("$", "").replace(" ", "").rstrip(".")
+    try:
+        value = float(s)
+    except ValueError:
+        return None
+    if value != value or value in (float("inf"), float("-inf")):
+        return None
+    if value == int(value):
+        return str(int(value))
+    return repr(value).rstrip("0").rstrip(".")
+
+
+def extract_answer(text: str) -> str | None:
+    """GSM8K-style answer: the number right after the last ``####``.
+
+    Without ``####`` it falls back to the last number in ``text``. Returns the
+    normalized number, or None when there is none (including a ``####`` with no
+    number after it)."""
+    if "####" in text:
+        match = _NUMBER.search(text.rsplit("####", 1)[1])
+        return normalize_number(match.group()) if match else None
+    numbers = _NUMBER.findall(text)
+    return normalize_number(numbers[-1]) if numbers else None
+
+
+def gold_answer(example: dict) -> str:
+    """The reference answer of a ``{"question", "answer"}`` example."""
+    answer = extract_answer(str(example["answer"]))
+    if answer is None:
+        raise ValueError(f"no number in answer field: {example['answer']!r}")
+    return answer
+
+
+def is_correct(prediction_text: str, example: dict) -> bool:
+    """True if the answer extracted from ``prediction_text`` equals the gold answer."""
+    predicted = extract_answer(prediction_text)
+    return predicted is not None and float(predicted) == float(gold_answer(example))
+
+
+def load_jsonl(path: str | Path) -> list[dict]:
+    """Read a jsonl file of objects with ``question`` and ``answer`` fields
+    (our format or GSM8K's own ``train.jsonl``/``test.jsonl``)."""
+    examples = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            if "question" not in obj or "answer" not in obj:
+                raise ValueError(f"{path}:{lineno}: expected 'question' and 'answer' fields")
+            examples.append(obj)
+    return examples
+
+
+def save_jsonl(examples: Iterable[dict], path: str | Path) -> None:
+    """Write examples as one JSON object per line."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for ex in examples:
+            f.write(json.dumps(ex, ensure_ascii=False) + "\n")
+
+
+_STEP = re.compile(r"^(\d+) ([-+*/]) (\d+) = (\d+)$")
+
+
+def parse_steps(answer: str) -> list[tuple[int, str, int, int]]:
+    """The ``a op b = c`` lines of a generated answer, as ``(a, op, b, c)``."""
+    steps = []
+    for line in answer.splitlines():
+        m = _STEP.match(line.strip())
+        if m:
+            steps.append((int(m[1]), m[2], int(m[3]), int(m[4])))
+    return steps
+
+
+# --------------------------------------------------------------------------- #
+# Problem generator
+# --------------------------------------------------------------------------- #
+
+
+class _Retry(Exception):
+    """Sampled numbers violate a constraint; the problem is re-drawn."""
+
+
+class _Person(NamedTuple):
+    name: str
+    sub: str  # she / he
+    obj: str  # her / him
+    pos: str  # her / his
+
+    @property
+    def Sub(self) -> str:  # noqa: N802 - capitalized pronoun
+        return self.sub.capitalize()
+
+
+_FEMALE = ["Mia", "Emma", "Olivia", "Ava", "Sofia", "Lily", "Grace", "Chloe", "Nora", "Zoe",
+           "Hannah", "Ella", "Ruby", "Lucy", "Sara", "Julia", "Maya", "Anna", "Rosa", "Kate"]
+_MALE = ["Tom", "Jack", "Liam", "Noah", "Ben", "Sam", "Leo", "Max", "Ryan", "Adam",
+         "Owen", "Luke", "Eli", "Omar", "Carlos", "David", "Henry", "Paul", "Ivan", "Mark"]
+_PEOPLE = [_Person(n, "she", "her", "her") for n in _FEMALE] + [
+    _Person(n, "he", "him", "his") for n in _MALE]
+
+
+def _people(rng: random.Random, k: int) -> list[_Person]:
+    return rng.sample(_PEOPLE, k)
+
+
+class _Steps:
+    """Records calculator lines ``a op b = c`` and enforces the value limits."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.value: int | None = None
+
+    def __call__(self, a: int, op: str, b: int) -> int:
+        if op == "+":
+            c = a + b
+        elif op == "-":
+            c = a - b
+        elif op == "*":
+            c = a * b
+        elif op == "/":
+            if b <= 1 or a % b:
+                raise _Retry
+            c = a // b
+        else:
+            raise ValueError(op)
+        if not 1 <= c <= MAX_VALUE:
+            raise _Retry
+        self.lines.append(f"{a} {op} {b} = {c}")
+        self.value = c
+        return c
+
+
+def _part(rng: random.Random, x: int, hi: int = 40) -> int:
+    """An amount to take away from ``x`` that leaves at least 1."""
+    hi = min(hi, x - 1)
+    if hi < 2:
+        raise _Retry
+    return rng.randint(2, hi)
+
+
+def _divisor(rng: random.Random, x: int, lo: int = 2, hi: int = 9) -> int:
+    """A divisor of ``x`` in [lo, hi] (smaller than ``x``)."""
+    options = [d for d in range(lo, hi + 1) if x % d == 0 and d < x]
+    if not options:
+        raise _Retry
+    return rng.choice(options)
+
+
+def _factor(rng: random.Random, x: int, lo: int = 2, hi: int = 9) -> int:
+    """A multiplier in [lo, hi] keeping ``x * f`` within MAX_VALUE."""
+    hi = min(hi, MAX_VALUE // x)
+    if hi < lo:
+        raise _Retry
+    return rng.randint(lo, hi)
+
+
+def _above(rng: random.Random, x: int, spread: int = 60) -> int:
+    """A round-ish total larger than ``x`` (for 'how much more' questions)."""
+    t = x + rng.randint(2, spread)
+    if rng.random() < 0.5:
+        t = (t + 9) // 10 * 10
+    if t > MAX_VALUE:
+        raise _Retry
+    return t
+
+
+def _middles(rng: random.Random, k: int, n: int) -> list[int]:
+    """Which of the ``n`` optional middle events to use (``k - 2`` of them, in order)."""
+    return sorted(rng.sample(range(n), k - 2))
+
+
+# Each template builds the question text for a ``k``-step problem (first step,
+# k-2 optional middle steps, a final step) and records the steps in ``st``.
+_Template = Callable[[random.Random, int, _Steps], str]
+
+
+def _shopping(rng: random.Random, k: int, st: _Steps) -> str:
+    p, = _people(rng, 1)
+    item = rng.choice(["notebooks", "pens", "apples", "candles", "mugs", "toy cars",
+                       "comic books", "socks", "plates", "plants"])
+    thing = rng.choice(["bag", "hat", "lamp", "scarf", "book", "clock"])
+    a, price = rng.randint(2, 9), rng.randint(2, 15)
+    x = st(a, "*", price)
+    text = [f"{p.name} buys {a} {item} for ${price} each."]
+    for m in _middles(rng, k, 2):
+        if m == 0:
+            extra = rng.randint(3, 30)
+            x = st(x, "+", extra)
+            text.append(f"{p.Sub} also buys a {thing} for ${extra}.")
+        else:
+            off = _part(rng, x, 20)
+            x = st(x, "-", off)
+            text.append(f"{p.Sub} has a coupon for ${off} off.")
+    if rng.random() < 0.5:
+        bills = [b for b in (20, 50, 100, 200, 500) if b > x]
+        if not bills:
+            raise _Retry
+        bill = bills[0]
+        st(bill, "-", x)
+        text.append(f"{p.Sub} pays with a ${bill} bill. How much change does {p.sub} get?")
+    else:
+        n = _divisor(rng, x, 2, 5)
+        st(x, "/", n)
+        text.append(f"{p.Sub} splits the cost equally among {n} people. "
+                    f"How much does each person pay?")
+    return " ".join(text)
+
+
+def _ages(rng: random.Random, k: int, st: _Steps) -> str:
+    p, q, r, s = _people(rng, 4)
+    a, b = rng.randint(4, 20), rng.randint(2, 15)
+    x = st(a, "+", b)
+    text = [f"{p.name} is {a} years old. {q.name} is {b} years older than {p.name}."]
+    cur = q
+    for m in _middles(rng, k, 2):
+        if m == 0:
+            f = rng.choice([2, 3])
+            x = st(x, "*", f)
+            times = "twice" if f == 2 else "three times"
+            text.append(f"{r.name} is {times} as old as {cur.name}.")
+            cur = r
+        else:
+            d = _part(rng, x, 15)
+            x = st(x, "-", d)
+            text.append(f"{s.name} is {d} years younger than {cur.name}.")
+            cur = s
+    if x > 90:
+        raise _Retry
+    y = rng.randint(2, 20)
+    st(x, "+", y)
+    text.append(f"How old will {cur.name} be in {y} years?")
+    return " ".join(text)
+
+
+def _travel(rng: random.Random, k: int, st: _Steps) -> str:
+    vehicle = rng.choice(["train", "bus", "truck", "car", "boat", "van"])
+    speed, hours = rng.randint(12, 80), rng.randint(2, 6)
+    x = st(speed, "*", hours)
+    text = [f"A {vehicle} travels at {speed} miles per hour for {hours} hours."]
+    for m in _middles(rng, k, 2):
+        if m == 0:
+            d = rng.randint(5, 60)
+            x = st(x, "+", d)
+            text.append(f"After a stop, it travels {d} more miles.")
+        else:
+            x = st(x, "*", 2)
+            text.append("Then it makes the same trip back.")
+    if rng.random() < 0.5:
+        per = _divisor(rng, x, 2, 9)
+        st(x, "/", per)
+        text.append(f"It uses 1 liter of fuel every {per} miles. How many liters of fuel does it use?")
+    else:
+        t = _above(rng, x, 80)
+        st(t, "-", x)
+        text.append(f"The whole route is {t} miles long. How many miles are left?")
+    return " ".join(text)
+
+
+def _baking(rng: random.Random, k: int, st: _Steps) -> str:
+    p, = _people(rng, 1)
+    item = rng.choice(["cookies", "muffins", "cupcakes", "rolls", "brownies", "tarts"])
+    b, c = rng.randint(2, 6), rng.randint(4, 15)
+    x = st(b, "*", c)
+    text = [f"{p.name} bakes {b} batches of {item} with {c} {item} in each batch."]
+    for m in _middles(rng, k, 2):
+        if m == 0:
+            e = _part(rng, x, 12)
+            x = st(x, "-", e)
+            text.append(f"{p.pos.capitalize()} family eats {e} of them.")
+        else:
+            f = rng.randint(3, 30)
+            x = st(x, "+", f)
+            text.append(f"Then {p.sub} bakes {f} more.")
+    if rng.random() < 0.5:
+        n = _divisor(rng, x, 2, 9)
+        st(x, "/", n)
+        text.append(f"{p.Sub} shares them equally among {n} friends. "
+                    f"How many {item} does each friend get?")
+    else:
+        price = _factor(rng, x, 2, 5)
+        st(x, "*", price)
+        text.append(f"{p.Sub} sells them for ${price} each. How much money does {p.sub} make?")
+    return " ".join(text)
+
+
+def _savings(rng: random.Random, k: int, st: _Steps) -> str:
+    p, q = _people(rng, 2)
+    s, w = rng.randint(3, 25), rng.randint(2, 9)
+    x = st(s, "*", w)
+    text = [f"{p.name} saves ${s} every week for {w} weeks."]
+    for m in _middles(rng, k, 2):
+        if m == 0:
+            g = rng.randint(5, 50)
+            x = st(x, "+", g)
+            text.append(f"{q.name} gives {p.obj} ${g} for {p.pos} birthday.")
+        else:
+            spent = _part(rng, x, 40)
+            x = st(x, "-", spent)
+            thing = rng.choice(["game", "book", "ball", "kite", "puzzle"])
+            text.append(f"{p.Sub} spends ${spent} on a {thing}.")
+    if rng.random() < 0.5:
+        t = _above(rng, x, 60)
+        st(t, "-", x)
+        thing = rng.choice(["bike", "guitar", "tablet", "camera"])
+        text.append(f"{p.Sub} wants a {thing} that costs ${t}. How much more money does {p.sub} need?")
+    else:
+        n = _divisor(rng, x, 2, 6)
+        st(x, "/", n)
+        text.append(f"{p.Sub} puts the money equally into {n} jars. How much money is in each jar?")
+    return " ".join(text)
+
+
+def _workers(rng: random.Random, k: int, st: _Steps) -> str:
+    place, item = rng.choice([("factory", "toys"), ("bakery", "pies"), ("workshop", "chairs"),
+                              ("farm", "baskets"), ("shop", "shirts"), ("studio", "vases")])
+    w, m_ = rng.randint(2, 9), rng.randint(3, 20)
+    x = st(w, "*", m_)
+    text = [f"A {place} has {w} workers. Each worker makes {m_} {item} a day."]
+    for m in _middles(rng, k, 2):
+        if m == 0:
+            d = _factor(rng, x, 2, 6)
+            x = st(x, "*", d)
+            text.append(f"They work for {d} days.")
+        else:
+            bad = _part(rng, x, 20)
+            x = st(x, "-", bad)
+            text.append(f"{bad} of the {item} are broken.")
+    if rng.random() < 0.5:
+        n = _divisor(rng, x, 2, 9)
+        st(x, "/", n)
+        text.append(f"The {item} are packed in boxes of {n}. How many boxes do they fill?")
+    else:
+        old = rng.randint(5, 90)
+        st(x, "+", old)
+        text.append(f"The {place} already had {old} {item}. How many {item} does it have now?")
+    return " ".join(text)
+
+
+def _packing(rng: random.Random, k: int, st: _Steps) -> str:
+    item = rng.choice(["oranges", "pencils", "lemons", "candies", "batteries", "eggs"])
+    n, per = rng.randint(2, 9), rng.randint(6, 30)
+    x = st(n, "*", per)
+    text = [f"A store gets {n} boxes of {item}. Each box holds {per} {item}."]
+    for m in _middles(rng, k, 2):
+        if m == 0:
+            sold = _part(rng, x, 40)
+            x = st(x, "-", sold)
+            text.append(f"The store sells {sold} {item} in the morning.")
+        else:
+            more = rng.randint(5, 40)
+            x = st(x, "+", more)
+            text.append(f"Then a truck brings {more} more {item}.")
+    if rng.random() < 0.5:
+        b = _divisor(rng, x, 2, 9)
+        st(x, "/", b)
+        text.append(f"The {item} are put into bags of {b}. How many bags are there?")
+    else:
+        price = _factor(rng, x, 2, 4)
+        st(x, "*", price)
+        text.append(f"Each one sells for ${price}. How much money can the store make?")
+    return " ".join(text)
+
+
+def _garden(rng: random.Random, k: int, st: _Steps) -> str:
+    p, = _people(rng, 1)
+    plant, crop = rng.choice([("tomato", "tomatoes"), ("pepper", "peppers"),
+                              ("bean", "beans"), ("melon", "melons"), ("corn", "ears of corn")])
+    r, c = rng.randint(2, 9), rng.randint(3, 12)
+    x = st(r, "*", c)
+    text = [f"{p.name} plants {r} rows of {plant} plants with {c} plants in each row."]
+    for m in _middles(rng, k, 2):
+        if m == 0:
+            e = _part(rng, x, 15)
+            x = st(x, "-", e)
+            text.append(f"Rabbits eat {e} of the plants.")
+        else:
+            f = rng.randint(3, 20)
+            x = st(x, "+", f)
+            text.append(f"Later {p.sub} plants {f} more.")
+    if rng.random() < 0.5:
+        t = _factor(rng, x, 2, 8)
+        st(x, "*", t)
+        text.append(f"Each plant gives {t} {crop}. How many {crop} does {p.name} pick?")
+    else:
+        g = _divisor(rng, x, 2, 9)
+        st(x, "/", g)
+        text.append(f"{p.Sub} gives the plants equally to {g} neighbors. "
+                    f"How many plants does each neighbor get?")
+    return " ".join(text)
+
+
+def _reading(rng: random.Random, k: int, st: _Steps) -> str:
+    p, q = _people(rng, 2)
+    r, d = rng.randint(5, 40), rng.randint(2, 7)
+    x = st(r, "*", d)
+    text = [f"{p.name} reads {r} pages of a book every day for {d} days."]
+    for m in _middles(rng, k, 2):
+        z = rng.randint(3, 40)
+        x = st(x, "+", z)
+        if m == 0:
+            text.append(f"On the weekend {p.sub} reads {z} more pages.")
+        else:
+            text.append(f"Then {p.sub} reads {z} pages on the train.")
+    if rng.random() < 0.5:
+        t = _above(rng, x, 90)
+        st(t, "-", x)
+        text.append(f"The book has {t} pages. How many pages are left to read?")
+    else:
+        f = _factor(rng, x, 2, 3)
+        st(x, "*", f)
+        times = "twice" if f == 2 else "three times"
+        text.append(f"{q.name} reads {times} as many pages as {p.name}. "
+                    f"How many pages does {q.name} read?")
+    return " ".join(text)
+
+
+def _school(rng: random.Random, k: int, st: _Steps) -> str:
+    c, s = rng.randint(2, 9), rng.randint(12, 30)
+    x = st(c, "*", s)
+    text = [f"A school has {c} classes with {s} students in each class."]
+    for m in _middles(rng, k, 2):
+        if m == 0:
+            a = _part(rng, x, 25)
+            x = st(x, "-", a)
+            text.append(f"Today {a} students are absent.")
+        else:
+            v = rng.randint(3, 30)
+            x = st(x, "+", v)
+            text.append(f"{v} students from another school come to visit.")
+    if rng.random() < 0.5:
+        t = _divisor(rng, x, 2, 9)
+        st(x, "/", t)
+        text.append(f"The students form teams of {t}. How many teams are there?")
+    else:
+        b = _factor(rng, x, 2, 4)
+        st(x, "*", b)
+        text.append(f"Each student gets {b} pencils. How many pencils are needed?")
+    return " ".join(text)
+
+
+def _eggs(rng: random.Random, k: int, st: _Steps) -> str:
+    h, e = rng.randint(3, 20), rng.randint(2, 7)
+    x = st(h, "*", e)
+    text = [f"A farmer has {h} hens. Each hen lays {e} eggs a week."]
+    for m in _middles(rng, k, 2):
+        if m == 0:
+            f = _part(rng, x, 15)
+            x = st(x, "-", f)
+            text.append(f"The family eats {f} eggs.")
+        else:
+            g = rng.randint(4, 36)
+            x = st(x, "+", g)
+            text.append(f"A neighbor brings {g} more eggs.")
+    if rng.random() < 0.5:
+        c = _divisor(rng, x, 2, 9)
+        st(x, "/", c)
+        text.append(f"The eggs are sold in cartons of {c}. How many cartons are sold?")
+    else:
+        q = _factor(rng, x, 2, 3)
+        st(x, "*", q)
+        text.append(f"Each egg sells for ${q}. How much money does the farmer make?")
+    return " ".join(text)
+
+
+def _parking(rng: random.Random, k: int, st: _Steps) -> str:
+    r, c = rng.randint(2, 9), rng.randint(5, 25)
+    x = st(r, "*", c)
+    text = [f"A parking lot has {r} rows with {c} cars in each row."]
+    for m in _middles(rng, k, 2):
+        if m == 0:
+            gone = _part(rng, x, 30)
+            x = st(x, "-", gone)
+            text.append(f"Then {gone} cars leave.")
+        else:
+            new = rng.randint(3, 30)
+            x = st(x, "+", new)
+            text.append(f"Later {new} more cars arrive.")
+    if rng.random() < 0.5:
+        st(x, "*", 4)
+        text.append("Each car has 4 wheels. How many wheels are in the lot?")
+    else:
+        t = _above(rng, x, 60)
+        st(t, "-", x)
+        text.append(f"The lot has room for {t} cars. How many more cars can park?")
+    return " ".join(text)
+
+
+def _marbles(rng: random.Random, k: int, st: _Steps) -> str:
+    p, q = _people(rng, 2)
+    item = rng.choice(["marbles", "stickers", "shells", "cards", "coins", "stamps"])
+    a, b = rng.randint(10, 80), rng.randint(5, 40)
+    x = st(a, "+", b)
+    text = [f"{p.name} has {a} {item}. {q.name} gives {p.obj} {b} more."]
+    for m in _middles(rng, k, 2):
+        if m == 0:
+            c = _part(rng, x, 20)
+            x = st(x, "-", c)
+            text.append(f"{p.Sub} loses {c} of them.")
+        else:
+            f = _factor(rng, x, 2, 3)
+            x = st(x, "*", f)
+            times = "doubles" if f == 2 else "triples"
+            text.append(f"Then {p.sub} {times} {p.pos} collection.")
+    if rng.random() < 0.5:
+        j = _divisor(rng, x, 2, 9)
+        st(x, "/", j)
+        text.append(f"{p.Sub} puts them equally into {j} jars. How many {item} are in each jar?")
+    else:
+        d = _part(rng, x, 30)
+        st(x, "-", d)
+        text.append(f"{p.Sub} gives {d} to {q.name}. How many {item} does {p.name} have left?")
+    return " ".join(text)
+
+
+def _tickets(rng: random.Random, k: int, st: _Steps) -> str:
+    event, people = rng.choice([("concert", "band members"), ("school play", "classes"),
+                                ("charity race", "charities"), ("movie night", "clubs")])
+    t, price = rng.randint(10, 90), rng.randint(2, 9)
+    x = st(t, "*", price)
+    text = [f"A {event} sells {t} tickets for ${price} each."]
+    for m in _middles(rng, k, 2):
+        if m == 0:
+            d = rng.randint(10, 90)
+            x = st(x, "+", d)
+            text.append(f"It also makes ${d} from snacks.")
+        else:
+            c = _part(rng, x, 60)
+            x = st(x, "-", c)
+            text.append(f"It pays ${c} for the hall.")
+    if rng.random() < 0.5:
+        n = _divisor(rng, x, 2, 9)
+        st(x, "/", n)
+        text.append(f"The money is shared equally among {n} {people}. How much does each get?")
+    else:
+        goal = _above(rng, x, 90)
+        st(goal, "-", x)
+        text.append(f"The goal was ${goal}. How much more money is needed?")
+    return " ".join(text)
+
+
+def _stickers(rng: random.Random, k: int, st: _Steps) -> str:
+    p, q = _people(rng, 2)
+    item = rng.choice(["stickers", "photos", "stamps", "cards"])
+    n, per = rng.randint(2, 9), rng.randint(4, 40)
+    x = st(n * per, "/", n)
+    text = [f"{p.name} has {n * per} {item} and puts them equally into {n} albums."]
+    for m in _middles(rng, k, 2):
+        if m == 0:
+            a = rng.randint(3, 30)
+            x = st(x, "+", a)
+            text.append(f"{p.Sub} adds {a} more {item} to the first album.")
+        else:
+            r = _part(rng, x, 15)
+            x = st(x, "-", r)
+            text.append(f"Then {p.sub} takes {r} {item} out of that album.")
+    if rng.random() < 0.5:
+        f = _factor(rng, x, 2, 4)
+        st(x, "*", f)
+        text.append(f"{q.name} has {f} times as many {item} as the first album. "
+                    f"How many {item} does {q.name} have?")
+    else:
+        c = rng.randint(3, 30)
+        st(x, "+", c)
+        text.append(f"{q.name} gives {p.obj} {c} more for that album. "
+                    f"How many {item} are in it now?")
+    return " ".join(text)
+
+
+def _pizza(rng: random.Random, k: int, st: _Steps) -> str:
+    p, = _people(rng, 1)
+    n, s = rng.randint(2, 9), rng.choice([4, 6, 8, 10, 12])
+    x = st(n, "*", s)
+    text = [f"{p.name} orders {n} pizzas for a party. Each pizza is cut into {s} slices."]
+    for m in _middles(rng, k, 2):
+        if m == 0:
+            d = rng.randint(4, 20)
+            x = st(x, "+", d)
+            text.append(f"A friend brings {d} more slices.")
+        else:
+            e = _part(rng, x, 20)
+            x = st(x, "-", e)
+            text.append(f"{e} slices are eaten before the guests arrive.")
+    g = _divisor(rng, x, 2, 9)
+    st(x, "/", g)
+    text.append(f"The slices are shared equally by {g} guests. How many slices does each guest get?")
+    return " ".join(text)
+
+
+TEMPLATES: dict[str, _Template] = {
+    "shopping": _shopping, "ages": _ages, "travel": _travel, "baking": _baking,
+    "savings": _savings, "workers": _workers, "packing": _packing, "garden": _garden,
+    "reading": _reading, "school": _school, "eggs": _eggs, "parking": _parking,
+    "marbles": _marbles, "tickets": _tickets, "stickers": _stickers, "pizza": _pizza,
+}
+_TEMPLATE_LIST = list(TEMPLATES.values())
+
+
+def generate_problem(rng: random.Random, template: str | None = None, steps: int | None = None) -> dict:
+    """One random problem ``{"question": str, "answer": str}``.
+
+    The answer has 2-4 (or ``steps``) dependent lines ``a op b = c`` and ends
+    with ``#### c``. ``template`` picks a story from TEMPLATES (default: random)."""
+    fn = rng.choice(_TEMPLATE_LIST)
+    k = rng.randint(2, 4)
+    template = TEMPLATES[template] if template is not None else fn
+    if steps is not None:
+        if not 2 <= steps <= 4:
+            raise ValueError("steps must be 2, 3 or 4")
+        k = steps
+    for _ in range(10_000):
+        st = _Steps()
+        try:
+            question = template(rng, k, st)
+        except _Retry:
+            continue
+        assert len(st.lines) == k, (template, k, st.lines)
+        return {"question": question, "answer": "\n".join(st.lines) + f"\n#### {st.value}"}
+    raise RuntimeError(f"template {template.__name__} failed to produce a {k}-step problem")
+
+
+def make_dataset(n: int, seed: int, exclude: Iterable[str] = (), unique: bool = False) -> list[dict]:
+    """``n`` problems, deterministic given ``seed``.
+
+    Problems whose question is in ``exclude`` (e.g. the questions of a held-out
+    set) are skipped; ``unique=True`` also drops repeated questions."""
+    rng = random.Random(seed)
+    skip = set(exclude)
+    out: list[dict] = []
+    while len(out) < n:
+        ex = generate_problem(rng)
+        if ex["question"] in skip:
+            continue
+        if unique:
+            skip.add(ex["question"])
+        out.append(ex)
+    return out

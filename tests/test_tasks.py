@@ -1,0 +1,186 @@
+"""Tests for psd_jax.tasks and the shipped default tokenizer / test set."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from psd_jax.tasks import (
+    TEMPLATES,
+    extract_answer,
+    generate_problem,
+    gold_answer,
+    is_correct,
+    load_jsonl,
+    make_dataset,
+    normalize_number,
+    parse_steps,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT = ROOT / "models" / "default"
+
+GSM8K_LINE = {
+    "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many "
+                "clips in May. How many clips did Natalia sell altogether in April and May?",
+    "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+              "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72",
+}
+
+
+# ----------------------------------------------------------------- extraction
+
+@pytest.mark.parametrize("text, expected", [
+    (GSM8K_LINE["answer"], "72"),
+    ("She pays 1,000+234 = <<1000+234=1234>>1,234 dollars.\n#### 1,234", "1234"),
+    ("#### 1,234.", "1234"),
+    ("#### 72.", "72"),
+    ("####72", "72"),
+    ("#### $18", "18"),
+    ("#### -5", "-5"),
+    ("#### 2.50", "2.5"),
+    ("#### 3\n#### 4", "4"),  # the last ####
+    ("6 * 12 = 72\n72 - 9 = 63\n63 / 7 = 9\n#### 9", "9"),
+    ("12 + 7 = 19\n19 * 3 = 57\n#### 57<|endoftext|>", "57"),
+    ("so the answer is 42.", "42"),  # fallback: last number
+    ("3 + 4 = 7 and then 7 * 2 = 14", "14"),
+    ("it costs 1,200 dollars", "1200"),
+    ("no numbers here", None),
+    ("", None),
+    ("12 + 7 = 19\n####", None),  # #### but no number after it
+])
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_normalize_number():
+    assert normalize_number(" 1,234 ") == "1234"
+    assert normalize_number("72.0") == "72"
+    assert normalize_number("$5.") == "5"
+    assert normalize_number("abc") is None
+
+
+def test_gold_and_is_correct():
+    assert gold_answer(GSM8K_LINE) == "72"
+    assert is_correct("... #### 72", GSM8K_LINE)
+    assert is_correct("the answer is 72.0", GSM8K_LINE)
+    assert not is_correct("#### 73", GSM8K_LINE)
+    assert not is_correct("nothing", GSM8K_LINE)
+
+
+def test_load_jsonl_gsm8k_format(tmp_path):
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text(json.dumps(GSM8K_LINE) + "\n\n" + json.dumps({"question": "q", "answer": "#### 1,5"}) + "\n")
+    examples = load_jsonl(path)
+    assert [gold_answer(ex) for ex in examples] == ["72", "15"]
+    path.write_text(json.dumps({"prompt": "x"}) + "\n")
+    with pytest.raises(ValueError):
+        load_jsonl(path)
+
+
+# ----------------------------------------------------------------- generator
+
+def test_make_dataset_deterministic():
+    a, b = make_dataset(300, seed=7), make_dataset(300, seed=7)
+    assert a == b
+    assert a != make_dataset(300, seed=8)
+    assert generate_problem(random.Random(3)) == generate_problem(random.Random(3))
+
+
+def test_make_dataset_exclude_and_unique():
+    base = make_dataset(200, seed=1)
+    held_out = {ex["question"] for ex in base[:100]}
+    train = make_dataset(200, seed=1, exclude=held_out)
+    assert len(train) == 200 and not held_out & {ex["question"] for ex in train}
+    unique = make_dataset(300, seed=2, unique=True)
+    assert len({ex["question"] for ex in unique}) == 300
+
+
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b,
+        "*": lambda a, b: a * b, "/": lambda a, b: a / b}
+
+
+def test_generated_arithmetic_is_correct():
+    examples = make_dataset(2000, seed=0)
+    n_steps = set()
+    for ex in examples:
+        lines = ex["answer"].splitlines()
+        steps = parse_steps(ex["answer"])
+        assert len(steps) == len(lines) - 1 and lines[-1].startswith("#### ")
+        n_steps.add(len(steps))
+        results = []
+        for i, (a, op, b, c) in enumerate(steps):
+            assert _OPS[op](a, b) == c, ex
+            assert 1 <= c <= 999, ex
+            if i:  # every step after the first uses an earlier result
+                assert a in results or b in results, ex
+            results.append(c)
+        assert gold_answer(ex) == str(results[-1])
+        assert len(ex["question"].split()) <= 50, ex["question"]
+    assert n_steps == {2, 3, 4}
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_every_template_and_step_count(name):
+    assert len(TEMPLATES) >= 12
+    rng = random.Random(name)
+    for k in (2, 3, 4):
+        for _ in range(20):
+            ex = generate_problem(rng, template=name, steps=k)
+            steps = parse_steps(ex["answer"])
+            assert len(steps) == k
+            assert all(_OPS[op](a, b) == c for a, op, b, c in steps)
+            assert gold_answer(ex) == str(steps[-1][3])
+
+
+# ----------------------------------------------------------------- shipped files
+
+@pytest.fixture(scope="module")
+def tok():
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(str(DEFAULT))
+
+
+def test_tokenizer_round_trip(tok):
+    for ex in make_dataset(200, seed=99):
+        for text in (ex["question"], ex["answer"], ex["question"] + "\n\n" + ex["answer"]):
+            assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+
+
+def test_tokenizer_special_tokens(tok):
+    assert tok.mask_token == "<|mask|>" and tok.mask_token_id is not None
+    assert tok.eos_token == "<|endoftext|>" and tok.pad_token_id == tok.eos_token_id
+    assert tok.bos_token == "<|startoftext|>"
+    for t in ["<|mask|>", "<|endoftext|>", "<|startoftext|>", "<|eot_id|>",
+              "<|start_header_id|>", "<|end_header_id|>"]:
+        assert tok.convert_tokens_to_ids(t) is not None
+        assert tok.encode(t, add_special_tokens=False) == [tok.convert_tokens_to_ids(t)]
+    assert len(tok) % 64 == 0 and len(tok) <= 512
+
+
+def test_tokenizer_digits_are_single_tokens(tok):
+    for d in "0123456789":
+        assert len(tok.encode(d, add_special_tokens=False)) == 1
+    ids = tok.encode("1234 + 56 = 1290", add_special_tokens=False)
+    pieces = [tok.decode([i]) for i in ids]
+    assert [p for p in pieces if p.isdigit()] == list("1234561290")
+    for token in tok.get_vocab():
+        assert sum(ch.isdigit() for ch in token) <= 1 or token.startswith("<|"), token
+
+
+def test_chat_template(tok):
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}],
+                                   add_generation_prompt=True, tokenize=False)
+    assert text == ("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+                    "<|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+def test_shipped_test_set():
+    examples = load_jsonl(DEFAULT / "test.jsonl")
+    assert len(examples) == 500
+    assert len({ex["question"] for ex in examples}) == 500
+    for ex in examples:
+        assert gold_answer(ex) == str(parse_steps(ex["answer"])[-1][3])
