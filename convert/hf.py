@@ -76,7 +76,7 @@ def model_from_params(cfg: ModelConfig, params: dict[str, jax.Array], dtype: jnp
     """A DiffusionLM whose parameters are ``params`` (no random initialisation is run)."""
     model = nnx.eval_shape(lambda: DiffusionLM(cfg, dtype=dtype))
     for name, value in params.items():
-        getattr(model, name).value = value
+        getattr(model, name).set_value(value)
     return model
 
 

@@ -73,9 +73,9 @@ def test_gold_and_is_correct():
 
 def test_load_jsonl_gsm8k_format(tmp_path):
     path = tmp_path / "gsm8k.jsonl"
-    path.write_text(json.dumps(GSM8K_LINE) + "\n\n" + json.dumps({"question": "q", "answer": "#### 1,5"}) + "\n")
+    path.write_text(json.dumps(GSM8K_LINE) + "\n\n" + json.dumps({"question": "q", "answer": "#### 1,500"}) + "\n")
     examples = load_jsonl(path)
-    assert [gold_answer(ex) for ex in examples] == ["72", "15"]
+    assert [gold_answer(ex) for ex in examples] == ["72", "1500"]
     path.write_text(json.dumps({"prompt": "x"}) + "\n")
     with pytest.raises(ValueError):
         load_jsonl(path)

@@ -1,0 +1,200 @@
+"""Public API: ``load_model(path)`` -> ``LoadedModel`` with ``logits`` and ``generate``.
+
+``generate`` left-pads a batch of prompts to a bucketed length (so prompts of different lengths
+reuse one compiled loop), compiles ahead of time once per (batch, padded length, settings) and
+reports compilation separately from decoding time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from convert.hf import load_hf_model
+from convert.orbax_io import is_orbax_dir, load_checkpoint
+from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE, CheckpointError
+from models import DiffusionLM, ModelConfig
+
+from .config import DecodeConfig
+from .engine import DecodeOutput, decode
+from .tokenizer import TokenizerError, encode_prompt, load_tokenizer, resolve_special_ids
+
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "default"
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+class InputError(ValueError):
+    """A prompt or request that cannot be decoded, with the reason."""
+
+
+@dataclasses.dataclass
+class Generation:
+    """One prompt's result. ``tokens`` counts generated tokens before the first EOS/EOT."""
+
+    output_ids: list[int]  # the gen_length generated ids
+    text: str | None
+    nfe: int  # model calls while this row was decoding
+    sequence_forwards: int  # sequences the model processed for the whole batch
+    tokens: int
+    tpf: float  # tokens per forward = tokens / nfe
+    seconds: float  # wall time of the batch's decode (compilation excluded)
+    compile_seconds: float
+    stats: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def default_model_path() -> Path:
+    if not (DEFAULT_MODEL_DIR / "config.json").is_file():
+        raise FileNotFoundError(
+            "no shipped default model yet (models/default is missing); pass --model PATH to a model directory"
+        )
+    return DEFAULT_MODEL_DIR
+
+
+def _bucket(length: int, bucket: int | None) -> int:
+    return length if not bucket else -(-length // bucket) * bucket
+
+
+class LoadedModel:
+    """A model, its config (special ids resolved) and tokenizer (``None`` if the checkpoint has none)."""
+
+    def __init__(self, model: DiffusionLM, tokenizer, path: Path):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.path = path
+        self.config: ModelConfig = resolve_special_ids(model.config, tokenizer, str(path))
+        self.graphdef, self.params = nnx.split(model)
+        self._compiled: dict[tuple, Any] = {}
+        self._forward = jax.jit(lambda params, ids, mask: nnx.merge(self.graphdef, params)(ids, mask))
+
+    # ------------------------------------------------------------------------------ logits
+    def logits(self, input_ids, attention_mask=None) -> jax.Array:
+        """Raw (unshifted) model outputs [B, N, V] in float32."""
+        ids = jnp.asarray(input_ids, jnp.int32)
+        if ids.ndim != 2:
+            raise InputError(f"input_ids must be [batch, length], got shape {ids.shape}")
+        if ids.shape[1] > self.config.max_length:
+            raise InputError(f"input length {ids.shape[1]} exceeds the model's context of {self.config.max_length}")
+        if int(ids.max()) >= self.config.vocab_size or int(ids.min()) < 0:
+            raise InputError(f"token ids must be in [0, {self.config.vocab_size}), got {int(ids.min())}..{int(ids.max())}")
+        mask = None if attention_mask is None else jnp.asarray(attention_mask, jnp.int32)
+        return self._forward(self.params, ids, mask)
+
+    # ---------------------------------------------------------------------------- prompts
+    def encode(self, prompt: str, chat: bool = False) -> list[int]:
+        if self.tokenizer is None:
+            raise TokenizerError(f"{self.path}: this checkpoint has no tokenizer; pass token ids instead of text")
+        return encode_prompt(self.tokenizer, prompt, chat, str(self.path))
+
+    def decode_text(self, ids: Sequence[int]) -> str | None:
+        if self.tokenizer is None:
+            return None
+        stop = set(self.config.stop_ids)
+        cut = next((i for i, t in enumerate(ids) if t in stop), len(ids))
+        return self.tokenizer.decode(list(ids[:cut]), skip_special_tokens=False)
+
+    def _prompt_ids(self, prompts: Sequence[str | Sequence[int]], chat: bool) -> list[list[int]]:
+        out = []
+        for i, prompt in enumerate(prompts):
+            ids = self.encode(prompt, chat) if isinstance(prompt, str) else [int(t) for t in prompt]
+            if not ids:
+                raise InputError(f"prompt {i} is empty")
+            bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+            if bad:
+                raise InputError(f"prompt {i} has token ids outside the vocabulary [0, {self.config.vocab_size}): {bad[:5]}")
+            out.append(ids)
+        if not out:
+            raise InputError("no prompts given")
+        return out
+
+    # --------------------------------------------------------------------------- generate
+    def generate(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        settings: DecodeConfig | None = None,
+        *,
+        seed: int = 0,
+        chat: bool = False,
+        prompt_bucket: int | None = 32,
+        **overrides: Any,
+    ) -> list[Generation]:
+        """Decode a batch of prompts (text or token ids); one ``Generation`` per prompt."""
+        dcfg = (settings or DecodeConfig()).replace(**overrides) if overrides else (settings or DecodeConfig())
+        ids = self._prompt_ids(prompts, chat)
+        length = _bucket(max(len(p) for p in ids), prompt_bucket)
+        if length + dcfg.gen_length > self.config.max_length:
+            raise InputError(
+                f"prompt ({max(len(p) for p in ids)} tokens, padded to {length}) + gen_length {dcfg.gen_length} "
+                f"exceeds the model's context of {self.config.max_length}"
+            )
+        prompt_ids = np.full((len(ids), length), self.config.pad_id, np.int32)
+        prompt_mask = np.zeros((len(ids), length), np.int32)
+        for row, p in enumerate(ids):
+            prompt_ids[row, length - len(p):] = p
+            prompt_mask[row, length - len(p):] = 1
+        key = jax.random.key(seed)
+        args = (self.params, jnp.asarray(prompt_ids), jnp.asarray(prompt_mask), key)
+        compiled, compile_seconds = self._compile(args, dcfg)
+        start = time.perf_counter()
+        out: DecodeOutput = jax.block_until_ready(compiled(*args))
+        seconds = time.perf_counter() - start
+        return self._results(out, length, dcfg, seconds, compile_seconds)
+
+    def _compile(self, args, dcfg: DecodeConfig):
+        cache_key = (args[1].shape, dcfg)
+        if cache_key in self._compiled:
+            return self._compiled[cache_key], 0.0
+        start = time.perf_counter()
+        compiled = decode.lower(self.graphdef, *args, mcfg=self.config, dcfg=dcfg).compile()
+        self._compiled[cache_key] = compiled
+        return compiled, time.perf_counter() - start
+
+    def _results(self, out: DecodeOutput, prompt_length: int, dcfg: DecodeConfig, seconds: float, compile_seconds: float):
+        canvas = np.asarray(out.canvas)[:, prompt_length:]
+        row_nfe = np.asarray(out.row_nfe)
+        stats = {k: np.asarray(v) for k, v in out.stats.items()}
+        stop = np.isin(canvas, self.config.stop_ids)
+        tokens = np.where(stop.any(1), stop.argmax(1), canvas.shape[1])
+        results = []
+        for row in range(canvas.shape[0]):
+            ids = canvas[row].tolist()
+            results.append(
+                Generation(
+                    output_ids=ids,
+                    text=self.decode_text(ids),
+                    nfe=int(row_nfe[row]),
+                    sequence_forwards=int(out.sequence_forwards),
+                    tokens=int(tokens[row]),
+                    tpf=float(tokens[row]) / max(int(row_nfe[row]), 1),
+                    seconds=seconds,
+                    compile_seconds=compile_seconds,
+                    stats={k: v[row].tolist() for k, v in stats.items()},
+                )
+            )
+        return results
+
+
+def load_model(path: str | Path | None = None, dtype: str = "float32") -> LoadedModel:
+    """Load a Hugging Face directory or a converted (Orbax) checkpoint; ``None`` = the shipped model."""
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    path = Path(path) if path is not None else default_model_path()
+    if not path.is_dir():
+        raise FileNotFoundError(f"model directory {path} does not exist")
+    if is_orbax_dir(path):
+        model = load_checkpoint(path, DTYPES[dtype])
+    elif (path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file():
+        model = load_hf_model(path, DTYPES[dtype])
+    else:
+        raise CheckpointError(f"{path}: neither a Hugging Face safetensors directory nor a converted checkpoint")
+    tokenizer = load_tokenizer(path, model.config.family)
+    return LoadedModel(model, tokenizer, path)

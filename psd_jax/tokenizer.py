@@ -1,0 +1,88 @@
+"""Tokenizers from the model directory, and the special ids decoding needs.
+
+``AutoTokenizer`` loads a directory with ``tokenizer.json``; Dream's directory (vocab.json +
+merges.txt, with a ``DreamTokenizer`` auto_map that needs remote code) loads as ``Qwen2Tokenizer``.
+Special ids come from config and tokenizer, never hard-coded: the tokenizer must know the
+config's mask token, and the end-of-turn token (``<|eot_id|>`` / ``<|im_end|>``) is looked up.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from models import ModelConfig
+
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model")
+EOT_TOKENS = ("<|eot_id|>", "<|im_end|>")
+
+
+class TokenizerError(ValueError):
+    """A tokenizer that does not fit the model, with the reason."""
+
+
+def has_tokenizer(model_dir: str | Path) -> bool:
+    return any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES)
+
+
+def load_tokenizer(model_dir: str | Path, family: str):
+    """The directory's tokenizer, or ``None`` when it ships none."""
+    if not has_tokenizer(model_dir):
+        return None
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(model_dir))
+    except Exception as exc:  # remote-code tokenizers (Dream's DreamTokenizer) land here
+        if family != "dream":
+            raise TokenizerError(f"{model_dir}: cannot load tokenizer: {exc}") from exc
+        logging.getLogger(__name__).debug("AutoTokenizer failed (%s); using Qwen2Tokenizer", exc)
+        return transformers.Qwen2Tokenizer.from_pretrained(str(model_dir))
+
+
+def token_id(tokenizer, token: str) -> int | None:
+    """Id of a token string if the tokenizer knows it exactly."""
+    ids = tokenizer.convert_tokens_to_ids([token])
+    tid = ids[0] if ids else None
+    if tid is None or tid == tokenizer.unk_token_id:
+        return None
+    return int(tid)
+
+
+def resolve_special_ids(cfg: ModelConfig, tokenizer, source: str) -> ModelConfig:
+    """Check the tokenizer against the config's mask id and fill in the end-of-turn id."""
+    if tokenizer is None:
+        return cfg
+    mask_token = tokenizer.convert_ids_to_tokens(cfg.mask_id) if cfg.mask_id < len(tokenizer) else None
+    if not mask_token:
+        raise TokenizerError(
+            f"{source}: the tokenizer lacks the mask token: config.json says mask_token_id={cfg.mask_id}, "
+            f"but the tokenizer has only {len(tokenizer)} tokens"
+        )
+    declared = getattr(tokenizer, "mask_token", None)
+    if declared and token_id(tokenizer, declared) not in (None, cfg.mask_id):
+        raise TokenizerError(
+            f"{source}: the tokenizer's mask token {declared!r} has id {token_id(tokenizer, declared)}, "
+            f"but config.json says mask_token_id={cfg.mask_id}"
+        )
+    if cfg.eot_id is None:
+        for token in EOT_TOKENS:
+            tid = token_id(tokenizer, token)
+            if tid is not None:
+                return cfg.replace(eot_id=tid)
+    return cfg
+
+
+def encode_prompt(tokenizer, text: str, chat: bool, source: str) -> list[int]:
+    """Token ids of a prompt; with ``chat`` the text is one user turn of the chat template."""
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise TokenizerError(f"{source}: --chat needs a chat template, and this tokenizer has none")
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+    return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]

@@ -1,0 +1,184 @@
+"""Model parity with the upstream PyTorch goldens, full-size shapes, conversion and its errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from safetensors.numpy import load_file, save_file
+
+from conftest import GOLDENS, HF_CONFIGS
+from convert import CheckpointError, expected_keys, load_hf_model
+from convert.__main__ import main as convert_main
+from models import ConfigError, DiffusionLM, config_from_dict
+from psd_jax import load_model
+
+LOGIT_ATOL = 1e-4  # float32 parity with upstream PyTorch
+
+
+@pytest.mark.parametrize("name", ["llada-tiny", "llada-tiny-gqa", "dream-tiny"])
+def test_forward_logits_match_upstream(lms, cases, name):
+    ids = cases[f"{name}.forward.input_ids"]
+    logits = np.asarray(lms[name].logits(ids))
+    assert logits.dtype == np.float32 and logits.shape == (2, 300, 512)
+    np.testing.assert_allclose(logits, cases[f"{name}.forward.logits"], rtol=0, atol=LOGIT_ATOL)
+
+
+@pytest.mark.parametrize("name", ["llada-tiny", "llada-tiny-gqa"])
+def test_padded_forward_matches_upstream_at_non_pad_positions(lms, cases, name):
+    ids = cases[f"{name}.forward_padded.input_ids"]
+    mask = cases[f"{name}.forward_padded.attention_mask"]
+    assert (mask == 0).any(), "the case must contain padding"
+    logits = np.asarray(lms[name].logits(ids, mask))
+    keep = mask.astype(bool)
+    np.testing.assert_allclose(logits[keep], cases[f"{name}.forward_padded.logits"][keep], rtol=0, atol=LOGIT_ATOL)
+
+
+@pytest.mark.parametrize(
+    "hf_dir, n_keys, n_params",
+    [("LLaDA-8B-Instruct", 291, 8_015_581_184), ("Dream-v0-Instruct-7B", 339, 7_615_616_512)],
+)
+def test_full_size_key_table_and_param_count(hf_dir, n_keys, n_params):
+    cfg = config_from_dict(json.loads((HF_CONFIGS / hf_dir / "config.json").read_text()))
+    index = json.loads((HF_CONFIGS / hf_dir / "model.safetensors.index.json").read_text())["weight_map"]
+    keys = expected_keys(cfg)
+    assert set(keys) == set(index) and len(keys) == n_keys
+    model = nnx.eval_shape(lambda: DiffusionLM(cfg, dtype=jnp.bfloat16))
+    leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
+    assert sum(leaf.size for leaf in leaves) == n_params == cfg.param_count()
+    assert all(leaf.dtype == jnp.bfloat16 for leaf in leaves)
+
+
+def test_orbax_round_trip_gives_identical_logits(tmp_path, lms):
+    out = tmp_path / "converted"
+    assert convert_main(["--hf-dir", str(GOLDENS / "dream-tiny"), "--out", str(out), "--dtype", "float32"]) == 0
+    assert not (out / "model.safetensors").exists()
+    converted = load_model(out)
+    ids = np.arange(60).reshape(2, 30) % 500
+    np.testing.assert_array_equal(np.asarray(converted.logits(ids)), np.asarray(lms["dream-tiny"].logits(ids)))
+    # bfloat16 conversion stores bfloat16 and loads back to the requested dtype.
+    out16 = tmp_path / "bf16"
+    assert convert_main(["--hf-dir", str(GOLDENS / "llada-tiny"), "--out", str(out16)]) == 0
+    lm16 = load_model(out16, dtype="bfloat16")
+    assert lm16.model.wq[...].dtype == jnp.bfloat16
+    assert lm16.logits(ids).dtype == jnp.float32
+
+
+def _copy_ckpt(tmp_path, name="llada-tiny"):
+    dst = tmp_path / name
+    shutil.copytree(GOLDENS / name, dst)
+    dst.chmod(0o755)
+    for f in dst.iterdir():
+        f.chmod(0o644)
+    return dst
+
+
+def test_missing_tensor_is_named(tmp_path):
+    d = _copy_ckpt(tmp_path)
+    tensors = load_file(str(d / "model.safetensors"))
+    del tensors["model.transformer.blocks.1.up_proj.weight"]
+    save_file(tensors, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"missing tensor\(s\) model\.transformer\.blocks\.1\.up_proj\.weight"):
+        load_hf_model(d)
+
+
+def test_unexpected_tensor_is_named(tmp_path):
+    d = _copy_ckpt(tmp_path)
+    tensors = load_file(str(d / "model.safetensors"))
+    tensors["model.transformer.blocks.9.q_proj.weight"] = tensors["model.transformer.blocks.0.q_proj.weight"]
+    save_file(tensors, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"unexpected tensor\(s\) model\.transformer\.blocks\.9\.q_proj\.weight"):
+        load_hf_model(d)
+
+
+def test_wrong_shape_is_named(tmp_path):
+    d = _copy_ckpt(tmp_path)
+    tensors = load_file(str(d / "model.safetensors"))
+    tensors["model.transformer.blocks.0.k_proj.weight"] = tensors["model.transformer.blocks.0.k_proj.weight"].T.copy()
+    tensors["model.transformer.blocks.0.k_proj.weight"] = np.zeros((64, 32), np.float32)
+    save_file(tensors, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"'model\.transformer\.blocks\.0\.k_proj\.weight' has shape \(64, 32\), expected \(64, 64\)"):
+        load_hf_model(d)
+
+
+def test_duplicated_tensor_across_shards_is_named(tmp_path):
+    d = _copy_ckpt(tmp_path)
+    tensors = load_file(str(d / "model.safetensors"))
+    (d / "model.safetensors").unlink()
+    names = sorted(tensors)
+    save_file({k: tensors[k] for k in names[:10]}, str(d / "a.safetensors"))
+    save_file({k: tensors[k] for k in names[9:]}, str(d / "b.safetensors"))
+    weight_map = {k: ("a.safetensors" if i < 10 else "b.safetensors") for i, k in enumerate(names)}
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(CheckpointError, match=rf"duplicated tensor '{names[9]}' in a\.safetensors and b\.safetensors"):
+        load_hf_model(d)
+
+
+def test_sharded_checkpoint_loads_like_single_file(tmp_path, lms):
+    d = _copy_ckpt(tmp_path)
+    tensors = load_file(str(d / "model.safetensors"))
+    (d / "model.safetensors").unlink()
+    names = sorted(tensors)
+    save_file({k: tensors[k] for k in names[:10]}, str(d / "a.safetensors"))
+    save_file({k: tensors[k] for k in names[10:]}, str(d / "b.safetensors"))
+    weight_map = {k: ("a.safetensors" if i < 10 else "b.safetensors") for i, k in enumerate(names)}
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    ids = np.arange(40).reshape(2, 20)
+    np.testing.assert_array_equal(np.asarray(load_model(d).logits(ids)), np.asarray(lms["llada-tiny"].logits(ids)))
+
+
+def test_truncated_file_is_named(tmp_path):
+    d = _copy_ckpt(tmp_path)
+    path = d / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 1000])
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: truncated safetensors file: tensor '.*' needs bytes"):
+        load_hf_model(d)
+    path.write_bytes(data[:5])
+    with pytest.raises(CheckpointError, match=r"truncated safetensors file \(5 bytes, no header\)"):
+        load_hf_model(d)
+    header_len = struct.unpack("<Q", data[:8])[0]
+    path.write_bytes(data[: 8 + header_len // 2])
+    with pytest.raises(CheckpointError, match=r"truncated safetensors file \(header of"):
+        load_hf_model(d)
+
+
+def test_unknown_model_type_is_named(tmp_path):
+    d = _copy_ckpt(tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["model_type"] = "gpt2"
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match=r"config\.json: unknown model_type 'gpt2'"):
+        load_model(d)
+
+
+def test_missing_weights_file_is_named(tmp_path):
+    d = _copy_ckpt(tmp_path)
+    (d / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="neither a Hugging Face safetensors directory nor a converted checkpoint"):
+        load_model(d)
+
+
+def test_dream_real_tokenizer_encodes_and_applies_chat_template():
+    from psd_jax.tokenizer import load_tokenizer, resolve_special_ids
+
+    tok = load_tokenizer(HF_CONFIGS / "Dream-v0-Instruct-7B", "dream")
+    ids = tok("Hello world", add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == "Hello world" and len(ids) == 2
+    text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False)
+    assert text == "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    cfg = config_from_dict(json.loads((HF_CONFIGS / "Dream-v0-Instruct-7B" / "config.json").read_text()))
+    assert tok.convert_ids_to_tokens(cfg.mask_id) == "<|mask|>"
+    resolved = resolve_special_ids(cfg, tok, "dream")
+    assert resolved.eot_id == tok.convert_tokens_to_ids("<|im_end|>") == 151645
+    assert resolved.stop_ids == (151643, 151645)
+
+
+def test_dream_logit_shift_is_declared_by_the_model(lms):
+    assert lms["dream-tiny"].config.logit_shift == 1 and lms["llada-tiny"].config.logit_shift == 0
