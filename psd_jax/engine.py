@@ -166,10 +166,11 @@ def run_while_loop(loop: Loop, prompt_ids, attention_mask, key) -> DecodeState:
 def run_python_loop(loop: Loop, prompt_ids, attention_mask, key, max_iterations: int = 100_000) -> DecodeState:
     """The same step in a plain Python loop (the oracle the compiled loop is tested against)."""
     state = init_state(loop, prompt_ids, attention_mask, key)
+    step_fn = jax.jit(partial(step, loop, attention_mask))
     for _ in range(max_iterations):
         if bool(jnp.all(state.done)):
             return state
-        state = step(loop, attention_mask, state)
+        state = step_fn(state)
     raise RuntimeError(f"decode did not finish in {max_iterations} iterations")
 
 
@@ -203,5 +204,5 @@ def decode(graphdef, params, prompt_ids, prompt_mask, key, *, mcfg: ModelConfig,
 
 
 def decode_python_loop(model, prompt_ids, prompt_mask, key, *, mcfg: ModelConfig, dcfg: DecodeConfig) -> DecodeOutput:
-    """Same decode, eagerly, with a Python loop over ``step`` (slow; for tests)."""
+    """Same decode with a plain Python loop over the (separately jitted) ``step``; the test oracle."""
     return _decode(model, prompt_ids, prompt_mask, key, mcfg, dcfg, run_python_loop)
