@@ -1,0 +1,205 @@
+"""``python -m psd_jax.bench``: every decoder's speed against quality on one dataset.
+
+For each decoder setting the same prompts run in the same batches; compilation is timed
+separately and excluded, the first batch is run once untimed as warm-up, and each batch is timed
+with ``block_until_ready``. Reported per setting: exact-answer accuracy, mean NFE per prompt,
+tokens per forward (TPF, exact and machine-independent), sequence forwards, tokens/s, and
+speedups against 1-token-per-step decoding measured in the same run. Writes JSON, a Markdown
+table and a Pareto plot (accuracy against TPF and against tokens/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .api import InputError, LoadedModel, default_model_path, load_model
+from .config import DecodeConfig, DecodeConfigError
+from .tasks import is_correct, load_jsonl
+
+BASELINE = "fixed-1"
+
+
+@dataclass
+class Row:
+    name: str
+    settings: dict
+    n: int = 0
+    correct: int = 0
+    nfe: int = 0
+    tokens: int = 0
+    sequence_forwards: int = 0
+    seconds: float = 0.0
+    compile_seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        return {
+            "name": self.name,
+            "accuracy": self.correct / max(self.n, 1),
+            "n": self.n,
+            "nfe_per_prompt": self.nfe / max(self.n, 1),
+            "tpf": self.tokens / max(self.nfe, 1),
+            "tokens": self.tokens,
+            "sequence_forwards": self.sequence_forwards,
+            "tokens_per_second": self.tokens / self.seconds if self.seconds else float("nan"),
+            "seconds": self.seconds,
+            "compile_seconds": self.compile_seconds,
+            "settings": self.settings,
+            **self.extra,
+        }
+
+
+def decoder_matrix(gen_length: int, block_length: int) -> dict[str, DecodeConfig]:
+    """The default matrix: fixed 1/2/4 tokens per step, threshold 0.9/0.7, PSD on each, RPS."""
+    base = DecodeConfig(gen_length=gen_length, block_length=block_length)
+    bases = {
+        "fixed-1": base.replace(steps=gen_length),
+        "fixed-2": base.replace(steps=gen_length // 2),
+        "fixed-4": base.replace(steps=gen_length // 4),
+        "threshold-0.9": base.replace(policy="threshold", threshold=0.9),
+        "threshold-0.7": base.replace(policy="threshold", threshold=0.7),
+    }
+    matrix = dict(bases)
+    for name, cfg in bases.items():
+        for depth in (1, 3, 5, 7):
+            matrix[f"psd-{name}-d{depth}"] = cfg.replace(decoder="psd", depth=depth)
+    for name in ("fixed-1", "threshold-0.9", "threshold-0.7"):
+        matrix[f"rps-{name}"] = bases[name].replace(decoder="rps")
+    return matrix
+
+
+def run_setting(lm: LoadedModel, name: str, settings: DecodeConfig, examples: list[dict], batch: int,
+                chat: bool, prompt_bucket: int, progress=None) -> Row:
+    row = Row(name, {k: v for k, v in vars(settings).items()})
+    batches = [examples[i : i + batch] for i in range(0, len(examples), batch)]
+    prompts = [[ex["question"] for ex in b] for b in batches]
+    # Warm-up (compiles once; its time is reported as compile time, its run is not timed).
+    warm = lm.generate(prompts[0], settings, chat=chat, prompt_bucket=prompt_bucket)
+    row.compile_seconds = warm[0].compile_seconds
+    for chunk, texts in zip(batches, prompts):
+        results = lm.generate(texts, settings, chat=chat, prompt_bucket=prompt_bucket)
+        row.compile_seconds += results[0].compile_seconds  # another prompt bucket compiles too
+        row.seconds += results[0].seconds
+        row.sequence_forwards += results[0].sequence_forwards
+        for r, ex in zip(results, chunk):
+            row.n += 1
+            row.correct += bool(is_correct(r.text or "", ex))
+            row.nfe += r.nfe
+            row.tokens += r.tokens
+            for key, value in r.stats.items():
+                row.extra[key] = (np.asarray(row.extra.get(key, 0)) + np.asarray(value)).tolist()
+        if progress is not None:
+            progress.update(len(chunk))
+    return row
+
+
+def with_speedups(summaries: list[dict]) -> list[dict]:
+    base = next((s for s in summaries if s["name"] == BASELINE), None)
+    for s in summaries:
+        if base is not None:
+            s["speedup_tokens_per_second"] = s["tokens_per_second"] / base["tokens_per_second"]
+            s["speedup_tpf"] = s["tpf"] / base["tpf"]
+    return summaries
+
+
+def markdown_table(summaries: list[dict]) -> str:
+    head = "| decoder | accuracy | NFE/prompt | TPF | seq. forwards | tokens/s | speedup (tok/s) | compile s |\n"
+    head += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    lines = [
+        f"| {s['name']} | {100 * s['accuracy']:.1f}% | {s['nfe_per_prompt']:.1f} | {s['tpf']:.2f} | "
+        f"{s['sequence_forwards']} | {s['tokens_per_second']:.1f} | {s.get('speedup_tokens_per_second', float('nan')):.2f}x | "
+        f"{s['compile_seconds']:.1f} |"
+        for s in summaries
+    ]
+    return head + "\n".join(lines) + "\n"
+
+
+def pareto_plot(summaries: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    families = {"fixed": "tab:blue", "threshold": "tab:orange", "psd": "tab:green", "rps": "tab:red"}
+    for ax, key, label in ((axes[0], "tpf", "tokens per forward (TPF)"), (axes[1], "tokens_per_second", "tokens/s (warm)")):
+        for s in summaries:
+            family = s["name"].split("-")[0]
+            ax.scatter(s[key], 100 * s["accuracy"], color=families.get(family, "gray"), s=30)
+            ax.annotate(s["name"], (s[key], 100 * s["accuracy"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        ax.set_xlabel(label)
+        ax.set_ylabel("exact-answer accuracy (%)")
+        ax.grid(alpha=0.3)
+    for family, color in families.items():
+        axes[0].scatter([], [], color=color, label=family)
+    axes[0].legend(loc="lower left")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m psd_jax.bench", description=__doc__)
+    p.add_argument("--model", help="model directory (default: the shipped default model)")
+    p.add_argument("--data", help="jsonl with question/answer fields (default: the shipped held-out set)")
+    p.add_argument("--limit", type=int, help="use only the first N problems")
+    p.add_argument("--batch", type=int, default=50)
+    p.add_argument("--gen-length", type=int, default=48)
+    p.add_argument("--block-length", type=int, default=16)
+    p.add_argument("--decoders", help="comma-separated subset of the matrix (default: all); --list shows names")
+    p.add_argument("--list", action="store_true", help="list the decoder settings and exit")
+    p.add_argument("--no-chat", action="store_true", help="do not wrap questions in the chat template")
+    p.add_argument("--prompt-bucket", type=int, default=96)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--out", default="bench_out", help="output directory for JSON, Markdown and PNG")
+    args = p.parse_args(argv)
+    try:
+        matrix = decoder_matrix(args.gen_length, args.block_length)
+        if args.list:
+            print("\n".join(matrix))
+            return 0
+        if args.decoders:
+            names = [n.strip() for n in args.decoders.split(",") if n.strip()]
+            unknown = [n for n in names if n not in matrix]
+            if unknown:
+                raise InputError(f"unknown decoder setting(s) {unknown}; see --list")
+            matrix = {n: matrix[n] for n in names}
+        model_dir = Path(args.model) if args.model else default_model_path()
+        data = Path(args.data) if args.data else model_dir / "test.jsonl"
+        examples = load_jsonl(data)[: args.limit]
+        lm = load_model(model_dir, dtype=args.dtype)
+    except (InputError, DecodeConfigError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from tqdm import tqdm
+
+    chat = not args.no_chat and bool(getattr(lm.tokenizer, "chat_template", None))
+    rows = []
+    with tqdm(total=len(matrix) * len(examples), desc="bench", unit="prompt", file=sys.stderr) as bar:
+        for name, settings in matrix.items():
+            bar.set_postfix_str(name)
+            rows.append(run_setting(lm, name, settings, examples, args.batch, chat, args.prompt_bucket, bar).summary())
+    summaries = with_speedups(rows)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"model": str(model_dir), "data": str(data), "n": len(examples), "batch": args.batch,
+            "gen_length": args.gen_length, "block_length": args.block_length, "time": time.strftime("%Y-%m-%d %H:%M")}
+    (out / "bench.json").write_text(json.dumps({"meta": meta, "results": summaries}, indent=2) + "\n")
+    table = markdown_table(summaries)
+    (out / "bench.md").write_text(table)
+    pareto_plot(summaries, out / "pareto.png", f"{model_dir.name}: {len(examples)} problems, gen {args.gen_length}, block {args.block_length}")
+    print(table)
+    print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'pareto.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

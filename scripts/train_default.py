@@ -1,0 +1,164 @@
+"""Train the shipped default model: a small LLaDA-architecture dLLM for multi-step arithmetic.
+
+Masked diffusion objective in LLaDA's SFT form: the prompt (chat-templated question) is kept,
+every response token (answer + EOS padding to ``gen_length``) is masked with probability
+``t ~ U(eps, 1]``, and the cross-entropy on masked tokens is weighted by ``1/t``. The result is
+written in the real LLaDA Hugging Face layout (``config.json`` + ``model.safetensors`` with
+LLaDA-8B's tensor names) next to the tokenizer, so it loads through the same converter path as a
+real checkpoint.
+
+    python scripts/train_default.py --out models/default --minutes 55
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from transformers import AutoTokenizer
+
+from convert.export import export_hf
+from models import DiffusionLM, ModelConfig
+from psd_jax import DecodeConfig
+from psd_jax.api import LoadedModel
+from psd_jax.tasks import is_correct, load_jsonl, make_dataset
+from psd_jax.tokenizer import encode_prompt
+
+PROMPT_LENGTH = 96  # chat-templated questions are at most 86 tokens; also the inference bucket
+GEN_LENGTH = 48  # answers are at most 45 tokens + EOS
+
+
+def model_config(tok, args) -> ModelConfig:
+    return ModelConfig(
+        family="llada",
+        vocab_size=len(tok),
+        d_model=args.d_model,
+        n_layers=args.layers,
+        n_heads=args.heads,
+        n_kv_heads=args.heads,
+        mlp_hidden=args.mlp,
+        rope_theta=10000.0,
+        norm_eps=1e-5,
+        max_length=512,
+        mask_id=tok.mask_token_id,
+        eos_id=tok.eos_token_id,
+        pad_id=tok.pad_token_id,
+    )
+
+
+def encode_batch(tok, examples, eos_id: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Left-padded prompt + answer + EOS padding, as the decoder will see it."""
+    ids = np.full((len(examples), PROMPT_LENGTH + GEN_LENGTH), pad_id, np.int32)
+    mask = np.zeros_like(ids)
+    for row, ex in enumerate(examples):
+        prompt = encode_prompt(tok, ex["question"], chat=True, source="train")
+        answer = tok(ex["answer"], add_special_tokens=False)["input_ids"] + [eos_id]
+        assert len(prompt) <= PROMPT_LENGTH and len(answer) <= GEN_LENGTH, (len(prompt), len(answer))
+        answer = answer + [eos_id] * (GEN_LENGTH - len(answer))
+        ids[row, PROMPT_LENGTH - len(prompt):] = prompt + answer
+        mask[row, PROMPT_LENGTH - len(prompt):] = 1
+    return ids, mask
+
+
+def make_train_step(graphdef, optimizer, mask_id: int, eps: float = 1e-3):
+    def loss_fn(params, ids, attn, key):
+        t_key, m_key = jax.random.split(key)
+        batch = ids.shape[0]
+        t = jax.random.uniform(t_key, (batch, 1), minval=eps, maxval=1.0)
+        response = ids[:, PROMPT_LENGTH:]
+        masked = jax.random.uniform(m_key, response.shape) < t
+        noisy = ids.at[:, PROMPT_LENGTH:].set(jnp.where(masked, mask_id, response))
+        logits = nnx.merge(graphdef, params)(noisy, attn)[:, PROMPT_LENGTH:]
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, response)
+        loss = jnp.sum(ce * masked / t) / response.size
+        acc = jnp.sum((logits.argmax(-1) == response) * masked) / jnp.maximum(masked.sum(), 1)
+        return loss, acc
+
+    @jax.jit
+    def train_step(params, opt_state, ids, attn, key):
+        (loss, acc), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, ids, attn, key)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss, acc
+
+    return train_step
+
+
+def evaluate(model: DiffusionLM, tok, examples, settings: DecodeConfig, path: Path) -> float:
+    lm = LoadedModel(model, tok, path)
+    correct = 0
+    for i in range(0, len(examples), 64):
+        chunk = examples[i : i + 64]
+        out = lm.generate([ex["question"] for ex in chunk], settings, chat=True, prompt_bucket=PROMPT_LENGTH)
+        correct += sum(is_correct(r.text, ex) for r, ex in zip(out, chunk))
+    return correct / len(examples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="models/default")
+    parser.add_argument("--minutes", type=float, default=55.0, help="training time budget")
+    parser.add_argument("--max-steps", type=int, default=100_000)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--mlp", type=int, default=768)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-every", type=int, default=500)
+    parser.add_argument("--eval-n", type=int, default=128)
+    args = parser.parse_args()
+
+    out = Path(args.out)
+    tok = AutoTokenizer.from_pretrained(str(out))
+    test = load_jsonl(out / "test.jsonl")
+    held_out = {ex["question"] for ex in test}
+    cfg = model_config(tok, args)
+    model = DiffusionLM(cfg, rngs=nnx.Rngs(args.seed))
+    graphdef, params = nnx.split(model)
+    print(f"model: {cfg.param_count():,} parameters, vocab {cfg.vocab_size}", flush=True)
+
+    # Steps are bounded by the time budget; the schedule is laid out for an estimate of them.
+    total_steps = args.max_steps
+    schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, 300, total_steps, end_value=args.lr * 0.05)
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, b2=0.98, weight_decay=0.01))
+    opt_state = optimizer.init(params)
+    train_step = make_train_step(graphdef, optimizer, cfg.mask_id)
+    settings = DecodeConfig(gen_length=GEN_LENGTH, block_length=16, steps=GEN_LENGTH)
+
+    rng = random.Random(args.seed)
+    key = jax.random.key(args.seed)
+    start = time.time()
+    log = []
+    step = 0
+    while step < total_steps and time.time() - start < args.minutes * 60:
+        examples = make_dataset(args.batch, rng.randrange(2**31), exclude=held_out)
+        ids, attn = encode_batch(tok, examples, cfg.eos_id, cfg.pad_id)
+        key, sub = jax.random.split(key)
+        params, opt_state, loss, acc = train_step(params, opt_state, ids, attn, sub)
+        step += 1
+        if step % 100 == 0:
+            print(f"step {step} loss {float(loss):.4f} masked-acc {float(acc):.3f} {time.time() - start:.0f}s", flush=True)
+        if step % args.eval_every == 0:
+            model = nnx.merge(graphdef, params)
+            accuracy = evaluate(model, tok, test[: args.eval_n], settings, out)
+            log.append({"step": step, "seconds": round(time.time() - start), "accuracy": accuracy})
+            print(f"  eval step {step}: accuracy {accuracy:.3f} on {args.eval_n} held-out", flush=True)
+    model = nnx.merge(graphdef, params)
+    export_hf(model, out)
+    (out / "training.json").write_text(
+        json.dumps({"args": vars(args), "steps": step, "seconds": round(time.time() - start), "evals": log}, indent=2) + "\n"
+    )
+    print(f"wrote {out} after {step} steps, {time.time() - start:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
