@@ -161,9 +161,12 @@ def _people(rng: random.Random, k: int) -> list[_Person]:
 
 
 class _Steps:
-    """Records calculator lines ``a op b = c`` and enforces the value limits."""
+    """Records calculator lines ``a op b = c``, enforces the value limits and
+    samples operands that keep the next result valid."""
 
-    def __init__(self) -> None:
+    def __init__(self, rng: random.Random, max_value: int = MAX_VALUE) -> None:
+        self.rng = rng
+        self.max_value = max_value
         self.lines: list[str] = []
         self.value: int | None = None
 
@@ -180,45 +183,41 @@ class _Steps:
             c = a // b
         else:
             raise ValueError(op)
-        if not 1 <= c <= MAX_VALUE:
+        if not 1 <= c <= self.max_value:
             raise _Retry
         self.lines.append(f"{a} {op} {b} = {c}")
         self.value = c
         return c
 
+    def part(self, x: int, hi: int = 40) -> int:
+        """An amount to take away from ``x`` that leaves at least 1."""
+        hi = min(hi, x - 1)
+        if hi < 2:
+            raise _Retry
+        return self.rng.randint(2, hi)
 
-def _part(rng: random.Random, x: int, hi: int = 40) -> int:
-    """An amount to take away from ``x`` that leaves at least 1."""
-    hi = min(hi, x - 1)
-    if hi < 2:
-        raise _Retry
-    return rng.randint(2, hi)
+    def divisor(self, x: int, lo: int = 2, hi: int = 9) -> int:
+        """A divisor of ``x`` in [lo, hi] (smaller than ``x``)."""
+        options = [d for d in range(lo, hi + 1) if x % d == 0 and d < x]
+        if not options:
+            raise _Retry
+        return self.rng.choice(options)
 
+    def factor(self, x: int, lo: int = 2, hi: int = 9) -> int:
+        """A multiplier in [lo, hi] keeping ``x * f`` within the value limit."""
+        hi = min(hi, self.max_value // x)
+        if hi < lo:
+            raise _Retry
+        return self.rng.randint(lo, hi)
 
-def _divisor(rng: random.Random, x: int, lo: int = 2, hi: int = 9) -> int:
-    """A divisor of ``x`` in [lo, hi] (smaller than ``x``)."""
-    options = [d for d in range(lo, hi + 1) if x % d == 0 and d < x]
-    if not options:
-        raise _Retry
-    return rng.choice(options)
-
-
-def _factor(rng: random.Random, x: int, lo: int = 2, hi: int = 9) -> int:
-    """A multiplier in [lo, hi] keeping ``x * f`` within MAX_VALUE."""
-    hi = min(hi, MAX_VALUE // x)
-    if hi < lo:
-        raise _Retry
-    return rng.randint(lo, hi)
-
-
-def _above(rng: random.Random, x: int, spread: int = 60) -> int:
-    """A round-ish total larger than ``x`` (for 'how much more' questions)."""
-    t = x + rng.randint(2, spread)
-    if rng.random() < 0.5:
-        t = (t + 9) // 10 * 10
-    if t > MAX_VALUE:
-        raise _Retry
-    return t
+    def above(self, x: int, spread: int = 60) -> int:
+        """A round-ish total larger than ``x`` (for 'how much more' questions)."""
+        t = x + self.rng.randint(2, spread)
+        if self.rng.random() < 0.5:
+            t = (t + 9) // 10 * 10
+        if t > self.max_value:
+            raise _Retry
+        return t
 
 
 def _middles(rng: random.Random, k: int, n: int) -> list[int]:
@@ -245,7 +244,7 @@ def _shopping(rng: random.Random, k: int, st: _Steps) -> str:
             x = st(x, "+", extra)
             text.append(f"{p.Sub} also buys a {thing} for ${extra}.")
         else:
-            off = _part(rng, x, 20)
+            off = st.part(x, 20)
             x = st(x, "-", off)
             text.append(f"{p.Sub} has a coupon for ${off} off.")
     if rng.random() < 0.5:
@@ -256,7 +255,7 @@ def _shopping(rng: random.Random, k: int, st: _Steps) -> str:
         st(bill, "-", x)
         text.append(f"{p.Sub} pays with a ${bill} bill. How much change does {p.sub} get?")
     else:
-        n = _divisor(rng, x, 2, 5)
+        n = st.divisor(x, 2, 5)
         st(x, "/", n)
         text.append(f"{p.Sub} splits the cost equally among {n} people. "
                     f"How much does each person pay?")
@@ -277,7 +276,7 @@ def _ages(rng: random.Random, k: int, st: _Steps) -> str:
             text.append(f"{r.name} is {times} as old as {cur.name}.")
             cur = r
         else:
-            d = _part(rng, x, 15)
+            d = st.part(x, 15)
             x = st(x, "-", d)
             text.append(f"{s.name} is {d} years younger than {cur.name}.")
             cur = s
@@ -303,11 +302,11 @@ def _travel(rng: random.Random, k: int, st: _Steps) -> str:
             x = st(x, "*", 2)
             text.append("Then it makes the same trip back.")
     if rng.random() < 0.5:
-        per = _divisor(rng, x, 2, 9)
+        per = st.divisor(x, 2, 9)
         st(x, "/", per)
         text.append(f"It uses 1 liter of fuel every {per} miles. How many liters of fuel does it use?")
     else:
-        t = _above(rng, x, 80)
+        t = st.above(x, 80)
         st(t, "-", x)
         text.append(f"The whole route is {t} miles long. How many miles are left?")
     return " ".join(text)
@@ -321,7 +320,7 @@ def _baking(rng: random.Random, k: int, st: _Steps) -> str:
     text = [f"{p.name} bakes {b} batches of {item} with {c} {item} in each batch."]
     for m in _middles(rng, k, 2):
         if m == 0:
-            e = _part(rng, x, 12)
+            e = st.part(x, 12)
             x = st(x, "-", e)
             text.append(f"{p.pos.capitalize()} family eats {e} of them.")
         else:
@@ -329,12 +328,12 @@ def _baking(rng: random.Random, k: int, st: _Steps) -> str:
             x = st(x, "+", f)
             text.append(f"Then {p.sub} bakes {f} more.")
     if rng.random() < 0.5:
-        n = _divisor(rng, x, 2, 9)
+        n = st.divisor(x, 2, 9)
         st(x, "/", n)
         text.append(f"{p.Sub} shares them equally among {n} friends. "
                     f"How many {item} does each friend get?")
     else:
-        price = _factor(rng, x, 2, 5)
+        price = st.factor(x, 2, 5)
         st(x, "*", price)
         text.append(f"{p.Sub} sells them for ${price} each. How much money does {p.sub} make?")
     return " ".join(text)
@@ -351,17 +350,17 @@ def _savings(rng: random.Random, k: int, st: _Steps) -> str:
             x = st(x, "+", g)
             text.append(f"{q.name} gives {p.obj} ${g} for {p.pos} birthday.")
         else:
-            spent = _part(rng, x, 40)
+            spent = st.part(x, 40)
             x = st(x, "-", spent)
             thing = rng.choice(["game", "book", "ball", "kite", "puzzle"])
             text.append(f"{p.Sub} spends ${spent} on a {thing}.")
     if rng.random() < 0.5:
-        t = _above(rng, x, 60)
+        t = st.above(x, 60)
         st(t, "-", x)
         thing = rng.choice(["bike", "guitar", "tablet", "camera"])
         text.append(f"{p.Sub} wants a {thing} that costs ${t}. How much more money does {p.sub} need?")
     else:
-        n = _divisor(rng, x, 2, 6)
+        n = st.divisor(x, 2, 6)
         st(x, "/", n)
         text.append(f"{p.Sub} puts the money equally into {n} jars. How much money is in each jar?")
     return " ".join(text)
@@ -375,15 +374,15 @@ def _workers(rng: random.Random, k: int, st: _Steps) -> str:
     text = [f"A {place} has {w} workers. Each worker makes {m_} {item} a day."]
     for m in _middles(rng, k, 2):
         if m == 0:
-            d = _factor(rng, x, 2, 6)
+            d = st.factor(x, 2, 6)
             x = st(x, "*", d)
             text.append(f"They work for {d} days.")
         else:
-            bad = _part(rng, x, 20)
+            bad = st.part(x, 20)
             x = st(x, "-", bad)
             text.append(f"{bad} of the {item} are broken.")
     if rng.random() < 0.5:
-        n = _divisor(rng, x, 2, 9)
+        n = st.divisor(x, 2, 9)
         st(x, "/", n)
         text.append(f"The {item} are packed in boxes of {n}. How many boxes do they fill?")
     else:
@@ -400,7 +399,7 @@ def _packing(rng: random.Random, k: int, st: _Steps) -> str:
     text = [f"A store gets {n} boxes of {item}. Each box holds {per} {item}."]
     for m in _middles(rng, k, 2):
         if m == 0:
-            sold = _part(rng, x, 40)
+            sold = st.part(x, 40)
             x = st(x, "-", sold)
             text.append(f"The store sells {sold} {item} in the morning.")
         else:
@@ -408,11 +407,11 @@ def _packing(rng: random.Random, k: int, st: _Steps) -> str:
             x = st(x, "+", more)
             text.append(f"Then a truck brings {more} more {item}.")
     if rng.random() < 0.5:
-        b = _divisor(rng, x, 2, 9)
+        b = st.divisor(x, 2, 9)
         st(x, "/", b)
         text.append(f"The {item} are put into bags of {b}. How many bags are there?")
     else:
-        price = _factor(rng, x, 2, 4)
+        price = st.factor(x, 2, 4)
         st(x, "*", price)
         text.append(f"Each one sells for ${price}. How much money can the store make?")
     return " ".join(text)
@@ -427,7 +426,7 @@ def _garden(rng: random.Random, k: int, st: _Steps) -> str:
     text = [f"{p.name} plants {r} rows of {plant} plants with {c} plants in each row."]
     for m in _middles(rng, k, 2):
         if m == 0:
-            e = _part(rng, x, 15)
+            e = st.part(x, 15)
             x = st(x, "-", e)
             text.append(f"Rabbits eat {e} of the plants.")
         else:
@@ -435,11 +434,11 @@ def _garden(rng: random.Random, k: int, st: _Steps) -> str:
             x = st(x, "+", f)
             text.append(f"Later {p.sub} plants {f} more.")
     if rng.random() < 0.5:
-        t = _factor(rng, x, 2, 8)
+        t = st.factor(x, 2, 8)
         st(x, "*", t)
         text.append(f"Each plant gives {t} {crop}. How many {crop} does {p.name} pick?")
     else:
-        g = _divisor(rng, x, 2, 9)
+        g = st.divisor(x, 2, 9)
         st(x, "/", g)
         text.append(f"{p.Sub} gives the plants equally to {g} neighbors. "
                     f"How many plants does each neighbor get?")
@@ -459,11 +458,11 @@ def _reading(rng: random.Random, k: int, st: _Steps) -> str:
         else:
             text.append(f"Then {p.sub} reads {z} pages on the train.")
     if rng.random() < 0.5:
-        t = _above(rng, x, 90)
+        t = st.above(x, 90)
         st(t, "-", x)
         text.append(f"The book has {t} pages. How many pages are left to read?")
     else:
-        f = _factor(rng, x, 2, 3)
+        f = st.factor(x, 2, 3)
         st(x, "*", f)
         times = "twice" if f == 2 else "three times"
         text.append(f"{q.name} reads {times} as many pages as {p.name}. "
@@ -477,7 +476,7 @@ def _school(rng: random.Random, k: int, st: _Steps) -> str:
     text = [f"A school has {c} classes with {s} students in each class."]
     for m in _middles(rng, k, 2):
         if m == 0:
-            a = _part(rng, x, 25)
+            a = st.part(x, 25)
             x = st(x, "-", a)
             text.append(f"Today {a} students are absent.")
         else:
@@ -485,11 +484,11 @@ def _school(rng: random.Random, k: int, st: _Steps) -> str:
             x = st(x, "+", v)
             text.append(f"{v} students from another school come to visit.")
     if rng.random() < 0.5:
-        t = _divisor(rng, x, 2, 9)
+        t = st.divisor(x, 2, 9)
         st(x, "/", t)
         text.append(f"The students form teams of {t}. How many teams are there?")
     else:
-        b = _factor(rng, x, 2, 4)
+        b = st.factor(x, 2, 4)
         st(x, "*", b)
         text.append(f"Each student gets {b} pencils. How many pencils are needed?")
     return " ".join(text)
@@ -501,7 +500,7 @@ def _eggs(rng: random.Random, k: int, st: _Steps) -> str:
     text = [f"A farmer has {h} hens. Each hen lays {e} eggs a week."]
     for m in _middles(rng, k, 2):
         if m == 0:
-            f = _part(rng, x, 15)
+            f = st.part(x, 15)
             x = st(x, "-", f)
             text.append(f"The family eats {f} eggs.")
         else:
@@ -509,11 +508,11 @@ def _eggs(rng: random.Random, k: int, st: _Steps) -> str:
             x = st(x, "+", g)
             text.append(f"A neighbor brings {g} more eggs.")
     if rng.random() < 0.5:
-        c = _divisor(rng, x, 2, 9)
+        c = st.divisor(x, 2, 9)
         st(x, "/", c)
         text.append(f"The eggs are sold in cartons of {c}. How many cartons are sold?")
     else:
-        q = _factor(rng, x, 2, 3)
+        q = st.factor(x, 2, 3)
         st(x, "*", q)
         text.append(f"Each egg sells for ${q}. How much money does the farmer make?")
     return " ".join(text)
@@ -525,7 +524,7 @@ def _parking(rng: random.Random, k: int, st: _Steps) -> str:
     text = [f"A parking lot has {r} rows with {c} cars in each row."]
     for m in _middles(rng, k, 2):
         if m == 0:
-            gone = _part(rng, x, 30)
+            gone = st.part(x, 30)
             x = st(x, "-", gone)
             text.append(f"Then {gone} cars leave.")
         else:
@@ -536,7 +535,7 @@ def _parking(rng: random.Random, k: int, st: _Steps) -> str:
         st(x, "*", 4)
         text.append("Each car has 4 wheels. How many wheels are in the lot?")
     else:
-        t = _above(rng, x, 60)
+        t = st.above(x, 60)
         st(t, "-", x)
         text.append(f"The lot has room for {t} cars. How many more cars can park?")
     return " ".join(text)
@@ -550,20 +549,20 @@ def _marbles(rng: random.Random, k: int, st: _Steps) -> str:
     text = [f"{p.name} has {a} {item}. {q.name} gives {p.obj} {b} more."]
     for m in _middles(rng, k, 2):
         if m == 0:
-            c = _part(rng, x, 20)
+            c = st.part(x, 20)
             x = st(x, "-", c)
             text.append(f"{p.Sub} loses {c} of them.")
         else:
-            f = _factor(rng, x, 2, 3)
+            f = st.factor(x, 2, 3)
             x = st(x, "*", f)
             times = "doubles" if f == 2 else "triples"
             text.append(f"Then {p.sub} {times} {p.pos} collection.")
     if rng.random() < 0.5:
-        j = _divisor(rng, x, 2, 9)
+        j = st.divisor(x, 2, 9)
         st(x, "/", j)
         text.append(f"{p.Sub} puts them equally into {j} jars. How many {item} are in each jar?")
     else:
-        d = _part(rng, x, 30)
+        d = st.part(x, 30)
         st(x, "-", d)
         text.append(f"{p.Sub} gives {d} to {q.name}. How many {item} does {p.name} have left?")
     return " ".join(text)
@@ -581,15 +580,15 @@ def _tickets(rng: random.Random, k: int, st: _Steps) -> str:
             x = st(x, "+", d)
             text.append(f"It also makes ${d} from snacks.")
         else:
-            c = _part(rng, x, 60)
+            c = st.part(x, 60)
             x = st(x, "-", c)
             text.append(f"It pays ${c} for the hall.")
     if rng.random() < 0.5:
-        n = _divisor(rng, x, 2, 9)
+        n = st.divisor(x, 2, 9)
         st(x, "/", n)
         text.append(f"The money is shared equally among {n} {people}. How much does each get?")
     else:
-        goal = _above(rng, x, 90)
+        goal = st.above(x, 90)
         st(goal, "-", x)
         text.append(f"The goal was ${goal}. How much more money is needed?")
     return " ".join(text)
@@ -607,11 +606,11 @@ def _stickers(rng: random.Random, k: int, st: _Steps) -> str:
             x = st(x, "+", a)
             text.append(f"{p.Sub} adds {a} more {item} to the first album.")
         else:
-            r = _part(rng, x, 15)
+            r = st.part(x, 15)
             x = st(x, "-", r)
             text.append(f"Then {p.sub} takes {r} {item} out of that album.")
     if rng.random() < 0.5:
-        f = _factor(rng, x, 2, 4)
+        f = st.factor(x, 2, 4)
         st(x, "*", f)
         text.append(f"{q.name} has {f} times as many {item} as the first album. "
                     f"How many {item} does {q.name} have?")
@@ -634,10 +633,10 @@ def _pizza(rng: random.Random, k: int, st: _Steps) -> str:
             x = st(x, "+", d)
             text.append(f"A friend brings {d} more slices.")
         else:
-            e = _part(rng, x, 20)
+            e = st.part(x, 20)
             x = st(x, "-", e)
             text.append(f"{e} slices are eaten before the guests arrive.")
-    g = _divisor(rng, x, 2, 9)
+    g = st.divisor(x, 2, 9)
     st(x, "/", g)
     text.append(f"The slices are shared equally by {g} guests. How many slices does each guest get?")
     return " ".join(text)
@@ -652,11 +651,13 @@ TEMPLATES: dict[str, _Template] = {
 _TEMPLATE_LIST = list(TEMPLATES.values())
 
 
-def generate_problem(rng: random.Random, template: str | None = None, steps: int | None = None) -> dict:
+def generate_problem(rng: random.Random, template: str | None = None, steps: int | None = None,
+                     max_value: int = MAX_VALUE) -> dict:
     """One random problem ``{"question": str, "answer": str}``.
 
     The answer has 2-4 (or ``steps``) dependent lines ``a op b = c`` and ends
-    with ``#### c``. ``template`` picks a story from TEMPLATES (default: random)."""
+    with ``#### c``. ``template`` picks a story from TEMPLATES (default: random);
+    every result lies in [1, max_value] (lower it for an easier task)."""
     fn = rng.choice(_TEMPLATE_LIST)
     k = rng.randint(2, 4)
     template = TEMPLATES[template] if template is not None else fn
@@ -665,7 +666,7 @@ def generate_problem(rng: random.Random, template: str | None = None, steps: int
             raise ValueError("steps must be 2, 3 or 4")
         k = steps
     for _ in range(10_000):
-        st = _Steps()
+        st = _Steps(rng, max_value)
         try:
             question = template(rng, k, st)
         except _Retry:
@@ -675,16 +676,18 @@ def generate_problem(rng: random.Random, template: str | None = None, steps: int
     raise RuntimeError(f"template {template.__name__} failed to produce a {k}-step problem")
 
 
-def make_dataset(n: int, seed: int, exclude: Iterable[str] = (), unique: bool = False) -> list[dict]:
+def make_dataset(n: int, seed: int, exclude: Iterable[str] = (), unique: bool = False,
+                 max_value: int = MAX_VALUE) -> list[dict]:
     """``n`` problems, deterministic given ``seed``.
 
     Problems whose question is in ``exclude`` (e.g. the questions of a held-out
-    set) are skipped; ``unique=True`` also drops repeated questions."""
+    set) are skipped; ``unique=True`` also drops repeated questions;
+    ``max_value`` bounds every intermediate result (see generate_problem)."""
     rng = random.Random(seed)
     skip = set(exclude)
     out: list[dict] = []
     while len(out) < n:
-        ex = generate_problem(rng)
+        ex = generate_problem(rng, max_value=max_value)
         if ex["question"] in skip:
             continue
         if unique:

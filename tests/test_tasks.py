@@ -134,6 +134,8 @@ def test_every_template_and_step_count(name):
             assert len(steps) == k
             assert all(_OPS[op](a, b) == c for a, op, b, c in steps)
             assert gold_answer(ex) == str(steps[-1][3])
+        easy = generate_problem(rng, template=name, steps=k, max_value=100)
+        assert max(c for *_, c in parse_steps(easy["answer"])) <= 100
 
 
 # ----------------------------------------------------------------- shipped files
