@@ -7,7 +7,7 @@ written in the real LLaDA Hugging Face layout (``config.json`` + ``model.safeten
 LLaDA-8B's tensor names) next to the tokenizer, so it loads through the same converter path as a
 real checkpoint.
 
-    python scripts/train_default.py --out models/default --minutes 55
+    python scripts/train_default.py --out models/default --steps 2000
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from psd_jax.api import LoadedModel
 from psd_jax.tasks import is_correct, load_jsonl, make_dataset
 from psd_jax.tokenizer import encode_prompt
 
-PROMPT_LENGTH = 96  # chat-templated questions are at most 86 tokens; also the inference bucket
-GEN_LENGTH = 48  # answers are at most 45 tokens + EOS
+PROMPT_LENGTH = 96  # longest chat-templated prompt (longer ones are skipped); the inference bucket
+PROMPT_BUCKET = 16  # training batches are padded to a multiple of this (less wasted compute)
+GEN_LENGTH = 48  # answers are at most 46 tokens + EOS
 
 
 def model_config(tok, args) -> ModelConfig:
@@ -55,16 +56,25 @@ def model_config(tok, args) -> ModelConfig:
 
 
 def encode_batch(tok, examples, eos_id: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Left-padded prompt + answer + EOS padding, as the decoder will see it."""
-    ids = np.full((len(examples), PROMPT_LENGTH + GEN_LENGTH), pad_id, np.int32)
-    mask = np.zeros_like(ids)
-    for row, ex in enumerate(examples):
+    """Left-padded prompt + answer + EOS padding, as the decoder will see it.
+
+    The prompt part is padded to the batch's longest prompt rounded up to PROMPT_BUCKET, so the
+    answer always starts at ``ids.shape[1] - GEN_LENGTH``.
+    """
+    prompts, answers = [], []
+    for ex in examples:
         prompt = encode_prompt(tok, ex["question"], chat=True, source="train")
         answer = tok(ex["answer"], add_special_tokens=False)["input_ids"] + [eos_id]
-        assert len(prompt) <= PROMPT_LENGTH and len(answer) <= GEN_LENGTH, (len(prompt), len(answer))
-        answer = answer + [eos_id] * (GEN_LENGTH - len(answer))
-        ids[row, PROMPT_LENGTH - len(prompt):] = prompt + answer
-        mask[row, PROMPT_LENGTH - len(prompt):] = 1
+        if len(prompt) > PROMPT_LENGTH or len(answer) > GEN_LENGTH:
+            continue
+        prompts.append(prompt)
+        answers.append(answer + [eos_id] * (GEN_LENGTH - len(answer)))
+    length = -(-max(len(p) for p in prompts) // PROMPT_BUCKET) * PROMPT_BUCKET
+    ids = np.full((len(prompts), length + GEN_LENGTH), pad_id, np.int32)
+    mask = np.zeros_like(ids)
+    for row, (prompt, answer) in enumerate(zip(prompts, answers)):
+        ids[row, length - len(prompt):] = prompt + answer
+        mask[row, length - len(prompt):] = 1
     return ids, mask
 
 
@@ -73,10 +83,11 @@ def make_train_step(graphdef, optimizer, mask_id: int, eps: float = 1e-3):
         t_key, m_key = jax.random.split(key)
         batch = ids.shape[0]
         t = jax.random.uniform(t_key, (batch, 1), minval=eps, maxval=1.0)
-        response = ids[:, PROMPT_LENGTH:]
+        start = ids.shape[1] - GEN_LENGTH
+        response = ids[:, start:]
         masked = jax.random.uniform(m_key, response.shape) < t
-        noisy = ids.at[:, PROMPT_LENGTH:].set(jnp.where(masked, mask_id, response))
-        logits = nnx.merge(graphdef, params)(noisy, attn)[:, PROMPT_LENGTH:]
+        noisy = ids.at[:, start:].set(jnp.where(masked, mask_id, response))
+        logits = nnx.merge(graphdef, params)(noisy, attn)[:, start:]
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, response)
         loss = jnp.sum(ce * masked / t) / response.size
         acc = jnp.sum((logits.argmax(-1) == response) * masked) / jnp.maximum(masked.sum(), 1)
@@ -96,7 +107,7 @@ def evaluate(model: DiffusionLM, tok, examples, settings: DecodeConfig, path: Pa
     correct = 0
     for i in range(0, len(examples), 64):
         chunk = examples[i : i + 64]
-        out = lm.generate([ex["question"] for ex in chunk], settings, chat=True, prompt_bucket=PROMPT_LENGTH)
+        out = lm.generate([ex["question"] for ex in chunk], settings, chat=True, prompt_bucket=32)
         correct += sum(is_correct(r.text, ex) for r, ex in zip(out, chunk))
     return correct / len(examples)
 
@@ -104,14 +115,14 @@ def evaluate(model: DiffusionLM, tok, examples, settings: DecodeConfig, path: Pa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="models/default")
-    parser.add_argument("--minutes", type=float, default=55.0, help="training time budget")
-    parser.add_argument("--max-steps", type=int, default=100_000)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--minutes", type=float, default=58.0, help="safety stop: training time budget")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--d-model", type=int, default=192)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--mlp", type=int, default=768)
+    parser.add_argument("--heads", type=int, default=6)
+    parser.add_argument("--mlp", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-every", type=int, default=500)
     parser.add_argument("--eval-n", type=int, default=128)
@@ -126,9 +137,8 @@ def main() -> None:
     graphdef, params = nnx.split(model)
     print(f"model: {cfg.param_count():,} parameters, vocab {cfg.vocab_size}", flush=True)
 
-    # Steps are bounded by the time budget; the schedule is laid out for an estimate of them.
-    total_steps = args.max_steps
-    schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, 300, total_steps, end_value=args.lr * 0.05)
+    total_steps = args.steps
+    schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, min(300, total_steps // 10 + 1), total_steps + 1, end_value=args.lr * 0.05)
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, b2=0.98, weight_decay=0.01))
     opt_state = optimizer.init(params)
     train_step = make_train_step(graphdef, optimizer, cfg.mask_id)
@@ -145,7 +155,7 @@ def main() -> None:
         key, sub = jax.random.split(key)
         params, opt_state, loss, acc = train_step(params, opt_state, ids, attn, sub)
         step += 1
-        if step % 100 == 0:
+        if step % 50 == 0:
             print(f"step {step} loss {float(loss):.4f} masked-acc {float(acc):.3f} {time.time() - start:.0f}s", flush=True)
         if step % args.eval_every == 0:
             model = nnx.merge(graphdef, params)
