@@ -1,0 +1,400 @@
+"""PSD (parallel speculative decoding, algorithms.md "PSD") on the goldens' tiny checkpoints.
+
+What is shown, each on a case checked to really exercise it:
+- ``depth=0`` is exactly the base policy (tokens and model calls) for every policy;
+- ``acceptance="strict"`` is lossless, with fewer calls on some case and more on none;
+- the one batched verification call over ``[B, D+1, N]`` equals one call per depth;
+- rows of a batch accepting different depths decode exactly as they do alone;
+- with ``acceptance="tokens"`` every accepted level's tokens are the verifier's argmax on the
+  state before it, the deepest consistent level is accepted, and each iteration commits
+  ``|S0| + sum of the accepted levels' sizes`` positions (re-derived independently in numpy);
+- the ``accepted_depth`` histogram counts the row's forwards after the first one (``nfe - 1``).
+
+Compiled work is shared through module-scoped caches (one compile per checkpoint, batch shape and
+settings); the file is bound by XLA compilation (about 50-60 s of CPU time, roughly 35-45 s of wall
+time on two idle cores).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from safetensors.numpy import load_file
+
+import psd_jax
+from psd_jax import DecodeConfig
+from psd_jax.decoders import propose
+from psd_jax.engine import Loop, init_state, step
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+GOLDENS = SHARED / "goldens"
+
+LLADA = dict(gen_length=48, block_length=16)  # steps default to gen_length: 1 token per step for `fixed`
+DREAM = dict(gen_length=32, block_length=32, steps=32)
+TRAJ = DecodeConfig(**LLADA, policy="threshold", decoder="psd", depth=3)  # acceptance="tokens"
+
+# The base policies' outputs and call counts are pinned by the goldens (upstream's reference
+# decoders, which plain decoding reproduces token for token: tests/test_decoding_goldens.py);
+# `factor` has no golden, so its base is the plain decoder here.
+BASES = {
+    "fixed": ("llada-tiny", "generate_s48", DecodeConfig(**LLADA, policy="fixed")),
+    "fixed-s24": ("llada-tiny", "generate_s24", DecodeConfig(**LLADA, steps=24, policy="fixed")),
+    "threshold": ("llada-tiny", "threshold_0.9", DecodeConfig(**LLADA, policy="threshold", threshold=0.9)),
+    "dream": ("dream-tiny", "generate_maskgit_plus_s32", DecodeConfig(**DREAM, policy="dream", confidence="maskgit_plus")),
+}
+# (base, depth) pairs for the strict check: several depths, and 1 and 2 tokens per step for `fixed`.
+STRICT = [("fixed", 1), ("fixed-s24", 5), ("threshold", 3), ("threshold", 5)]
+
+
+# ------------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return load_file(str(GOLDENS / "cases.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {name: psd_jax.load_model(GOLDENS / name) for name in ("llada-tiny", "dream-tiny")}
+
+
+def _unpad(prompt, mask=None):
+    prompt = np.asarray(prompt)
+    return prompt[np.asarray(mask).astype(bool)].tolist() if mask is not None else prompt.tolist()
+
+
+@pytest.fixture(scope="module")
+def golden(cases):
+    """``golden(base)`` -> (checkpoint, prompts, settings, outputs, nfe): the base policy's result."""
+
+    def _golden(base):
+        name, case, settings = BASES[base]
+        if case.startswith("threshold"):
+            rows = [f"{name}.{case}_row{r}" for r in (0, 1)]
+            prompts = [_unpad(cases[f"{r}.prompt"][0]) for r in rows]
+            outputs = [cases[f"{r}.output"][0, -settings.gen_length:].tolist() for r in rows]
+            nfe = [int(cases[f"{r}.nfe"]) for r in rows]
+        else:
+            key = f"{name}.{case}"
+            prompts = [_unpad(p, m) for p, m in zip(cases[f"{key}.prompt"], cases[f"{key}.attention_mask"])]
+            outputs = [o[-settings.gen_length:].tolist() for o in cases[f"{key}.output"]]
+            nfe = [settings.steps] * len(prompts)  # upstream: one model call per step
+        return name, prompts, settings, outputs, nfe
+
+    return _golden
+
+
+@pytest.fixture(scope="module")
+def prompts(golden):
+    """LLaDA batch of the trajectory tests: both threshold prompts (20 tokens each) and the
+    left-padded row of generate_s48 (15 tokens)."""
+    return golden("threshold")[1] + golden("fixed")[1][1:]
+
+
+@pytest.fixture(scope="module")
+def run(models):
+    """``run(checkpoint, prompts, settings)`` -> list[Generation], memoised per module."""
+    memo = {}
+
+    def _run(name, prompt_rows, settings):
+        key = (name, settings, tuple(map(tuple, prompt_rows)))
+        if key not in memo:
+            memo[key] = models[name].generate(prompt_rows, settings, prompt_bucket=None)
+        return memo[key]
+
+    return _run
+
+
+# ------------------------------------------------------- low-level driver: init_state + step
+
+
+class Driver:
+    """``init_state`` / ``step`` / ``Loop.call`` jitted over the model's params, for batches of
+    ``batch`` prompts left-padded to ``prompt_length`` (one compile each, shared by all batches)."""
+
+    def __init__(self, lm, settings: DecodeConfig, batch: int, prompt_length: int):
+        self.lm, self.dcfg, self.batch, self.prompt_length = lm, settings, batch, prompt_length
+        self.loop = Loop(lm.config, settings, prompt_length, None)  # static helpers only (no model call)
+
+        def loop_of(params):
+            model = nnx.merge(lm.graphdef, params)
+            return Loop(lm.config, settings, prompt_length, lambda tokens, mask: model(tokens, mask))
+
+        self._init = jax.jit(lambda params, ids, mask, key: init_state(loop_of(params), ids, mask, key))
+        self._step = jax.jit(lambda params, mask, state: step(loop_of(params), mask, state))
+        self._call = jax.jit(lambda params, canvases, mask, key: loop_of(params).call(canvases, mask, key))
+
+        def propose_and_verify(params, state, mask, key):
+            loop = loop_of(params)
+            proposal = propose(state.pred, state.canvas, loop.committable(state), state.step, settings)
+            return proposal, loop.call(proposal.candidates, mask, key)
+
+        self._propose_and_verify = jax.jit(propose_and_verify)
+
+    def inputs(self, prompt_rows):
+        """Left-padded prompt ids [B, P] and the canvas attention mask [B, P + gen_length]."""
+        ids = np.full((self.batch, self.prompt_length), self.lm.config.pad_id, np.int32)
+        mask = np.zeros_like(ids)
+        for r, p in enumerate(prompt_rows):
+            ids[r, self.prompt_length - len(p):] = p
+            mask[r, self.prompt_length - len(p):] = 1
+        full = np.concatenate([mask, np.ones((self.batch, self.dcfg.gen_length), np.int32)], axis=1)
+        return jnp.asarray(ids), jnp.asarray(full)
+
+    def trajectory(self, prompt_rows, seed: int = 0, max_iterations: int = 500):
+        """Every state from ``init_state`` to the end, as ``engine.run_python_loop`` runs them."""
+        assert len(prompt_rows) == self.batch
+        ids, mask = self.inputs(prompt_rows)
+        state = self._init(self.lm.params, ids, mask, jax.random.key(seed))
+        states = [state]
+        while not bool(jnp.all(state.done)):
+            assert len(states) < max_iterations
+            state = self._step(self.lm.params, mask, state)
+            states.append(state)
+        return states, mask
+
+    def call(self, canvases, mask, key=None):
+        """``Loop.call``: one model call over canvases [B, K, N]."""
+        return self._call(self.lm.params, canvases, mask, jax.random.key(0) if key is None else key)
+
+    def propose_and_verify(self, state, mask, key=None):
+        """The decoder's proposal from ``state`` and ``Loop.call`` over all its candidates at once."""
+        return self._propose_and_verify(self.lm.params, state, mask, jax.random.key(0) if key is None else key)
+
+
+@pytest.fixture(scope="module")
+def driver(models, prompts):
+    return Driver(models["llada-tiny"], TRAJ, batch=len(prompts), prompt_length=max(map(len, prompts)))
+
+
+@pytest.fixture(scope="module")
+def traj(driver, prompts):
+    return driver.trajectory(prompts)
+
+
+# --------------------------------------------------------------------------------- D = 0
+
+
+@pytest.mark.parametrize("base", ["fixed", "threshold", "dream"])
+def test_depth_zero_is_the_base_policy(run, golden, base):
+    name, prompt_rows, settings, outputs, nfe = golden(base)
+    for row, g in enumerate(run(name, prompt_rows, settings.replace(decoder="psd", depth=0))):
+        assert g.output_ids == outputs[row], row
+        assert g.nfe == nfe[row], row
+        assert g.stats["accepted_depth"] == [g.nfe - 1]  # every forward after the first: depth 0
+
+
+def test_depth_zero_is_the_base_policy_factor(run, prompts):
+    settings = DecodeConfig(**LLADA, policy="factor", factor=1.0)
+    base = run("llada-tiny", prompts, settings)
+    psd = run("llada-tiny", prompts, settings.replace(decoder="psd", depth=0))
+    assert min(g.nfe for g in base) < settings.gen_length  # several tokens in some step: really dynamic
+    for b, p in zip(base, psd):
+        assert p.output_ids == b.output_ids
+        assert p.nfe == b.nfe
+        assert p.sequence_forwards == b.sequence_forwards  # K = D + 1 = 1 canvas per row and call
+        assert p.stats["accepted_depth"] == [b.nfe - 1]
+
+
+# ---------------------------------------------------------------------- strict is lossless
+
+
+@pytest.mark.parametrize("policy", ["fixed", "threshold"])
+def test_strict_acceptance_is_lossless(run, golden, policy):
+    saved = []
+    for base, depth in (c for c in STRICT if c[0].split("-")[0] == policy):
+        name, prompt_rows, settings, outputs, nfe = golden(base)
+        strict = settings.replace(decoder="psd", depth=depth, acceptance="strict")
+        for row, g in enumerate(run(name, prompt_rows, strict)):
+            assert g.output_ids == outputs[row], (base, depth, row)
+            assert g.nfe <= nfe[row], (base, depth, row)
+            saved.append(nfe[row] - g.nfe)
+            # Same steps as the base, so each accepted level saves one call, except that a row
+            # ending on an accepted level pays for a forward the base skips.
+            levels = sum(j * h for j, h in enumerate(g.stats["accepted_depth"]))
+            assert nfe[row] - g.nfe in (levels, levels - 1), (base, depth, row)
+    assert max(saved) > 0, "strict PSD never saved a model call: the test would be vacuous"
+
+
+def test_strict_is_stronger_than_tokens_acceptance(traj, golden, prompts):
+    """Plain token acceptance does change these outputs, so the strict check is not vacuous."""
+    _, rows, settings, outputs, _ = golden("threshold")
+    final = np.asarray(traj[0][-1].canvas)[:, -settings.gen_length:]
+    assert prompts[:2] == rows
+    assert any(final[r].tolist() != outputs[r] for r in range(2))
+
+
+# ----------------------------------------------------- batched verification == one per depth
+
+
+def test_batched_verification_equals_one_forward_per_depth(driver, traj):
+    """Every mid-decode state's candidates [B, D+1, N] in one ``Loop.call`` vs one call per depth."""
+    states, mask = traj
+    d = TRAJ.depth
+    full_depth = 0
+    for state in states[1:-1]:
+        proposal, batched = driver.propose_and_verify(state, mask)
+        candidates = proposal.candidates
+        assert candidates.shape == (driver.batch, d + 1, driver.loop.total_length)
+        for depth in range(d + 1):
+            single = driver.call(candidates[:, depth:depth + 1], mask)
+            np.testing.assert_array_equal(np.asarray(batched.token[:, depth]), np.asarray(single.token[:, 0]))
+            np.testing.assert_allclose(np.asarray(batched.conf[:, depth]), np.asarray(single.conf[:, 0]), atol=1e-5)
+        # States where every level adds positions: all D + 1 candidates really differ.
+        full_depth += int(np.asarray(proposal.added[:, 1:].any(-1).all(-1)).any())
+    assert full_depth > 0
+
+
+# ------------------------------------------------------------------- rows are independent
+
+
+def _final(states, settings):
+    last = states[-1]
+    canvas = np.asarray(last.canvas)[:, -settings.gen_length:]
+    hist = np.asarray(last.stats["accepted_depth"])
+    return canvas, np.asarray(last.row_nfe), hist
+
+
+def test_rows_with_different_depths_decode_as_alone(driver, traj, prompts):
+    """Each row of a batch whose rows accept different depths decodes exactly as it does alone.
+
+    "Alone" is the row's prompt repeated over the whole batch: identical rows accept identical
+    depths at every iteration, so no other row can influence it, and the batch shape (hence the
+    compiled loop and the forward's numerics per row) stays the same as the mixed batch's."""
+    canvas, nfe, hist = _final(traj[0], TRAJ)
+    assert len({tuple(h) for h in hist}) == len(prompts), f"rows accepted the same depths {hist.tolist()}"
+    # Iteration by iteration, the rows really accepted different depths at the same time.
+    deltas = [np.asarray(a.stats["accepted_depth"]) - np.asarray(b.stats["accepted_depth"]) for b, a in zip(traj[0], traj[0][1:])]
+    assert any(len({int(r.argmax()) for r, live in zip(dl, dl.sum(-1)) if live}) > 1 for dl in deltas)
+    for row, prompt in enumerate(prompts):
+        alone_states, _ = driver.trajectory([prompt] * len(prompts))
+        alone_canvas, alone_nfe, alone_hist = _final(alone_states, TRAJ)
+        for r in range(len(prompts)):
+            assert alone_canvas[r].tolist() == canvas[row].tolist(), row
+            assert alone_nfe[r] == nfe[row], row
+            assert alone_hist[r].tolist() == hist[row].tolist(), row
+
+
+# ------------------------------------------------------------ token acceptance, re-derived
+
+
+def _threshold_commit(conf, masked, tau):
+    """Fast-dLLM threshold policy in numpy: argmax position (lowest index on ties) + conf >= tau."""
+    chosen = masked & (conf >= np.float32(tau))
+    if masked.any():
+        chosen[int(np.argmax(np.where(masked, conf, -np.inf)))] = True
+    return chosen
+
+
+def test_tokens_acceptance_matches_verifier_argmax(driver, traj, models):
+    """Replays the recorded trajectory: S0 and the draft levels are re-derived in numpy from the
+    carried F(x), every state before a level is re-forwarded on its own, and the committed set,
+    its size, its tokens and the accepted depth are checked against algorithms.md "PSD"."""
+    states, mask = traj
+    d, mask_id = TRAJ.depth, models["llada-tiny"].config.mask_id
+    n = driver.loop.total_length
+    depths_seen, rejected_levels, multi_s0 = [], 0, 0
+    for before, after in zip(states[:-1], states[1:]):
+        canvas = np.asarray(before.canvas)
+        token, conf = np.asarray(before.pred.token), np.asarray(before.pred.conf)
+        block, done = np.asarray(before.block), np.asarray(before.done)
+        new_canvas = np.asarray(after.canvas)
+        delta = np.asarray(after.stats["accepted_depth"]) - np.asarray(before.stats["accepted_depth"])
+        assert int(after.nfe) - int(before.nfe) == int(delta.sum() > 0)  # one model call per iteration
+        forwarded = int(after.sequence_forwards) - int(before.sequence_forwards)
+        assert forwarded == 0 if delta.sum() == 0 else forwarded in (driver.batch, driver.batch * (d + 1))
+        # S0 and the levels of every row; the canvases x, s_0, s_1, ..., s_D for the verifier.
+        stack = np.repeat(canvas[:, None], d + 2, axis=1)
+        levels = np.zeros((driver.batch, d + 1, n), bool)
+        s0_sets, blocks = [], []
+        for b in range(driver.batch):
+            start = driver.prompt_length + block[b] * TRAJ.block_length
+            in_block = (np.arange(n) >= start) & (np.arange(n) < start + TRAJ.block_length)
+            masked = (canvas[b] == mask_id) & in_block & ~done[b]
+            s0 = _threshold_commit(conf[b], masked, TRAJ.threshold)
+            s0_sets.append(s0)
+            blocks.append(in_block)
+            rest = sorted(np.flatnonzero(masked & ~s0), key=lambda i: (-conf[b, i], i))
+            size = max(1, int(s0.sum()))
+            row = stack[b]  # a view (one advanced index per assignment below)
+            row[1:, s0] = token[b, s0]
+            for j in range(1, d + 1):
+                idx = np.asarray(rest[(j - 1) * size: j * size], int)
+                levels[b, j, idx] = True
+                row[j + 1:, idx] = token[b, idx]
+        # One forward per canvas: verifier[:, 0] = argmax F(x), verifier[:, j + 1] = argmax F(s_j)
+        # ([MASK] excluded, temperature 0).
+        verifier = np.stack([np.asarray(driver.call(jnp.asarray(stack[:, k:k + 1]), mask).token[:, 0]) for k in range(d + 2)], 1)
+        for b in range(driver.batch):
+            if done[b]:
+                assert (new_canvas[b] == canvas[b]).all()
+                continue
+            masked = (canvas[b] == mask_id) & blocks[b]
+            # The carried prediction is F(x), the forward of the current canvas.
+            np.testing.assert_array_equal(token[b, masked], verifier[b, 0, masked])
+            np.testing.assert_array_equal(new_canvas[b, s0_sets[b]], token[b, s0_sets[b]])
+            assert delta[b].sum() in (0, 1)
+            j_star = int(delta[b].argmax()) if delta[b].sum() else 0
+            if delta[b].sum() == 0:
+                assert bool(after.done[b])  # not live: finished with its policy commit, no forward
+            committed = masked & (new_canvas[b] != mask_id)
+            np.testing.assert_array_equal(committed, s0_sets[b] | levels[b, 1:j_star + 1].any(0))
+            assert committed.sum() == s0_sets[b].sum() + levels[b, 1:j_star + 1].sum()
+            for j in range(1, j_star + 1):
+                at = levels[b, j]
+                assert at.any()  # accepted levels are never empty
+                # The level's tokens are the verifier's argmax on the state before it, s_{j-1}.
+                np.testing.assert_array_equal(new_canvas[b, at], verifier[b, j, at])
+                np.testing.assert_array_equal(new_canvas[b, at], token[b, at])
+            if delta[b].sum() and j_star < d and levels[b, j_star + 1].any():
+                # The deepest consistent level: the next one disagrees with F(s_{j*}) somewhere.
+                at = levels[b, j_star + 1]
+                assert (verifier[b, j_star + 1, at] != token[b, at]).any()
+                rejected_levels += 1
+            depths_seen.append(j_star)
+            multi_s0 += int(s0_sets[b].sum() > 1)
+            if delta[b].sum() and levels[b, 1].any():
+                # A live row with a draft: all D + 1 candidates went through the model.
+                assert forwarded == driver.batch * (d + 1)
+    # Not vacuous: multi-level acceptance, rejected levels and levels of several positions occurred.
+    assert max(depths_seen) >= 2 and rejected_levels > 0 and multi_s0 > 0
+
+
+# ------------------------------------------------------------------------------------ stats
+
+
+def test_accepted_depth_histogram_counts_forwards(run, golden, driver, traj):
+    """Every model call after ``init_state``'s verifies the candidates of the rows still live, and
+    each live row accepts exactly one depth in it; a row whose last iteration ends with its policy
+    commit is not live then (and a call nobody needs is skipped). So per row
+    ``sum(accepted_depth) == nfe - 1``.
+
+    With ``fixed`` (and no EOS stop) an iteration accepting depth j consumes 1 + j schedule steps,
+    so ``sum((1 + j) * hist[j])`` is ``steps`` or ``steps - 1``, the latter when the row's last
+    iteration was a policy-only one without a forward."""
+    checked = 0
+    for base, depth in STRICT:
+        name, prompt_rows, settings, _, _ = golden(base)
+        settings = settings.replace(decoder="psd", depth=depth, acceptance="strict")
+        gens = run(name, prompt_rows, settings)
+        calls = max(g.nfe for g in gens)
+        for g in gens:
+            hist = g.stats["accepted_depth"]
+            assert len(hist) == depth + 1
+            assert sum(hist) == g.nfe - 1
+            # Honest compute: init_state forwards B sequences, every later call B (only s_0, when
+            # no row has a draft) or B * (D + 1).
+            assert len(gens) * calls <= g.sequence_forwards <= len(gens) * (1 + (calls - 1) * (depth + 1))
+            if settings.policy == "fixed" and g.tokens == settings.gen_length:
+                assert settings.steps - sum((1 + j) * h for j, h in enumerate(hist)) in (0, 1)
+            checked += 1
+    final = traj[0][-1]
+    np.testing.assert_array_equal(np.asarray(final.stats["accepted_depth"]).sum(-1), np.asarray(final.row_nfe) - 1)
+    assert checked == 2 * len(STRICT)
+
