@@ -46,9 +46,13 @@ def stream_params(
     reader: SafetensorsDir,
     cfg: ModelConfig,
     dtype: jnp.dtype,
-    place: Callable[[str, np.ndarray], jax.Array] = lambda name, host: jnp.asarray(host),
+    place: Callable[[str, np.ndarray], jax.Array] | None = None,
 ) -> dict[str, jax.Array]:
-    """Assemble each parameter from its source tensors, one parameter at a time."""
+    """Assemble each parameter from its source tensors, one parameter at a time.
+
+    ``place(name, host_array)`` puts a finished parameter on device(s) (default: ``jnp.asarray``).
+    """
+    place = place or (lambda name, host: jnp.asarray(host))
     expected = check_key_set(cfg, reader.shapes, str(reader.dir))
     by_param: dict[str, list[tuple[str, Target]]] = {}
     for key, target in expected.items():
@@ -80,9 +84,14 @@ def model_from_params(cfg: ModelConfig, params: dict[str, jax.Array], dtype: jnp
     return model
 
 
-def load_hf_model(model_dir: str | Path, dtype: str | jnp.dtype = jnp.float32) -> DiffusionLM:
-    """Load a Hugging Face LLaDA/Dream directory straight into a Flax model."""
+def load_hf_model(
+    model_dir: str | Path,
+    dtype: str | jnp.dtype = jnp.float32,
+    shardings: dict[str, jax.sharding.Sharding] | None = None,
+) -> DiffusionLM:
+    """Load a Hugging Face LLaDA/Dream directory straight into a Flax model (sharded if asked)."""
     cfg = load_config(model_dir)
+    place = None if shardings is None else (lambda name, host: jax.device_put(host, shardings[name]))
     with SafetensorsDir(model_dir) as reader:
-        params = stream_params(reader, cfg, jnp.dtype(dtype))
+        params = stream_params(reader, cfg, jnp.dtype(dtype), place)
     return model_from_params(cfg, params, jnp.dtype(dtype))

@@ -20,10 +20,13 @@ from flax import nnx
 from convert.hf import load_hf_model
 from convert.orbax_io import is_orbax_dir, load_checkpoint
 from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE, CheckpointError
-from models import DiffusionLM, ModelConfig
+from jax.sharding import Mesh
+
+from models import DiffusionLM, ModelConfig, load_config
 
 from .config import DecodeConfig
 from .engine import DecodeOutput, decode
+from .sharding import batch_sharding, make_mesh, param_shardings
 from .tokenizer import TokenizerError, encode_prompt, load_tokenizer, resolve_special_ids
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "default"
@@ -67,8 +70,9 @@ def _bucket(length: int, bucket: int | None) -> int:
 class LoadedModel:
     """A model, its config (special ids resolved) and tokenizer (``None`` if the checkpoint has none)."""
 
-    def __init__(self, model: DiffusionLM, tokenizer, path: Path):
+    def __init__(self, model: DiffusionLM, tokenizer, path: Path, mesh: Mesh | None = None):
         self.model = model
+        self.mesh = mesh  # parameters are sharded over it (see psd_jax.sharding); None = one device
         self.tokenizer = tokenizer
         self.path = path
         self.config: ModelConfig = resolve_special_ids(model.config, tokenizer, str(path))
@@ -142,7 +146,11 @@ class LoadedModel:
             prompt_ids[row, length - len(p):] = p
             prompt_mask[row, length - len(p):] = 1
         key = jax.random.key(seed)
-        args = (self.params, jnp.asarray(prompt_ids), jnp.asarray(prompt_mask), key)
+        prompt_ids, prompt_mask = jnp.asarray(prompt_ids), jnp.asarray(prompt_mask)
+        if self.mesh is not None:
+            rows = batch_sharding(self.mesh, len(ids))
+            prompt_ids, prompt_mask = jax.device_put(prompt_ids, rows), jax.device_put(prompt_mask, rows)
+        args = (self.params, prompt_ids, prompt_mask, key)
         compiled, compile_seconds = self._compile(args, dcfg)
         start = time.perf_counter()
         out: DecodeOutput = jax.block_until_ready(compiled(*args))
@@ -183,18 +191,25 @@ class LoadedModel:
         return results
 
 
-def load_model(path: str | Path | None = None, dtype: str = "float32") -> LoadedModel:
-    """Load a Hugging Face directory or a converted (Orbax) checkpoint; ``None`` = the shipped model."""
+def load_model(path: str | Path | None = None, dtype: str = "float32", mesh: Mesh | str | None = None) -> LoadedModel:
+    """Load a Hugging Face directory or a converted (Orbax) checkpoint; ``None`` = the shipped model.
+
+    With ``mesh`` (a ``jax.sharding.Mesh`` or a spec like ``"data=2,model=4"``) each parameter is
+    placed straight into its shards as it is read, so no device ever holds the whole model.
+    """
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     path = Path(path) if path is not None else default_model_path()
     if not path.is_dir():
         raise FileNotFoundError(f"model directory {path} does not exist")
+    if isinstance(mesh, str):
+        mesh = make_mesh(mesh)
+    shardings = param_shardings(load_config(path), mesh) if mesh is not None else None
     if is_orbax_dir(path):
-        model = load_checkpoint(path, DTYPES[dtype])
+        model = load_checkpoint(path, DTYPES[dtype], shardings)
     elif (path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file():
-        model = load_hf_model(path, DTYPES[dtype])
+        model = load_hf_model(path, DTYPES[dtype], shardings)
     else:
         raise CheckpointError(f"{path}: neither a Hugging Face safetensors directory nor a converted checkpoint")
     tokenizer = load_tokenizer(path, model.config.family)
-    return LoadedModel(model, tokenizer, path)
+    return LoadedModel(model, tokenizer, path, mesh)

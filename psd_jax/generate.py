@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     rps.add_argument("--pivot-tau", type=float, default=0.9)
     rps.add_argument("--lam", type=float, default=0.3)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--mesh", help='shard over devices, e.g. "data=2,model=4" (default: one device)')
+    p.add_argument("--distributed", action="store_true", help="multi-host: call jax.distributed.initialize() first")
     p.add_argument("--prompt-bucket", type=int, default=32, help="pad prompt lengths up to a multiple of this")
     p.add_argument("--json", action="store_true", help="one JSON object per prompt")
     return p
@@ -79,7 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.model is None:
             default_model_path()  # clear error while no default model ships
         settings = _settings(args)
-        lm = load_model(args.model, dtype=args.dtype)
+        if args.distributed:
+            import jax
+
+            jax.distributed.initialize()
+        lm = load_model(args.model, dtype=args.dtype, mesh=args.mesh)
         prompts = _prompts(args)
         chat = args.chat or (args.model is None and not args.prompt_ids and bool(getattr(lm.tokenizer, "chat_template", None)))
         results = lm.generate(prompts, settings, seed=args.seed, chat=chat, prompt_bucket=args.prompt_bucket)

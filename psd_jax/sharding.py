@@ -1,0 +1,101 @@
+"""Sharding with JAX's own SPMD machinery: a ``(data, model)`` mesh and one logical-axis table.
+
+Parameters carry logical axis names (``models.transformer.logical_axes``); ``LOGICAL_RULES`` maps
+them to mesh axes: attention heads, MLP hidden units and the vocabulary dimension of the
+embedding and LM head are split over ``model`` (tensor parallel); prompt rows over ``data``. A
+dimension that the mesh axis does not divide is replicated instead (e.g. 4 KV heads on 8
+devices). ``jax.jit`` then partitions the whole decode loop (GSPMD); nothing here communicates
+by hand.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from models import ModelConfig, param_shapes
+from models.transformer import logical_axes
+
+AXES = ("data", "model")
+LOGICAL_RULES: dict[str, str | None] = {
+    "layers": None,
+    "embed": None,
+    "heads": "model",
+    "kv_heads": "model",
+    "mlp": "model",
+    "vocab": "model",
+    "batch": "data",
+}
+
+
+class MeshError(ValueError):
+    """A mesh request that does not fit the devices, with the reason."""
+
+
+def parse_mesh(spec: str | None, n_devices: int | None = None) -> dict[str, int]:
+    """``"data=2,model=4"`` -> sizes; a missing axis takes the remaining devices (default: all on model)."""
+    n = n_devices if n_devices is not None else jax.device_count()
+    sizes: dict[str, int] = {}
+    for part in (spec or "").split(","):
+        if not part.strip():
+            continue
+        name, _, value = part.partition("=")
+        name = name.strip()
+        if name not in AXES:
+            raise MeshError(f"unknown mesh axis {name!r} in {spec!r}; axes are {', '.join(AXES)}")
+        try:
+            sizes[name] = int(value)
+        except ValueError:
+            raise MeshError(f"mesh axis {name} needs an integer size, got {value!r}") from None
+        if sizes[name] < 1:
+            raise MeshError(f"mesh axis {name} must be >= 1, got {sizes[name]}")
+    if "data" not in sizes and "model" not in sizes:
+        sizes = {"data": 1, "model": n}
+    for axis, other in (("data", "model"), ("model", "data")):
+        if axis not in sizes:
+            if n % sizes[other]:
+                raise MeshError(f"{other}={sizes[other]} does not divide the {n} devices")
+            sizes[axis] = n // sizes[other]
+    if sizes["data"] * sizes["model"] != n:
+        raise MeshError(f"mesh data={sizes['data']} x model={sizes['model']} needs {sizes['data'] * sizes['model']} devices, found {n}")
+    return {axis: sizes[axis] for axis in AXES}
+
+
+def make_mesh(spec: str | None = None, devices=None) -> Mesh:
+    devices = list(devices) if devices is not None else jax.devices()
+    sizes = parse_mesh(spec, len(devices))
+    return Mesh(np.array(devices).reshape(sizes["data"], sizes["model"]), AXES)
+
+
+def spec_for(axes: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+    """Map logical axes to mesh axes, replicating dimensions the mesh axis does not divide."""
+    out = []
+    for axis, dim in zip(axes, shape):
+        mesh_axis = LOGICAL_RULES.get(axis)
+        if mesh_axis is not None and dim % mesh.shape[mesh_axis] == 0:
+            out.append(mesh_axis)
+        else:
+            out.append(None)
+    return PartitionSpec(*out)
+
+
+def param_shardings(cfg: ModelConfig, mesh: Mesh) -> dict[str, NamedSharding]:
+    return {name: NamedSharding(mesh, spec_for(logical_axes(name), shape, mesh)) for name, shape in param_shapes(cfg).items()}
+
+
+def batch_sharding(mesh: Mesh, batch: int) -> NamedSharding:
+    """Rows over ``data`` when it divides the batch, else replicated."""
+    return NamedSharding(mesh, PartitionSpec("data" if batch % mesh.shape["data"] == 0 else None, None))
+
+
+def bytes_per_device(cfg: ModelConfig, mesh: Mesh, itemsize: int = 2) -> int:
+    """Parameter bytes held by each device under ``param_shardings``."""
+    total = 0
+    for name, shape in param_shapes(cfg).items():
+        spec = spec_for(logical_axes(name), shape, mesh)
+        split = math.prod(mesh.shape[a] for a in spec if a is not None)
+        total += math.prod(shape) * itemsize // split
+    return total

@@ -1,0 +1,42 @@
+"""Run in a subprocess with 8 simulated CPU devices: decode on several meshes, print JSON.
+
+Usage: XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharded_decode.py CKPT
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import jax
+
+from psd_jax import DecodeConfig, load_model
+
+PROMPTS = [[474, 488, 482, 450, 262, 258, 71, 195, 146, 187, 330, 492], [280, 242, 425, 15, 2, 138, 188]]
+BASE = DecodeConfig(gen_length=32, block_length=16)
+DECODERS = {
+    "fixed": BASE,
+    "threshold": BASE.replace(policy="threshold", threshold=0.7),
+    "psd": BASE.replace(policy="threshold", threshold=0.7, decoder="psd", depth=3),
+    "rps": BASE.replace(policy="threshold", threshold=0.7, decoder="rps", k_max=4, pivot_tau=0.5),
+}
+MESHES = ["data=1,model=8", "data=2,model=4", "data=8,model=1"]
+
+
+def main(ckpt: str) -> None:
+    assert jax.device_count() == 8, jax.devices()
+    out = {"reference": {}, "meshes": {}}
+    single = load_model(ckpt)
+    for name, settings in DECODERS.items():
+        out["reference"][name] = [[r.output_ids, r.nfe] for r in single.generate(PROMPTS, settings, prompt_bucket=16)]
+    for mesh in MESHES:
+        lm = load_model(ckpt, mesh=mesh)
+        split = sorted(name for name in lm.params if not lm.params[name][...].sharding.is_fully_replicated)
+        out["meshes"][mesh] = {"split_params": split}
+        for name, settings in DECODERS.items():
+            out["meshes"][mesh][name] = [[r.output_ids, r.nfe] for r in lm.generate(PROMPTS, settings, prompt_bucket=16)]
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
