@@ -129,6 +129,22 @@ class DiffusionLM(nnx.Module):
         attention_mask: jax.Array | None = None,
         positions: jax.Array | None = None,
     ) -> jax.Array:
+        return self._full(tokens, attention_mask, positions, collect_kv=False)[0]
+
+    def prefill(
+        self,
+        tokens: jax.Array,
+        attention_mask: jax.Array | None = None,
+        positions: jax.Array | None = None,
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """``__call__`` that also returns every layer's keys and values (keys after RoPE).
+
+        Returns (logits [B, N, V], keys [L, B, N, KV, hd], values [L, B, N, KV, hd]): the block KV
+        cache that ``window`` attends to.
+        """
+        return self._full(tokens, attention_mask, positions, collect_kv=True)
+
+    def _full(self, tokens, attention_mask, positions, collect_kv: bool):
         cfg = self.config
         batch, length = tokens.shape
         if positions is None:
@@ -138,17 +154,61 @@ class DiffusionLM(nnx.Module):
         sin, cos = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
         x = jnp.take(self.embed[...], tokens, axis=0).astype(self.dtype)
 
-        def block(h: jax.Array, w: dict[str, jax.Array]) -> tuple[jax.Array, None]:
-            h = h + self._attention(rms_norm(h, w["attn_norm"], cfg.norm_eps), w, sin, cos, key_mask)
+        def block(h: jax.Array, w: dict[str, jax.Array]):
+            q, k, v = self._project(rms_norm(h, w["attn_norm"], cfg.norm_eps), w, sin, cos)
+            out = jax.nn.dot_product_attention(q, k, v, mask=key_mask)
+            h = h + out.reshape(batch, length, cfg.n_heads * cfg.head_dim) @ w["wo"]
+            y = rms_norm(h, w["mlp_norm"], cfg.norm_eps)
+            y = jax.nn.silu(y @ w["w_gate"]) * (y @ w["w_up"])
+            return h + y @ w["w_down"], ((k, v) if collect_kv else None)
+
+        x, kv = jax.lax.scan(block, x, self.layer_weights())
+        logits = self._head(x)
+        return (logits, *kv) if collect_kv else (logits, None, None)
+
+    def window(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        cache_k: jax.Array,
+        cache_v: jax.Array,
+        cache_mask: jax.Array,
+        window_mask: jax.Array,
+        out_length: int,
+    ) -> jax.Array:
+        """Run M windows of W query positions per row against the row's cached keys/values.
+
+        tokens/positions [B, M, W]; cache_k/cache_v [L, B, N, KV, hd] (from ``prefill``);
+        cache_mask [B, N]: cached keys to attend (False at pads and at the window's own positions,
+        whose fresh keys/values replace the cached ones); window_mask [B, W]: window keys to attend.
+        Returns the logits of the first ``out_length`` window positions, [B, M, out_length, V].
+        """
+        cfg = self.config
+        batch, m, width = tokens.shape
+        flat_pos = positions.reshape(batch * m, width)
+        sin, cos = rope_tables(flat_pos, cfg.head_dim, cfg.rope_theta)
+        x = jnp.take(self.embed[...], tokens.reshape(batch * m, width), axis=0).astype(self.dtype)
+
+        def block(h: jax.Array, layer):
+            w, ck, cv = layer
+            q, k, v = self._project(rms_norm(h, w["attn_norm"], cfg.norm_eps), w, sin, cos)
+            split = lambda a: a.reshape(batch, m, width, *a.shape[2:])
+            out = cached_attention(split(q), split(k), split(v), ck, cv, cache_mask, window_mask)
+            h = h + out.reshape(batch * m, width, cfg.n_heads * cfg.head_dim) @ w["wo"]
             y = rms_norm(h, w["mlp_norm"], cfg.norm_eps)
             y = jax.nn.silu(y @ w["w_gate"]) * (y @ w["w_up"])
             return h + y @ w["w_down"], None
 
-        x, _ = jax.lax.scan(block, x, self.layer_weights())
-        x = rms_norm(x, self.final_norm[...], cfg.norm_eps)
+        x, _ = jax.lax.scan(block, x, (self.layer_weights(), cache_k, cache_v))
+        logits = self._head(x[:, :out_length])
+        return logits.reshape(batch, m, out_length, -1)
+
+    def _head(self, x: jax.Array) -> jax.Array:
+        x = rms_norm(x, self.final_norm[...], self.config.norm_eps)
         return jnp.einsum("bnd,dv->bnv", x, self.head_weight(), preferred_element_type=jnp.float32)
 
-    def _attention(self, x, w, sin, cos, key_mask) -> jax.Array:
+    def _project(self, x, w, sin, cos) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """q [B, N, H, hd], k and v [B, N, KV, hd]; RoPE applied to q and k."""
         cfg = self.config
         batch, length, _ = x.shape
         q, k, v = x @ w["wq"], x @ w["wk"], x @ w["wv"]
@@ -157,5 +217,28 @@ class DiffusionLM(nnx.Module):
         q = apply_rope(q.reshape(batch, length, cfg.n_heads, cfg.head_dim), sin, cos)
         k = apply_rope(k.reshape(batch, length, cfg.n_kv_heads, cfg.head_dim), sin, cos)
         v = v.reshape(batch, length, cfg.n_kv_heads, cfg.head_dim)
-        out = jax.nn.dot_product_attention(q, k, v, mask=key_mask)
-        return out.reshape(batch, length, cfg.n_heads * cfg.head_dim) @ w["wo"]
+        return q, k, v
+
+
+def cached_attention(q, k, v, cache_k, cache_v, cache_mask, window_mask) -> jax.Array:
+    """Attention of window queries over [cached keys (masked by cache_mask) ; the window's own keys].
+
+    q [B, M, W, H, hd]; k, v [B, M, W, KV, hd]; cache_k, cache_v [B, N, KV, hd]; cache_mask
+    [B, N]; window_mask [B, W]. The M windows of a row share its cache, which is never copied.
+    Returns [B, M, W, H, hd]. Softmax in float32; head h uses kv head h // (H / KV) (as GQA).
+    """
+    batch, m, width, heads, hd = q.shape
+    kv_heads = k.shape[3]
+    n = cache_k.shape[1]
+    qg = q.reshape(batch, m, width, kv_heads, heads // kv_heads, hd)
+    scale = 1.0 / (hd ** 0.5)
+    s_cache = jnp.einsum("bmwkgd,bnkd->bmkgwn", qg, cache_k, preferred_element_type=jnp.float32) * scale
+    s_win = jnp.einsum("bmwkgd,bmukd->bmkgwu", qg, k, preferred_element_type=jnp.float32) * scale
+    low = jnp.finfo(jnp.float32).min
+    s_cache = jnp.where(cache_mask[:, None, None, None, None, :], s_cache, low)
+    s_win = jnp.where(window_mask[:, None, None, None, None, :], s_win, low)
+    probs = jax.nn.softmax(jnp.concatenate([s_cache, s_win], axis=-1), axis=-1).astype(v.dtype)
+    out = jnp.einsum("bmkgwn,bnkd->bmwkgd", probs[..., :n], cache_v) + jnp.einsum(
+        "bmkgwu,bmukd->bmwkgd", probs[..., n:], v
+    )
+    return out.reshape(batch, m, width, heads, hd)

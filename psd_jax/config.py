@@ -13,7 +13,7 @@ POLICIES = ("fixed", "threshold", "factor", "dream")
 CONFIDENCES = ("prob", "margin", "entropy", "random")
 DECODERS = ("plain", "psd", "rps")
 ACCEPTANCES = ("tokens", "strict")
-CACHES = ("none",)
+CACHES = ("none", "prefix", "dual")
 
 # Upstream names of the confidence kinds, accepted as aliases.
 CONFIDENCE_ALIASES = {
@@ -53,7 +53,7 @@ class DecodeConfig:
     ratio: float = 0.1
     pivot_tau: float = 0.9
     lam: float = 0.3
-    cache: Literal["none"] = "none"
+    cache: Literal["none", "prefix", "dual"] = "none"  # block KV cache (Fast-dLLM)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "confidence", CONFIDENCE_ALIASES.get(self.confidence, self.confidence))
@@ -121,3 +121,5 @@ class DecodeConfig:
             fail(f"RPS ratio must be in [0, 1], got {self.ratio}")
         if self.lam < 0:
             fail(f"RPS lam must be >= 0, got {self.lam}")
+        if self.cache != "none" and self.cfg_scale > 0:
+            fail(f"cache {self.cache!r} does not support classifier-free guidance (cfg_scale > 0); use cache='none'")

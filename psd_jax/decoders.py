@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from .config import DecodeConfig
-from .policies import commit_mask, ranks, scheduled_count, step_counts
+from .policies import commit_mask, ranks, step_counts
 from .predict import Prediction
 
 
@@ -29,6 +29,7 @@ class Proposal:
     s0: jax.Array  # [B, N] the policy's commit (candidate 0)
     valid: jax.Array  # [B, N] masked positions of the current block before the commit
     added: jax.Array  # [B, K, N] positions each candidate commits beyond s0 (PSD: level j's own)
+    branching: jax.Array  # [B] whether candidates 1.. can be chosen (else only s0 needs a forward)
     extra: dict  # decoder-specific values needed by `choose`
 
 
@@ -65,7 +66,7 @@ def propose(pred: Prediction, canvas: jax.Array, valid: jax.Array, step: jax.Arr
         return _psd_propose(pred, s0, chosen, valid, step, dcfg)
     if dcfg.decoder == "rps":
         return _rps_propose(pred, s0, chosen, valid, dcfg)
-    return Proposal(s0[:, None], s0, valid, jnp.zeros_like(s0, bool)[:, None], {})
+    return Proposal(s0[:, None], s0, valid, jnp.zeros_like(s0, bool)[:, None], jnp.zeros(s0.shape[:1], bool), {})
 
 
 def choose(proposal: Proposal, preds: Prediction, live: jax.Array, step: jax.Array, dcfg: DecodeConfig, mask_id: int) -> Choice:
@@ -107,7 +108,7 @@ def _psd_propose(pred, s0, chosen, valid, step, dcfg) -> Proposal:
     drafts = jnp.where(cumulative, pred.token[:, None, :], s0[:, None, :])
     candidates = jnp.concatenate([s0[:, None], drafts], axis=1)
     added = jnp.concatenate([jnp.zeros_like(level[:, :1]), level], axis=1)
-    return Proposal(candidates, s0, valid, added, {"chosen": chosen})
+    return Proposal(candidates, s0, valid, added, level.any(axis=(1, 2)), {})
 
 
 def _psd_choose(proposal, preds, live, step, dcfg, mask_id) -> Choice:
@@ -158,7 +159,7 @@ def _rps_propose(pred, s0, chosen, valid, dcfg) -> Proposal:
         "log_p": jnp.log(jnp.maximum(pivot_p, 1e-30)),
         "others": remaining & ~at_pivot,
     }
-    return Proposal(candidates, s0, valid, added, extra)
+    return Proposal(candidates, s0, valid, added, found, extra)
 
 
 def _rps_choose(proposal, preds, live, dcfg) -> Choice:

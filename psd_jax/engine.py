@@ -10,6 +10,11 @@ The forward of a candidate that no row will use is skipped: when every row finis
 policy commit (end of generation or EOS), no model call is made, so call counts equal upstream's.
 ``run_python_loop`` runs the same ``step`` in a Python loop and is the test oracle for the
 compiled loop.
+
+With ``cache="prefix"|"dual"`` (Fast-dLLM's block KV cache) ``step_cached`` replaces ``step``: the
+carry also holds fixed-size per-layer keys/values and a per-row ``stale`` flag; a full forward at
+each block start refreshes a row's cache (one model call), and the block's other calls run only a
+static window of positions (the rest of the canvas, or the block) against it.
 """
 
 from __future__ import annotations
@@ -23,10 +28,11 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from models import ModelConfig
+from models.transformer import default_positions
 
 from .config import DecodeConfig
 from .decoders import choose, initial_stats, propose
-from .predict import Prediction, forwards_per_call, predict
+from .predict import Prediction, forwards_per_call, predict, predict_prefill, predict_window
 
 TRACE_COUNT = {"decode": 0}  # incremented each time the decode loop is traced (compile test)
 
@@ -44,6 +50,10 @@ class DecodeState:
     iteration: jax.Array  # ()
     key: jax.Array
     stats: dict
+    # Block KV cache (cache != "none" only): per-layer keys/values [L, B, N, KV, hd] from each
+    # row's last full forward, and rows whose block changed since (they need that full forward).
+    cache: tuple | None = None
+    stale: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +64,8 @@ class Loop:
     dcfg: DecodeConfig
     prompt_length: int
     forward: Callable[[jax.Array, jax.Array | None], jax.Array]
+    prefill: Callable | None = None  # tokens, mask -> (logits, keys, values); cache != "none"
+    window: Callable | None = None  # DiffusionLM.window; cache != "none"
 
     @property
     def total_length(self) -> int:
@@ -61,6 +73,19 @@ class Loop:
 
     def call(self, canvases: jax.Array, attention_mask: jax.Array, key: jax.Array) -> Prediction:
         return predict(self.forward, canvases, attention_mask, self.prompt_length, key, self.mcfg, self.dcfg)
+
+    @property
+    def window_lengths(self) -> tuple[int, ...]:
+        """Static query windows of a cached call, ascending: the block (dual); for prefix, the rest
+        of the canvas rounded up to block_length * 2^i, or to gen_length (a few compiled sizes)."""
+        block, gen = self.dcfg.block_length, self.dcfg.gen_length
+        if self.dcfg.cache == "dual":
+            return (block,)
+        lengths, w = [], block
+        while w < gen:
+            lengths.append(w)
+            w *= 2
+        return tuple(lengths + [gen])
 
     def block_span(self, block: jax.Array) -> tuple[jax.Array, jax.Array]:
         start = self.prompt_length + block * self.dcfg.block_length
@@ -97,7 +122,13 @@ def init_state(loop: Loop, prompt_ids: jax.Array, attention_mask: jax.Array, key
     gen = jnp.full((batch, loop.dcfg.gen_length), loop.mcfg.mask_id, jnp.int32)
     canvas = jnp.concatenate([prompt_ids.astype(jnp.int32), gen], axis=1)
     key, sub = jax.random.split(key)
-    pred = jax.tree.map(lambda a: a[:, 0], loop.call(canvas[:, None], attention_mask, sub))
+    cached = {}
+    if loop.dcfg.cache != "none":
+        # Block 0's block-start full forward, which also fills the KV cache.
+        pred, keys, values = predict_prefill(loop.prefill, canvas, attention_mask, sub, loop.mcfg, loop.dcfg)
+        cached = {"cache": (keys, values), "stale": jnp.zeros(batch, bool)}
+    else:
+        pred = jax.tree.map(lambda a: a[:, 0], loop.call(canvas[:, None], attention_mask, sub))
     zeros = jnp.zeros(batch, jnp.int32)
     return DecodeState(
         canvas=canvas,
@@ -111,34 +142,46 @@ def init_state(loop: Loop, prompt_ids: jax.Array, attention_mask: jax.Array, key
         iteration=jnp.array(0, jnp.int32),
         key=key,
         stats=initial_stats(loop.dcfg, batch),
+        **cached,
     )
 
 
 def step(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeState:
     """One iteration: commit + candidates, one batched forward (if any row needs it), choose, advance."""
     dcfg = loop.dcfg
+    if dcfg.cache != "none":
+        return step_cached(loop, attention_mask, state)
     valid = loop.committable(state)
     proposal = propose(state.pred, state.canvas, valid, state.step, dcfg)
     # A row is live if it still decodes after its policy commit; only live rows need a forward.
     _, _, _, done_after_s0 = loop.advance(proposal.s0, state.block, state.step + 1, state.done)
     live = ~done_after_s0
-    need_forward = jnp.any(live)
+    # 0: no row needs a forward; 1: no row can choose beyond s0 (PSD drafts all empty, no RPS
+    # pivot), so only s0 is forwarded; 2: all K candidates are forwarded in one call.
+    width = jnp.where(jnp.any(live), jnp.where(jnp.any(live & proposal.branching), 2, 1), 0)
     key, sub = jax.random.split(state.key)
     k = proposal.candidates.shape[1]
+
+    def broadcast(pred: Prediction) -> Prediction:
+        return jax.tree.map(lambda a: jnp.broadcast_to(a[:, None], (a.shape[0], k, *a.shape[1:])), pred)
+
+    def skip(_):
+        return broadcast(state.pred)
+
+    def forward_first(_):
+        return broadcast(jax.tree.map(lambda a: a[:, 0], loop.call(proposal.candidates[:, :1], attention_mask, sub)))
 
     def forward_all(_):
         return loop.call(proposal.candidates, attention_mask, sub)
 
-    def skip(_):
-        return jax.tree.map(lambda a: jnp.broadcast_to(a[:, None], (a.shape[0], k, *a.shape[1:])), state.pred)
-
-    preds = jax.lax.cond(need_forward, forward_all, skip, None)
+    preds = jax.lax.switch(width, [skip, forward_first, forward_all] if k > 1 else [skip, forward_all, forward_all], None)
     choice = choose(proposal, preds, live, state.step, dcfg, loop.mcfg.mask_id)
     canvas = jnp.take_along_axis(proposal.candidates, choice.index[:, None, None], axis=1)[:, 0]
     canvas = jnp.where(state.done[:, None], state.canvas, canvas)
     pred = jax.tree.map(lambda a: jnp.take_along_axis(a, _expand(choice.index, a), axis=1)[:, 0], preds)
     canvas, block, new_step, done = loop.advance(canvas, state.block, state.step + choice.steps, state.done)
-    calls = need_forward.astype(jnp.int32)
+    calls = (width > 0).astype(jnp.int32)
+    sequences = jnp.where(width == 2, forwards_per_call(canvas.shape[0], dcfg), forwards_per_call(canvas.shape[0], dcfg) // k)
     return DecodeState(
         canvas=canvas,
         pred=pred,
@@ -147,10 +190,140 @@ def step(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeSta
         done=done,
         row_nfe=state.row_nfe + live.astype(jnp.int32),
         nfe=state.nfe + calls,
-        sequence_forwards=state.sequence_forwards + calls * forwards_per_call(canvas.shape[0], dcfg),
+        sequence_forwards=state.sequence_forwards + calls * sequences,
         iteration=state.iteration + 1,
         key=key,
         stats=jax.tree.map(jnp.add, state.stats, choice.stats),
+    )
+
+
+def _where_rows(rows: jax.Array, new, old, axis: int = 0):
+    """Per-row select of two pytrees whose batch axis is ``axis``."""
+
+    def pick(a, b):
+        shape = [1] * a.ndim
+        shape[axis] = rows.shape[0]
+        return jnp.where(rows.reshape(shape), a, b)
+
+    return jax.tree.map(pick, new, old)
+
+
+def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeState:
+    """``step`` with the block KV cache (Fast-dLLM semantics, algorithms.md "Block KV cache").
+
+    1. Rows whose block changed since their last full forward (``stale``) get the block-start
+       full forward of their canvas: it refreshes their cache rows and their prediction, and is
+       one model call.
+    2. Commit + candidates exactly as ``step``. Rows that stay in their block after the policy
+       commit forward their candidates as windows (prefix: ``x[start:]``; dual: the block) against
+       the cache, the window's fresh keys/values replacing the cached ones at its positions;
+       the window's predictions overwrite the candidates' predictions at those positions.
+       Rows whose commit completes their block need no window call: they are refreshed next
+       iteration (as Fast-dLLM's next block starts with a full forward).
+    Each kind of call runs (``lax.cond``) only if some row needs it; results merge per row, so a
+    row decodes exactly as alone. Shapes are static (fixed-size caches and windows).
+    """
+    dcfg, mcfg = loop.dcfg, loop.mcfg
+    batch, n = state.canvas.shape
+    key, refresh_key, window_key = jax.random.split(state.key, 3)
+
+    # 1. block-start refresh
+    refresh = state.stale & ~state.done
+    any_refresh = jnp.any(refresh)
+
+    def do_refresh(_):
+        pred, keys, values = predict_prefill(loop.prefill, state.canvas, attention_mask, refresh_key, mcfg, dcfg)
+        return _where_rows(refresh, pred, state.pred), _where_rows(refresh, (keys, values), state.cache, axis=1)
+
+    pred, cache = jax.lax.cond(any_refresh, do_refresh, lambda _: (state.pred, state.cache), None)
+
+    # 2. commit, candidates, window call, choice
+    valid = loop.committable(state)
+    proposal = propose(pred, state.canvas, valid, state.step, dcfg)
+    _, block_after_s0, _, done_after_s0 = loop.advance(proposal.s0, state.block, state.step + 1, state.done)
+    live = ~done_after_s0
+    windowed = live & (block_after_s0 == state.block)  # rows whose forward is a window call
+    width = jnp.where(jnp.any(windowed), jnp.where(jnp.any(windowed & proposal.branching), 2, 1), 0)
+    k = proposal.candidates.shape[1]
+
+    shift = mcfg.logit_shift
+    out_length = dcfg.block_length - shift
+    start, _ = loop.block_span(state.block)
+    pos = jnp.arange(n)[None, :]
+    all_positions = default_positions(mcfg, attention_mask, batch, n)
+
+    def broadcast(p: Prediction, m: int) -> Prediction:
+        return jax.tree.map(lambda a: jnp.broadcast_to(a[:, None], (a.shape[0], m, *a.shape[1:])), p)
+
+    def window_call(candidates: jax.Array, w: int) -> Prediction:
+        """Forward candidates [B, M, N] as windows of w positions from each row's block start."""
+        m = candidates.shape[1]
+        index = start[:, None] + jnp.arange(w)[None, :]  # [B, W]
+        window_mask = index < n  # prefix windows may reach past the canvas end: those keys are masked
+        index = jnp.minimum(index, n - 1)
+        in_window = (pos >= start[:, None]) & (pos < start[:, None] + w)
+        tokens = jnp.take_along_axis(candidates, jnp.broadcast_to(index[:, None], (batch, m, w)), axis=2)
+        win = predict_window(
+            loop.window,
+            tokens,
+            jnp.broadcast_to(jnp.take_along_axis(all_positions, index, axis=1)[:, None], (batch, m, w)),
+            cache,
+            attention_mask.astype(bool) & ~in_window,  # cached keys: not pads, not replaced by the window
+            window_mask,
+            out_length,
+            window_key,
+            mcfg,
+            dcfg,
+        )
+        # Window position j predicts canvas position start + j + shift (Dream: the block's first
+        # position keeps the prediction of its block-start full forward, as Fast-dLLM does).
+        place = lambda a, b, s: jax.lax.dynamic_update_slice_in_dim(a, b, s, axis=1)
+        return jax.tree.map(lambda a, b: jax.vmap(place)(a, b, start + shift), broadcast(pred, m), win)
+
+    # Static window lengths (dual: the block; prefix: buckets up to gen_length); the shortest one
+    # covering every windowed row's rest of the canvas is used.
+    lengths = loop.window_lengths
+    needed = jnp.max(jnp.where(windowed, n - start, 0))
+    bucket = jnp.sum(jnp.asarray(lengths) < needed)
+
+    def skip(_):
+        return broadcast(pred, k)
+
+    def forward_first(w):
+        return lambda _: broadcast(jax.tree.map(lambda a: a[:, 0], window_call(proposal.candidates[:, :1], w)), k)
+
+    def forward_all(w):
+        return lambda _: window_call(proposal.candidates, w)
+
+    # Branches: skip | (K > 1: s0 only, per length) | all K candidates, per length.
+    first = [forward_first(w) for w in lengths] if k > 1 else []
+    branches = [skip] + first + [forward_all(w) for w in lengths]
+    all_offset = 1 + len(first)
+    branch = jnp.where(width == 0, 0, jnp.where((width == 1) & (k > 1), 1 + bucket, all_offset + bucket))
+    preds = jax.lax.switch(branch, branches, None)
+    choice = choose(proposal, preds, live, state.step, dcfg, mcfg.mask_id)
+    canvas = jnp.take_along_axis(proposal.candidates, choice.index[:, None, None], axis=1)[:, 0]
+    canvas = jnp.where(state.done[:, None], state.canvas, canvas)
+    new_pred = jax.tree.map(lambda a: jnp.take_along_axis(a, _expand(choice.index, a), axis=1)[:, 0], preds)
+    canvas, block, new_step, done = loop.advance(canvas, state.block, state.step + choice.steps, state.done)
+    window_calls = (width > 0).astype(jnp.int32)
+    refresh_calls = any_refresh.astype(jnp.int32)
+    per_call = forwards_per_call(batch, dcfg)
+    sequences = refresh_calls * batch + window_calls * jnp.where(width == 2, per_call, per_call // k)
+    return DecodeState(
+        canvas=canvas,
+        pred=new_pred,
+        block=block,
+        step=new_step,
+        done=done,
+        row_nfe=state.row_nfe + refresh.astype(jnp.int32) + windowed.astype(jnp.int32),
+        nfe=state.nfe + refresh_calls + window_calls,
+        sequence_forwards=state.sequence_forwards + sequences,
+        iteration=state.iteration + 1,
+        key=key,
+        stats=jax.tree.map(jnp.add, state.stats, choice.stats),
+        cache=cache,
+        stale=(block != state.block) & ~done,
     )
 
 
@@ -189,7 +362,14 @@ def finish(state: DecodeState) -> DecodeOutput:
 
 
 def _decode(model, prompt_ids, prompt_mask, key, mcfg: ModelConfig, dcfg: DecodeConfig, runner) -> DecodeOutput:
-    loop = Loop(mcfg, dcfg, prompt_ids.shape[1], lambda tokens, mask: model(tokens, mask))
+    loop = Loop(
+        mcfg,
+        dcfg,
+        prompt_ids.shape[1],
+        lambda tokens, mask: model(tokens, mask),
+        prefill=lambda tokens, mask: model.prefill(tokens, mask),
+        window=model.window,
+    )
     batch = prompt_ids.shape[0]
     attention_mask = jnp.concatenate([prompt_mask.astype(jnp.int32), jnp.ones((batch, dcfg.gen_length), jnp.int32)], 1)
     return finish(runner(loop, prompt_ids, attention_mask, key))

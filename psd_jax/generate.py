@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .api import InputError, default_model_path, load_model
-from .config import ACCEPTANCES, CONFIDENCES, DECODERS, POLICIES, DecodeConfig, DecodeConfigError
+from .config import ACCEPTANCES, CACHES, CONFIDENCES, DECODERS, POLICIES, DecodeConfig, DecodeConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cfg-scale", type=float, default=0.0)
     p.add_argument("--no-eos-stop", action="store_true", help="keep decoding blocks after an EOS")
     p.add_argument("--decoder", default="plain", help=f"one of {', '.join(DECODERS)}")
+    p.add_argument(
+        "--cache", default="none", help=f"block KV cache, one of {', '.join(CACHES)} (Fast-dLLM prefix / dual cache)"
+    )
     psd = p.add_argument_group("PSD")
     psd.add_argument("--depth", type=int, default=3)
     psd.add_argument("--acceptance", default="tokens", help=f"one of {', '.join(ACCEPTANCES)}")
@@ -129,6 +132,7 @@ def _settings(args) -> DecodeConfig:
         ratio=args.ratio,
         pivot_tau=args.pivot_tau,
         lam=args.lam,
+        cache=args.cache,
     )
 
 

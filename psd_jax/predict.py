@@ -109,3 +109,33 @@ def predict(
 def forwards_per_call(batch: int, dcfg: DecodeConfig) -> int:
     """Sequences processed by one ``predict`` call (what `sequence_forwards` counts)."""
     return batch * dcfg.branches * (2 if dcfg.cfg_scale > 0 else 1)
+
+
+# ------------------------------------------------------------------------- block KV cache calls
+
+
+def predict_prefill(prefill, canvas: jax.Array, attention_mask: jax.Array, key: jax.Array, mcfg: ModelConfig, dcfg: DecodeConfig):
+    """Full-canvas call [B, N] that also returns the KV cache: (Prediction [B, N], keys, values)."""
+    logits, keys, values = prefill(canvas, attention_mask)
+    logits = shift_logits(logits, mcfg.logit_shift)
+    return logits_to_prediction(logits, key, mcfg, dcfg), keys, values
+
+
+def predict_window(
+    window,
+    tokens: jax.Array,
+    positions: jax.Array,
+    cache: tuple[jax.Array, jax.Array],
+    cache_mask: jax.Array,
+    window_mask: jax.Array,
+    out_length: int,
+    key: jax.Array,
+    mcfg: ModelConfig,
+    dcfg: DecodeConfig,
+) -> Prediction:
+    """Window call: tokens [B, M, W] against the cache -> Prediction [B, M, out_length] of the
+    window's first ``out_length`` positions (unshifted: the engine places them)."""
+    logits = window(tokens, positions, cache[0], cache[1], cache_mask, window_mask, out_length)
+    batch, m = tokens.shape[:2]
+    pred = logits_to_prediction(logits.reshape(batch * m, out_length, -1), key, mcfg, dcfg)
+    return jax.tree.map(lambda a: a.reshape(batch, m, *a.shape[1:]), pred)
