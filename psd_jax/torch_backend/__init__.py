@@ -1,0 +1,13 @@
+"""Optional PyTorch backend (``pip install psd-jax[torch]``): same checkpoints, same decoders.
+
+``load_torch_model(path)`` loads a Hugging Face LLaDA/Dream directory into ``TorchDiffusionLM``
+and returns a ``TorchLM`` whose ``generate`` mirrors ``psd_jax.load_model(path).generate`` (same
+settings, same ``Generation`` records, same tokens and call counts in float32 greedy decoding).
+It exists to compare the two backends (``scripts/compare_backends.py``); the JAX engine is the spec.
+"""
+
+from .api import TorchLM, load_torch_model
+from .decode import TorchDecodeOutput, generate
+from .model import TorchDiffusionLM, load_hf_torch
+
+__all__ = ["TorchDecodeOutput", "TorchDiffusionLM", "TorchLM", "generate", "load_hf_torch", "load_torch_model"]

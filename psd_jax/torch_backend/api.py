@@ -1,0 +1,177 @@
+"""``load_torch_model(path)`` -> ``TorchLM``: the PyTorch backend behind the same API as ``load_model``.
+
+``TorchLM.generate`` takes the same prompts and ``DecodeConfig`` as ``LoadedModel.generate``,
+left-pads prompts to the same bucket, and returns the same ``Generation`` records (output ids,
+text, nfe, sequence_forwards, tokens, tpf, seconds, compile_seconds, decoder stats).
+
+``compile=True`` runs the forward (and logits -> prediction) through ``torch.compile``; the first
+``generate`` for a new (batch, padded length, settings) is then a warm-up whose wall time is
+reported as ``compile_seconds`` (as the JAX backend reports XLA compilation), and ``seconds`` of
+that call is the warm-up decode itself.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE, CheckpointError
+from models import ModelConfig
+
+from ..api import Generation, InputError, _bucket, default_model_path
+from ..config import DecodeConfig
+from ..tokenizer import TokenizerError, encode_prompt, load_tokenizer, resolve_special_ids
+from .decode import Predictor, TorchDecodeOutput, generate
+from .model import TORCH_DTYPES, TorchDiffusionLM, load_hf_torch
+
+
+class TorchLM:
+    """A PyTorch model, its config (special ids resolved) and tokenizer (``None`` if absent)."""
+
+    def __init__(self, model: TorchDiffusionLM, tokenizer, path: Path | None, *, compile: bool = False):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.path = path
+        self.config: ModelConfig = resolve_special_ids(model.config, tokenizer, str(path))
+        self.compile = compile
+        self.device = next(model.parameters()).device
+        self._predictors: dict[DecodeConfig, Predictor] = {}
+        self._warm: set[tuple] = set()
+
+    # ------------------------------------------------------------------------------ logits
+    @torch.inference_mode()
+    def logits(self, input_ids, attention_mask=None) -> torch.Tensor:
+        """Raw (unshifted) model outputs [B, N, V] in float32."""
+        ids = torch.as_tensor(np.asarray(input_ids), dtype=torch.long, device=self.device)
+        mask = None if attention_mask is None else torch.as_tensor(np.asarray(attention_mask), device=self.device)
+        return self.model(ids, mask)
+
+    # ---------------------------------------------------------------------------- prompts
+    def encode(self, prompt: str, chat: bool = False) -> list[int]:
+        if self.tokenizer is None:
+            raise TokenizerError(f"{self.path}: this checkpoint has no tokenizer; pass token ids instead of text")
+        return encode_prompt(self.tokenizer, prompt, chat, str(self.path))
+
+    def decode_text(self, ids: Sequence[int]) -> str | None:
+        if self.tokenizer is None:
+            return None
+        stop = set(self.config.stop_ids)
+        cut = next((i for i, t in enumerate(ids) if t in stop), len(ids))
+        return self.tokenizer.decode(list(ids[:cut]), skip_special_tokens=False)
+
+    def _prompt_ids(self, prompts, chat: bool) -> list[list[int]]:
+        out = []
+        for i, prompt in enumerate(prompts):
+            ids = self.encode(prompt, chat) if isinstance(prompt, str) else [int(t) for t in prompt]
+            if not ids:
+                raise InputError(f"prompt {i} is empty")
+            if any(not 0 <= t < self.config.vocab_size for t in ids):
+                raise InputError(f"prompt {i} has token ids outside the vocabulary [0, {self.config.vocab_size})")
+            out.append(ids)
+        if not out:
+            raise InputError("no prompts given")
+        return out
+
+    def predictor(self, dcfg: DecodeConfig) -> Predictor:
+        if dcfg not in self._predictors:
+            self._predictors[dcfg] = Predictor(self.model, self.config, dcfg, compile=self.compile)
+        return self._predictors[dcfg]
+
+    # --------------------------------------------------------------------------- generate
+    def generate(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        settings: DecodeConfig | None = None,
+        *,
+        seed: int = 0,
+        chat: bool = False,
+        prompt_bucket: int | None = 32,
+        **overrides: Any,
+    ) -> list[Generation]:
+        """Decode a batch of prompts (text or token ids); one ``Generation`` per prompt."""
+        dcfg = settings or DecodeConfig()
+        dcfg = dcfg.replace(**overrides) if overrides else dcfg
+        ids = self._prompt_ids(prompts, chat)
+        length = _bucket(max(len(p) for p in ids), prompt_bucket)
+        if length + dcfg.gen_length > self.config.max_length:
+            raise InputError(
+                f"prompt (padded to {length}) + gen_length {dcfg.gen_length} exceeds the model's context "
+                f"of {self.config.max_length}"
+            )
+        prompt_ids = np.full((len(ids), length), self.config.pad_id, np.int64)
+        prompt_mask = np.zeros((len(ids), length), np.int64)
+        for row, p in enumerate(ids):
+            prompt_ids[row, length - len(p):] = p
+            prompt_mask[row, length - len(p):] = 1
+        args = (torch.from_numpy(prompt_ids).to(self.device), torch.from_numpy(prompt_mask).to(self.device))
+        predictor = self.predictor(dcfg)
+        compile_seconds = 0.0
+        warm_key = (args[0].shape, bool(prompt_mask.all()), dcfg)
+        if self.compile and warm_key not in self._warm:
+            start = time.perf_counter()  # torch.compile traces and compiles on first use: a warm-up run
+            self._run(args, dcfg, predictor, seed)
+            compile_seconds = time.perf_counter() - start
+            self._warm.add(warm_key)
+        start = time.perf_counter()
+        out = self._run(args, dcfg, predictor, seed)
+        seconds = time.perf_counter() - start
+        return self._results(out, length, seconds, compile_seconds)
+
+    def _run(self, args, dcfg: DecodeConfig, predictor: Predictor, seed: int) -> TorchDecodeOutput:
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        out = generate(self.model, *args, dcfg, self.config, generator=generator, predictor=predictor)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return out
+
+    def _results(self, out: TorchDecodeOutput, prompt_length: int, seconds: float, compile_seconds: float):
+        canvas = out.canvas[:, prompt_length:].cpu().numpy()
+        row_nfe = out.row_nfe.cpu().numpy()
+        stats = {k: v.cpu().numpy() for k, v in out.stats.items()}
+        stop = np.isin(canvas, self.config.stop_ids)
+        tokens = np.where(stop.any(1), stop.argmax(1), canvas.shape[1])
+        return [
+            Generation(
+                output_ids=canvas[row].tolist(),
+                text=self.decode_text(canvas[row].tolist()),
+                nfe=int(row_nfe[row]),
+                sequence_forwards=int(out.sequence_forwards),
+                tokens=int(tokens[row]),
+                tpf=float(tokens[row]) / max(int(row_nfe[row]), 1),
+                seconds=seconds,
+                compile_seconds=compile_seconds,
+                stats={k: v[row].tolist() for k, v in stats.items()},
+            )
+            for row in range(canvas.shape[0])
+        ]
+
+
+def load_torch_model(
+    path: str | Path | None = None,
+    dtype: str = "float32",
+    *,
+    device: str | torch.device | None = None,
+    compile: bool = False,
+) -> TorchLM:
+    """Load a Hugging Face LLaDA/Dream directory into PyTorch; ``None`` = the shipped model.
+
+    ``device`` defaults to CUDA when available, else CPU.
+    """
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(TORCH_DTYPES)}")
+    path = Path(path) if path is not None else default_model_path()
+    if not path.is_dir():
+        raise FileNotFoundError(f"model directory {path} does not exist")
+    if not ((path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file()):
+        raise CheckpointError(
+            f"{path}: the PyTorch backend reads Hugging Face safetensors directories "
+            f"({SINGLE_FILE} or {INDEX_FILE}); convert Orbax checkpoints back with convert.export"
+        )
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = load_hf_torch(path, TORCH_DTYPES[dtype], device)
+    tokenizer = load_tokenizer(path, model.config.family)
+    return TorchLM(model, tokenizer, path, compile=compile)

@@ -1,0 +1,469 @@
+"""The decoders (plain, PSD, RPS) over the PyTorch model, with the JAX engine's exact semantics.
+
+This is ``psd_jax.engine`` + ``decoders`` + ``policies`` + ``predict`` written as a PyTorch user
+would: eager tensors under ``torch.inference_mode``, a Python ``while`` loop over iterations,
+every per-row decision a batched tensor op (no Python loop over rows), and all candidates of all
+rows verified in ONE model call of shape ``[B*K, N]``. The semantics are the engine's, token for
+token (the JAX engine is the spec):
+
+- rows decode independently: own block, own schedule step, own ``done`` flag;
+- one iteration = policy commit ``s0`` and the candidates (no model call) -> one batched forward
+  of all candidates -> per-row choice -> block advance / EOS early exit;
+- a row is *live* when it still decodes after its policy commit; when no row is live the forward
+  is skipped (so the last, unused forward of upstream's loop is never run), and ``row_nfe``
+  counts a row's calls only while it is live;
+- when no live row can choose beyond ``s0`` (PSD drafts all empty, RPS found no pivot), only
+  ``s0`` is forwarded (``B`` sequences instead of ``B*K``), as the engine does;
+- ``nfe`` counts model calls (the initial forward included), ``sequence_forwards`` the sequences
+  the model processed (``B*K`` per full call, doubled under classifier-free guidance).
+
+Host synchronisation: two reads per iteration (``any(live)``/``any(live & branching)`` in one, to
+size or skip the forward, and ``all(done)`` to stop), which an eager decoder's loop needs anyway.
+
+Where this backend differs from the JAX one by construction: sampling (``temperature > 0``) and
+``confidence="random"`` draw from ``torch.Generator`` instead of ``jax.random``, so those tokens
+are reproducible from the seed but not equal across backends. Greedy decoding with the
+``prob``/``margin``/``entropy`` confidences is deterministic and equals the JAX backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from models import ModelConfig
+
+from ..config import DecodeConfig
+from ..schedules import dream_schedule, llada_schedule
+
+ENTROPY_EPS = 1e-10  # as psd_jax.predict (Dream's epsilon inside the entropy's log)
+
+
+# ------------------------------------------------------------------------------ predictions
+
+
+@dataclasses.dataclass
+class Prediction:
+    token: torch.Tensor  # [..., N] predicted token (int64)
+    conf: torch.Tensor  # [..., N] float32 policy confidence
+    entropy: torch.Tensor | None = None  # [..., N] full-vocabulary entropy (RPS)
+    topk_prob: torch.Tensor | None = None  # [..., N, k_max] (RPS)
+    topk_id: torch.Tensor | None = None  # [..., N, k_max] (RPS)
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "Prediction":
+        return Prediction(*(None if v is None else fn(v) for v in dataclasses.astuple(self)))
+
+
+def shift_logits(logits: torch.Tensor, shift: int) -> torch.Tensor:
+    """Dream predicts position i at logit i - 1: ``cat(logits[:, :1], logits[:, :-1])``."""
+    if shift == 0:
+        return logits
+    return torch.cat([logits[:, :shift], logits[:, :-shift]], dim=1)
+
+
+def logits_to_prediction(
+    logits: torch.Tensor,
+    mcfg: ModelConfig,
+    dcfg: DecodeConfig,
+    gumbel: torch.Tensor | None = None,
+    random_conf: torch.Tensor | None = None,
+):
+    """Token choice and confidence from (shifted) logits [M, N, V]; modifies ``logits`` in place.
+
+    Returns a tuple (token, conf, entropy, topk_prob, topk_id) so that it can be compiled.
+    Random inputs (Gumbel noise, random confidences) are drawn by the caller.
+    """
+    logits[..., mcfg.mask_id] = -torch.inf  # never predict [MASK]
+    if dcfg.logits_eos_inf:
+        logits[..., mcfg.eos_id] = -torch.inf
+    if dcfg.temperature > 0:
+        token = torch.argmax(logits / dcfg.temperature + gumbel, dim=-1)
+    else:
+        token = torch.argmax(logits, dim=-1)
+    if dcfg.confidence_eos_eot_inf and mcfg.eot_id is not None:
+        logits[..., mcfg.eot_id] = -torch.inf
+    probs = torch.softmax(logits, dim=-1)
+    entropy = None
+    if dcfg.confidence == "entropy" or dcfg.decoder == "rps":
+        entropy = -torch.sum(probs * torch.log(probs + ENTROPY_EPS), dim=-1)
+    if dcfg.confidence == "prob":
+        conf = probs.gather(-1, token[..., None])[..., 0]
+    elif dcfg.confidence == "margin":
+        top2 = torch.topk(probs, 2, dim=-1).values
+        conf = top2[..., 0] - top2[..., 1]
+    elif dcfg.confidence == "entropy":
+        conf = -entropy
+    else:
+        conf = random_conf
+    topk_prob = topk_id = None
+    if dcfg.decoder == "rps":
+        topk_prob, topk_id = torch.topk(probs, dcfg.k_max, dim=-1)
+    return token, conf.float(), entropy, topk_prob, topk_id
+
+
+class Predictor:
+    """The one model call: canvases [B, K, N] -> ``Prediction`` [B, K, N] (see psd_jax.predict).
+
+    With ``compile=True`` the forward and the logits-to-prediction step are one ``torch.compile``d
+    function (static shapes; random draws stay outside it, so the compiled graph is pure).
+    """
+
+    def __init__(self, model: torch.nn.Module, mcfg: ModelConfig, dcfg: DecodeConfig, compile: bool = False):
+        self.model, self.mcfg, self.dcfg = model, mcfg, dcfg
+        if compile:
+            # One graph per (shape, mask or not, settings): several per decode, across decoders.
+            dynamo = torch._dynamo.config
+            dynamo.recompile_limit = max(dynamo.recompile_limit, 64)
+            dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, 1024)
+            self._core = torch.compile(self._forward_predict, dynamic=False)
+        else:
+            self._core = self._forward_predict
+
+    def _forward_predict(self, flat, mask, prompt_length: int, gumbel, random_conf):
+        dcfg, mcfg = self.dcfg, self.mcfg
+        if dcfg.cfg_scale > 0:
+            # Classifier-free guidance: the prompt replaced by [MASK] gives the unconditional branch.
+            uncond = flat.clone()
+            uncond[:, :prompt_length] = mcfg.mask_id
+            both = self.model(torch.cat([flat, uncond]), None if mask is None else torch.cat([mask, mask]))
+            cond_logits, uncond_logits = both.chunk(2)
+            logits = uncond_logits + (dcfg.cfg_scale + 1.0) * (cond_logits - uncond_logits)
+        else:
+            logits = self.model(flat, mask)
+        logits = shift_logits(logits, mcfg.logit_shift)
+        return logits_to_prediction(logits, mcfg, dcfg, gumbel, random_conf)
+
+    def __call__(self, canvases, attention_mask, prompt_length: int, generator: torch.Generator | None) -> Prediction:
+        b, k, n = canvases.shape
+        flat = canvases.reshape(b * k, n)
+        mask = None if attention_mask is None else attention_mask.repeat_interleave(k, dim=0)
+        vocab, dev = self.mcfg.vocab_size, canvases.device
+        gumbel = random_conf = None
+        if self.dcfg.temperature > 0:  # Gumbel-max sampling, as LLaDA's add_gumbel_noise
+            u = torch.rand((b * k, n, vocab), generator=generator, device=dev).clamp_(min=torch.finfo(torch.float32).tiny)
+            gumbel = -torch.log(-torch.log(u))
+        if self.dcfg.confidence == "random":
+            random_conf = torch.rand((b * k, n), generator=generator, device=dev)
+        out = self._core(flat, mask, prompt_length, gumbel, random_conf)
+        return Prediction(*out).map(lambda a: a.reshape(b, k, *a.shape[1:]))
+
+
+def forwards_per_call(batch: int, dcfg: DecodeConfig) -> int:
+    return batch * dcfg.branches * (2 if dcfg.cfg_scale > 0 else 1)
+
+
+# --------------------------------------------------------------------------------- policies
+
+
+def step_counts(dcfg: DecodeConfig) -> np.ndarray | None:
+    """Per-step commit counts of the scheduled policies (as psd_jax.policies.step_counts)."""
+    if dcfg.policy == "fixed":
+        return llada_schedule(dcfg.block_length, dcfg.steps_per_block)
+    if dcfg.policy == "dream":
+        return dream_schedule(dcfg.block_length, dcfg.steps_per_block, dcfg.dream_eps)
+    return None
+
+
+def ranks(conf: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Rank of each valid position by confidence descending (ties: lower position); invalid last.
+
+    One stable sort on ``-conf`` with invalid positions keyed ``+inf``: the same order as the JAX
+    ``lexsort((index, -conf, ~valid))`` for any finite confidence (all confidences are finite).
+    """
+    key = torch.where(valid, -conf, torch.inf)
+    order = torch.sort(key, dim=-1, stable=True).indices
+    positions = torch.arange(conf.shape[-1], device=conf.device).expand_as(order)
+    return torch.empty_like(order).scatter_(-1, order, positions)
+
+
+class Policy:
+    """The transfer policy with its schedule table on the decode's device."""
+
+    def __init__(self, dcfg: DecodeConfig, device):
+        self.dcfg = dcfg
+        counts = step_counts(dcfg)
+        self.counts = None if counts is None else torch.as_tensor(counts, dtype=torch.long, device=device)
+
+    def scheduled_count(self, step: torch.Tensor, remaining: torch.Tensor) -> torch.Tensor:
+        last = self.counts.shape[0] - 1
+        k = self.counts[step.clamp(0, last)]
+        return torch.where(step >= last, remaining, k)
+
+    def commit_mask(self, conf, valid, step) -> torch.Tensor:
+        """The commit set S for rows [B]: conf/valid [B, N], step [B]."""
+        dcfg = self.dcfg
+        rank = ranks(conf, valid)
+        remaining = valid.sum(-1)
+        if dcfg.policy in ("fixed", "dream"):
+            chosen = rank < self.scheduled_count(step, remaining)[:, None]
+        elif dcfg.policy == "threshold":
+            chosen = (rank == 0) | (conf >= dcfg.threshold)
+        else:
+            chosen = rank < factor_count(conf, valid, remaining, dcfg.factor)[:, None]
+        return chosen & valid
+
+    def draft_sizes(self, chosen: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+        """PSD m_j for levels j = 1..D per row [B, D] (as psd_jax.decoders._draft_sizes)."""
+        dcfg = self.dcfg
+        batch = chosen.shape[0]
+        if dcfg.policy == "fixed":
+            n_counts = self.counts.shape[0]
+            nxt = step[:, None] + torch.arange(1, dcfg.depth + 1, device=step.device)
+            return torch.where(nxt < n_counts, self.counts[nxt.clamp(0, n_counts - 1)], 0)
+        if dcfg.draft_rate is not None:
+            rate = torch.full((batch,), dcfg.draft_rate, dtype=torch.long, device=chosen.device)
+        else:
+            rate = chosen.sum(-1).clamp(min=1)
+        return rate[:, None].expand(batch, dcfg.depth)
+
+
+def factor_count(conf, valid, remaining, factor: float) -> torch.Tensor:
+    """Fast-dLLM get_transfer_index_dynamic (upstream quirk kept: see psd_jax.policies)."""
+    n = conf.shape[-1]
+    sorted_conf = -torch.sort(torch.where(valid, -conf, torch.inf), dim=-1).values
+    k = torch.arange(n, device=conf.device)
+    passes = (sorted_conf >= 1.0 - factor / (k + 2.0)) | (k == 0)
+    leading = torch.cumprod((passes & (k < remaining[:, None])).long(), dim=-1).sum(-1)
+    return torch.where(leading >= remaining - 1, remaining, leading)
+
+
+# --------------------------------------------------------------------------------- decoders
+
+
+@dataclasses.dataclass
+class Proposal:
+    candidates: torch.Tensor  # [B, K, N]
+    s0: torch.Tensor  # [B, N]
+    valid: torch.Tensor  # [B, N]
+    added: torch.Tensor  # [B, K, N]
+    branching: torch.Tensor  # [B] whether candidates 1.. can be chosen (else only s0 needs a forward)
+    extra: dict
+
+
+def propose(policy: Policy, pred: Prediction, canvas, valid, step) -> Proposal:
+    dcfg = policy.dcfg
+    chosen = policy.commit_mask(pred.conf, valid, step)
+    s0 = torch.where(chosen, pred.token, canvas)
+    if dcfg.decoder == "psd":
+        return _psd_propose(policy, pred, s0, chosen, valid, step)
+    if dcfg.decoder == "rps":
+        return _rps_propose(dcfg, pred, s0, chosen, valid)
+    no = torch.zeros_like(valid)
+    return Proposal(s0[:, None], s0, valid, no[:, None], no[:, 0], {})
+
+
+def choose(policy: Policy, proposal: Proposal, preds: Prediction, live, step, mask_id: int):
+    """(index [B], schedule steps consumed [B], stats increments) given every candidate's forward."""
+    dcfg = policy.dcfg
+    if dcfg.decoder == "psd":
+        return _psd_choose(policy, proposal, preds, live, step, mask_id)
+    if dcfg.decoder == "rps":
+        return _rps_choose(dcfg, proposal, preds, live)
+    zeros = torch.zeros_like(step)
+    return zeros, zeros + 1, {}
+
+
+def initial_stats(dcfg: DecodeConfig, batch: int, device) -> dict:
+    z = lambda *shape: torch.zeros(shape, dtype=torch.long, device=device)  # noqa: E731
+    if dcfg.decoder == "psd":
+        return {"accepted_depth": z(batch, dcfg.depth + 1)}
+    if dcfg.decoder == "rps":
+        return {"pivot_searched": z(batch), "pivot_found": z(batch), "pivot_committed": z(batch),
+                "winner_rank": z(batch, dcfg.k_max)}
+    return {}
+
+
+def _psd_propose(policy: Policy, pred, s0, chosen, valid, step) -> Proposal:
+    remaining = valid & ~chosen
+    rank = ranks(pred.conf, remaining)
+    sizes = policy.draft_sizes(chosen, step)  # [B, D]
+    ends = sizes.cumsum(-1)
+    starts = ends - sizes
+    r = rank[:, None, :]
+    level = remaining[:, None, :] & (r >= starts[..., None]) & (r < ends[..., None])  # [B, D, N]
+    cumulative = level.cumsum(dim=1) > 0  # s_j = s_{j-1} + level j
+    drafts = torch.where(cumulative, pred.token[:, None, :], s0[:, None, :])
+    candidates = torch.cat([s0[:, None], drafts], dim=1)
+    added = torch.cat([torch.zeros_like(level[:, :1]), level], dim=1)
+    return Proposal(candidates, s0, valid, added, level.flatten(1).any(-1), {})
+
+
+def _psd_choose(policy: Policy, proposal, preds, live, step, mask_id):
+    dcfg = policy.dcfg
+    level = proposal.added[:, 1:]  # [B, D, N]
+    prev_token = preds.token[:, :-1]  # F(s_{j-1}) for j = 1..D
+    draft_token = proposal.candidates[:, 1:]
+    consistent = (~level | (prev_token == draft_token)).all(-1) & level.any(-1)
+    if dcfg.acceptance == "strict":
+        # The policy run on F(s_{j-1}) at step + j must choose exactly level j's positions.
+        b, d, n = level.shape
+        valid_prev = proposal.valid[:, None, :] & (proposal.candidates[:, :-1] == mask_id)
+        steps = step[:, None] + torch.arange(1, d + 1, device=step.device)
+        policy_choice = policy.commit_mask(
+            preds.conf[:, :-1].reshape(b * d, n), valid_prev.reshape(b * d, n), steps.reshape(b * d)
+        ).reshape(b, d, n)
+        consistent &= (policy_choice == level).all(-1)
+    accepted = torch.cumprod(consistent.long(), dim=-1).sum(-1)
+    accepted = torch.where(live, accepted, 0)
+    hist = F.one_hot(accepted, dcfg.depth + 1) * live[:, None]
+    return accepted, 1 + accepted, {"accepted_depth": hist}
+
+
+def _rps_propose(dcfg: DecodeConfig, pred, s0, chosen, valid) -> Proposal:
+    remaining = valid & ~chosen
+    p, ids = pred.topk_prob, pred.topk_id  # [B, N, k] from F(x)
+    mass = p.sum(-1)
+    trunc_entropy = -(p * torch.log(p.clamp(min=1e-30))).sum(-1)
+    eligible = remaining & (mass >= dcfg.pivot_tau)
+    found = eligible.any(-1)
+    pivot = torch.argmax(torch.where(eligible, trunc_entropy, -torch.inf), dim=-1)  # ties: lower position
+    rows = torch.arange(s0.shape[0], device=s0.device)
+    pivot_p, pivot_ids = p[rows, pivot], ids[rows, pivot]  # [B, k]
+    branch_ok = found[:, None] & (pivot_p >= dcfg.ratio * pivot_p[:, :1])
+    at_pivot = torch.arange(s0.shape[-1], device=s0.device) == pivot[:, None]  # [B, N]
+    branches = torch.where(at_pivot[:, None, :], pivot_ids[:, :, None], s0[:, None, :])  # [B, k, N]
+    candidates = torch.cat([s0[:, None], branches], dim=1)
+    added = torch.cat([torch.zeros_like(at_pivot[:, None]), at_pivot[:, None].expand_as(branches)], dim=1)
+    extra = {
+        "searched": remaining.any(-1),
+        "found": found,
+        "branch_ok": branch_ok,
+        "log_p": torch.log(pivot_p.clamp(min=1e-30)),
+        "others": remaining & ~at_pivot,
+    }
+    return Proposal(candidates, s0, valid, added, found, extra)
+
+
+def _rps_choose(dcfg: DecodeConfig, proposal, preds, live):
+    e = proposal.extra
+    others = e["others"][:, None, :]  # R \ {i*}
+    n_others = others.sum(-1).clamp(min=1)
+    mean_entropy = torch.where(others, preds.entropy, 0.0).sum(-1) / n_others  # [B, K]
+    plausibility = torch.cat([torch.zeros_like(e["log_p"][:, :1]), e["log_p"]], dim=1)
+    score = -mean_entropy + dcfg.lam * plausibility
+    ok = torch.cat([torch.ones_like(e["branch_ok"][:, :1]), e["branch_ok"]], dim=1)
+    winner = torch.argmax(torch.where(ok, score, -torch.inf), dim=-1)  # ties: MASK first
+    winner = torch.where(live, winner, 0)
+    committed = winner > 0
+    stats = {
+        "pivot_searched": (e["searched"] & live).long(),
+        "pivot_found": (e["found"] & live).long(),
+        "pivot_committed": committed.long(),
+        "winner_rank": F.one_hot((winner - 1).clamp(min=0), dcfg.k_max) * committed[:, None],
+    }
+    return winner, torch.ones_like(winner), stats
+
+
+# ------------------------------------------------------------------------------------ loop
+
+
+class TorchDecodeOutput(NamedTuple):
+    canvas: torch.Tensor  # [B, P + gen_length]
+    row_nfe: torch.Tensor  # [B]
+    nfe: int
+    sequence_forwards: int
+    iterations: int
+    stats: dict
+
+
+class _Blocks:
+    """Block geometry of one decode (``Loop.in_block``/``advance`` of the JAX engine)."""
+
+    def __init__(self, mcfg: ModelConfig, dcfg: DecodeConfig, prompt_length: int, device):
+        self.mcfg, self.dcfg, self.prompt_length = mcfg, dcfg, prompt_length
+        self.pos = torch.arange(prompt_length + dcfg.gen_length, device=device)[None, :]
+        self.stop_ids = torch.tensor(mcfg.stop_ids, device=device)
+
+    def span(self, block):
+        start = self.prompt_length + block * self.dcfg.block_length
+        return start, start + self.dcfg.block_length
+
+    def in_block(self, block):
+        start, end = self.span(block)
+        return (self.pos >= start[:, None]) & (self.pos < end[:, None])
+
+    def advance(self, canvas, block, step, done):
+        """Rows whose block is complete move on; rows stop at the end or at EOS (early exit)."""
+        in_block = self.in_block(block)
+        complete = ~(in_block & (canvas == self.mcfg.mask_id)).any(-1) & ~done
+        stops = torch.isin(canvas, self.stop_ids)
+        eos_stop = complete & (in_block & stops).any(-1) & self.dcfg.eos_early_stop
+        _, end = self.span(block)
+        canvas = torch.where(eos_stop[:, None] & (self.pos >= end[:, None]), self.mcfg.eos_id, canvas)
+        new_done = done | eos_stop | (complete & (block + 1 >= self.dcfg.num_blocks))
+        block = torch.where(complete & ~new_done, block + 1, block)
+        step = torch.where(complete, 0, step)
+        return canvas, block, step, new_done
+
+
+@torch.inference_mode()
+def generate(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor | None,
+    settings: DecodeConfig,
+    mcfg: ModelConfig,
+    *,
+    generator: torch.Generator | None = None,
+    predictor: Predictor | None = None,
+) -> TorchDecodeOutput:
+    """Decode left-padded prompts [B, P] (0/1 mask [B, P] or None) with the JAX engine's semantics."""
+    dcfg = settings
+    device = prompt_ids.device
+    batch, prompt_length = prompt_ids.shape
+    predictor = predictor or Predictor(model, mcfg, dcfg)
+    policy = Policy(dcfg, device)
+    blocks = _Blocks(mcfg, dcfg, prompt_length, device)
+    # An all-ones mask changes nothing; passing None lets SDPA take its unmasked kernel.
+    attention_mask = None
+    if prompt_mask is not None and not bool(prompt_mask.bool().all()):
+        gen_mask = torch.ones(batch, dcfg.gen_length, dtype=torch.long, device=device)
+        attention_mask = torch.cat([prompt_mask.long(), gen_mask], dim=1)
+
+    gen = torch.full((batch, dcfg.gen_length), mcfg.mask_id, dtype=torch.long, device=device)
+    canvas = torch.cat([prompt_ids.long(), gen], dim=1)
+    pred = predictor(canvas[:, None], attention_mask, prompt_length, generator).map(lambda a: a[:, 0])
+    block = torch.zeros(batch, dtype=torch.long, device=device)
+    step = torch.zeros_like(block)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    row_nfe = torch.ones_like(block)
+    nfe, sequence_forwards, iterations = 1, batch * (2 if dcfg.cfg_scale > 0 else 1), 0
+    stats = initial_stats(dcfg, batch, device)
+    rows = torch.arange(batch, device=device)
+
+    while True:
+        iterations += 1
+        valid = (canvas == mcfg.mask_id) & blocks.in_block(block) & ~done[:, None]
+        proposal = propose(policy, pred, canvas, valid, step)
+        # A row is live if it still decodes after its policy commit; only live rows need a forward.
+        live = ~blocks.advance(proposal.s0, block, step + 1, done)[3]
+        any_live, any_branching = torch.stack([live.any(), (live & proposal.branching).any()]).tolist()
+        if not any_live:
+            # Every row finishes with its policy commit: no model call (the engine's `skip`).
+            canvas, block, step, done = blocks.advance(proposal.s0, block, step + 1, done)
+            break
+        k = proposal.candidates.shape[1]
+        if any_branching or k == 1:
+            preds = predictor(proposal.candidates, attention_mask, prompt_length, generator)
+            sequences = forwards_per_call(batch, dcfg)
+        else:
+            # No live row can choose beyond s0 (PSD drafts all empty, no RPS pivot): forward s0 only.
+            first = predictor(proposal.candidates[:, :1], attention_mask, prompt_length, generator)
+            preds = first.map(lambda a: a.expand(a.shape[0], k, *a.shape[2:]))
+            sequences = forwards_per_call(batch, dcfg) // k
+        index, steps, increments = choose(policy, proposal, preds, live, step, mcfg.mask_id)
+        chosen = torch.where(done[:, None], canvas, proposal.candidates[rows, index])
+        pred = preds.map(lambda a: a[rows, index])
+        canvas, block, step, done = blocks.advance(chosen, block, step + steps, done)
+        row_nfe += live
+        nfe += 1
+        sequence_forwards += sequences
+        for name, value in increments.items():
+            stats[name] += value
+        if bool(done.all()):
+            break
+    return TorchDecodeOutput(canvas, row_nfe, nfe, sequence_forwards, iterations, stats)

@@ -1,0 +1,177 @@
+"""LLaDA and Dream as a plain PyTorch ``nn.Module``, loaded from the same Hugging Face directories.
+
+The module mirrors ``models.transformer.DiffusionLM`` op for op (same numerics, same config):
+
+- RMSNorm normalises in float32, casts back to the model dtype, then multiplies the weight;
+- RoPE (rotate-half) is computed and applied in float32, then cast back;
+- LLaDA keeps absolute positions under left padding (pad keys are masked for every query);
+  Dream derives positions from the mask (``cumsum(mask) - 1``, pad positions -> 1);
+- attention is ``F.scaled_dot_product_attention`` with grouped-query heads (``enable_gqa``);
+- logits are returned in float32 (the LM head runs in the model dtype, then is upcast).
+
+Weights are read tensor by tensor through ``convert.safetensors_dir.SafetensorsDir`` and checked
+against the family's key table (``convert.keys.expected_keys``, via ``convert.hf.check_key_set``):
+a missing, unexpected or misshapen tensor is an error naming it. Hugging Face stores ``Linear``
+weights as ``[out, in]``, which is ``nn.Linear``'s own layout, so no tensor is transposed here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from convert.hf import check_key_set
+from convert.safetensors_dir import SafetensorsDir
+from models import ModelConfig, load_config
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Parameter names of models.transformer.DiffusionLM -> attribute path in this module.
+_LAYER_ATTR = {
+    "attn_norm": "attn_norm.weight",
+    "wq": "q_proj.weight",
+    "wk": "k_proj.weight",
+    "wv": "v_proj.weight",
+    "bq": "q_proj.bias",
+    "bk": "k_proj.bias",
+    "bv": "v_proj.bias",
+    "wo": "o_proj.weight",
+    "mlp_norm": "mlp_norm.weight",
+    "w_gate": "gate_proj.weight",
+    "w_up": "up_proj.weight",
+    "w_down": "down_proj.weight",
+}
+_TOP_ATTR = {"embed": "embed.weight", "final_norm": "final_norm.weight", "lm_head": "lm_head.weight"}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """sin/cos [B, 1, N, head_dim] in float32 for integer positions [B, N] (heads-first layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+    freqs = positions.float()[..., None] * inv_freq
+    angles = torch.cat([freqs, freqs], dim=-1)[:, None]
+    return angles.sin(), angles.cos()
+
+
+def apply_rope(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on x [B, H, N, hd], in float32."""
+    x32 = x.float()
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x32[..., half:], x32[..., :half]], dim=-1)
+    return (x32 * cos + rotated * sin).to(x.dtype)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.cfg = cfg
+        d, hd = cfg.d_model, cfg.head_dim
+        q, kv = cfg.n_heads * hd, cfg.n_kv_heads * hd
+        kw = dict(dtype=dtype, device="meta")
+        self.attn_norm = RMSNorm(d, cfg.norm_eps, dtype)
+        self.q_proj = nn.Linear(d, q, bias=cfg.qkv_bias, **kw)
+        self.k_proj = nn.Linear(d, kv, bias=cfg.qkv_bias, **kw)
+        self.v_proj = nn.Linear(d, kv, bias=cfg.qkv_bias, **kw)
+        self.o_proj = nn.Linear(q, d, bias=False, **kw)
+        self.mlp_norm = RMSNorm(d, cfg.norm_eps, dtype)
+        self.gate_proj = nn.Linear(d, cfg.mlp_hidden, bias=False, **kw)
+        self.up_proj = nn.Linear(d, cfg.mlp_hidden, bias=False, **kw)
+        self.down_proj = nn.Linear(cfg.mlp_hidden, d, bias=False, **kw)
+
+    def forward(self, h, sin, cos, key_mask):
+        cfg = self.cfg
+        b, n, _ = h.shape
+        x = self.attn_norm(h)
+        q = self.q_proj(x).view(b, n, cfg.n_heads, cfg.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, n, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, sin, cos), apply_rope(k, sin, cos)
+        attn = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=key_mask, enable_gqa=cfg.n_kv_heads != cfg.n_heads
+        )
+        h = h + self.o_proj(attn.transpose(1, 2).reshape(b, n, cfg.n_heads * cfg.head_dim))
+        y = self.mlp_norm(h)
+        return h + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
+
+
+class TorchDiffusionLM(nn.Module):
+    """Token ids [B, N] (+ optional 0/1 attention mask) -> raw (unshifted) logits [B, N, V] float32."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.config = cfg
+        self.dtype = dtype
+        kw = dict(dtype=dtype, device="meta")
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, **kw)
+        self.layers = nn.ModuleList(Block(cfg, dtype) for _ in range(cfg.n_layers))
+        self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, dtype)
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False, **kw)
+
+    def positions(self, attention_mask: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:
+        if self.config.positions_from_mask and attention_mask is not None:
+            mask = attention_mask.long()
+            return torch.where(mask > 0, mask.cumsum(-1) - 1, 1)
+        return torch.arange(length, device=device).expand(batch, length)
+
+    def forward(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        cfg = self.config
+        batch, length = tokens.shape
+        positions = self.positions(attention_mask, batch, length, tokens.device)
+        sin, cos = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
+        # Keys at pad positions are masked for every query; queries are never masked.
+        key_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        h = self.embed(tokens)
+        for layer in self.layers:
+            h = layer(h, sin, cos, key_mask)
+        h = self.final_norm(h)
+        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(h, weight).float()
+
+
+def _set(module: nn.Module, path: str, value: torch.Tensor) -> None:
+    *parents, leaf = path.split(".")
+    for name in parents:
+        module = getattr(module, name)
+    setattr(module, leaf, nn.Parameter(value, requires_grad=False))
+
+
+def model_from_tensors(cfg: ModelConfig, get, dtype: torch.dtype = torch.float32, device="cpu") -> TorchDiffusionLM:
+    """Build the module from a key-table lookup ``get(hf_key) -> np.ndarray`` (keys checked by the caller)."""
+    from convert.keys import expected_keys
+
+    model = TorchDiffusionLM(cfg, dtype)
+    for key, target in expected_keys(cfg).items():
+        host = np.ascontiguousarray(get(key))
+        value = torch.from_numpy(host).to(device=device, dtype=dtype)
+        if target.layer is None:
+            _set(model, _TOP_ATTR[target.param], value)
+        else:
+            _set(model.layers[target.layer], _LAYER_ATTR[target.param], value)
+    leftover = [name for name, p in model.named_parameters() if p.is_meta]
+    if leftover:  # cannot happen for a table-complete checkpoint; guards a table/module mismatch
+        raise RuntimeError(f"parameters not loaded: {leftover}")
+    return model.eval()
+
+
+def load_hf_torch(model_dir: str | Path, dtype: torch.dtype = torch.float32, device="cpu") -> TorchDiffusionLM:
+    """Load a Hugging Face LLaDA/Dream directory into ``TorchDiffusionLM`` (same key table as JAX)."""
+    cfg = load_config(model_dir)
+    with SafetensorsDir(model_dir) as reader:
+        check_key_set(cfg, reader.shapes, str(reader.dir))
+        return model_from_tensors(cfg, reader.get, dtype, device)
+

@@ -1,0 +1,185 @@
+"""The optional PyTorch backend equals the JAX one: logits (goldens) and decoded tokens (JAX engine).
+
+- ``TorchDiffusionLM`` logits equal the upstream goldens to 1e-4 (LLaDA, LLaDA-GQA, Dream; with
+  left padding for LLaDA);
+- plain decoding (``fixed``, ``threshold`` on llada-tiny; Dream's schedule on dream-tiny) equals
+  the upstream goldens token for token with the same call counts: the goldens pin the JAX engine
+  exactly (tests/test_decoding_goldens.py), so torch == goldens == JAX, without paying an XLA
+  compile here;
+- PSD (tokens and strict acceptance, over the ``threshold`` and ``fixed`` policies) and RPS on
+  llada-tiny and dream-tiny, on a batch of 2 prompts of different lengths (left-padded): the
+  PyTorch decoder's tokens, per-row NFE, tokens before EOS, sequence forwards and decoder
+  statistics equal ``psd_jax.load_model(...).generate(...)``.
+
+Skipped when torch is not installed (``pip install -e .[torch]``). The tiny models are run with one
+torch thread: at this size OpenMP's per-op synchronisation dominates, and on a shared CPU it can
+stall for seconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+torch = pytest.importorskip("torch")
+
+import psd_jax  # noqa: E402
+from psd_jax import DecodeConfig  # noqa: E402
+from psd_jax.torch_backend import load_torch_model  # noqa: E402
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+GOLDENS = SHARED / "goldens"
+NAMES = ("llada-tiny", "dream-tiny")
+LOGIT_ATOL = 1e-4
+
+# Batches of 2 prompts with left padding, from the goldens' generate cases.
+PROMPT_CASES = {"llada-tiny": "llada-tiny.generate_s24.", "dream-tiny": "dream-tiny.generate_maskgit_plus_s32."}
+GEOMETRY = {"llada-tiny": dict(gen_length=48, block_length=16), "dream-tiny": dict(gen_length=32, block_length=16)}
+# Compared with the JAX engine (one XLA compile each, which is what this file's time goes to).
+SETTINGS = {
+    "psd-tokens": dict(policy="threshold", threshold=0.9, decoder="psd", depth=3),
+    "psd-strict": dict(policy="fixed", steps="half", decoder="psd", depth=2, acceptance="strict"),
+    "rps": dict(policy="threshold", threshold=0.9, decoder="rps", k_max=5),
+}
+# Plain decoding is compared with the upstream goldens, which pin the JAX engine token for token
+# (tests/test_decoding_goldens.py): (checkpoint, settings, golden output/nfe keys per row).
+PLAIN = {
+    "llada-fixed-s24": ("llada-tiny", dict(gen_length=48, block_length=16, steps=24),
+                        ["llada-tiny.generate_s24."] * 2, 20),
+    "llada-threshold-0.9": ("llada-tiny", dict(gen_length=48, block_length=16, policy="threshold", threshold=0.9),
+                            ["llada-tiny.threshold_0.9_row0.", "llada-tiny.threshold_0.9_row1."], 20),
+    "llada-threshold-0.7": ("llada-tiny", dict(gen_length=48, block_length=16, policy="threshold", threshold=0.7),
+                            ["llada-tiny.threshold_0.7_row0.", "llada-tiny.threshold_0.7_row1."], 20),
+    "dream-maskgit-s32": ("dream-tiny", dict(gen_length=32, block_length=32, steps=32, policy="dream"),
+                          ["dream-tiny.generate_maskgit_plus_s32."] * 2, 20),
+    "dream-margin-s8": ("dream-tiny", dict(gen_length=32, block_length=32, steps=8, policy="dream", confidence="margin"),
+                        ["dream-tiny.generate_topk_margin_s8."] * 2, 20),
+}
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict:
+    return load_file(str(GOLDENS / "cases.safetensors"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def torch_lms() -> dict:
+    return {name: load_torch_model(GOLDENS / name, device="cpu") for name in ("llada-tiny", "llada-tiny-gqa", "dream-tiny")}
+
+
+@pytest.fixture(scope="module")
+def jax_lms() -> dict:
+    return {name: psd_jax.load_model(GOLDENS / name) for name in NAMES}
+
+
+@pytest.mark.parametrize("name", ["llada-tiny", "llada-tiny-gqa", "dream-tiny"])
+def test_logits_match_upstream_goldens(torch_lms, cases, name):
+    ids = cases[f"{name}.forward.input_ids"]
+    logits = torch_lms[name].logits(ids).numpy()
+    assert logits.dtype == np.float32 and logits.shape == (2, 300, 512)
+    np.testing.assert_allclose(logits, cases[f"{name}.forward.logits"], rtol=0, atol=LOGIT_ATOL)
+
+
+@pytest.mark.parametrize("name", ["llada-tiny", "llada-tiny-gqa"])
+def test_padded_logits_match_upstream_goldens(torch_lms, cases, name):
+    ids, mask = cases[f"{name}.forward_padded.input_ids"], cases[f"{name}.forward_padded.attention_mask"]
+    logits = torch_lms[name].logits(ids, mask).numpy()
+    keep = mask.astype(bool)
+    np.testing.assert_allclose(logits[keep], cases[f"{name}.forward_padded.logits"][keep], rtol=0, atol=LOGIT_ATOL)
+
+
+def _prompts(cases, name) -> list[list[int]]:
+    pre = PROMPT_CASES[name]
+    rows = [list(map(int, r[m.astype(bool)])) for r, m in zip(cases[pre + "prompt"], cases[pre + "attention_mask"])]
+    assert len({len(r) for r in rows}) == 2, "the batch must need padding"
+    return rows
+
+
+@pytest.mark.parametrize("case", list(PLAIN))
+def test_plain_decoding_equals_goldens(torch_lms, cases, case):
+    """Batches of 2 with left padding (threshold goldens are batch 1: both rows go as one batch,
+    padded to a bucket, which keeps LLaDA's tokens)."""
+    name, kwargs, keys, prompt_length = PLAIN[case]
+    settings = DecodeConfig(**kwargs)
+    rows = []
+    for row, key in enumerate(keys):
+        prompt, mask = cases[key + "prompt"], cases.get(key + "attention_mask")
+        r = prompt[row if len(prompt) > 1 else 0]
+        rows.append(list(map(int, r if mask is None else r[mask[row].astype(bool)])))
+    got = torch_lms[name].generate(rows, settings, prompt_bucket=32)
+    for row, key in enumerate(keys):
+        expected = cases[key + "output"][row if len(cases[key + "output"]) > 1 else 0, prompt_length:]
+        np.testing.assert_array_equal(got[row].output_ids, expected)
+        nfe = int(cases[key + "nfe"]) if key + "nfe" in cases else settings.steps
+        assert got[row].nfe == nfe
+    assert got[0].sequence_forwards == 2 * max(g.nfe for g in got)
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("name", NAMES)
+def test_torch_decoding_equals_jax(torch_lms, jax_lms, cases, name, setting):
+    geometry = GEOMETRY[name]
+    kwargs = dict(SETTINGS[setting])
+    if kwargs.get("steps") == "half":
+        kwargs["steps"] = geometry["gen_length"] // 2
+    settings = DecodeConfig(**geometry, **kwargs)
+    prompts = _prompts(cases, name)
+    expected = jax_lms[name].generate(prompts, settings, prompt_bucket=8)
+    got = torch_lms[name].generate(prompts, settings, prompt_bucket=8)
+    assert [g.output_ids for g in got] == [e.output_ids for e in expected]
+    assert [g.nfe for g in got] == [e.nfe for e in expected]
+    assert [g.tokens for g in got] == [e.tokens for e in expected]
+    assert got[0].sequence_forwards == expected[0].sequence_forwards
+    assert [g.stats for g in got] == [e.stats for e in expected]
+    assert all(g.nfe > 0 and g.seconds > 0 for g in got)
+
+
+def test_eos_early_exit_equals_jax(torch_lms, jax_lms, cases):
+    """EOS early exit: token 460 (generated in the 2nd block of both rows) is made the EOS id, so
+    rows stop after that block, the rest of each row is EOS and no more calls are made for it."""
+    from psd_jax import LoadedModel
+    from psd_jax.torch_backend import TorchLM
+
+    path = GOLDENS / "llada-tiny"
+    jax_lm, torch_lm = LoadedModel(jax_lms["llada-tiny"].model, None, path), TorchLM(torch_lms["llada-tiny"].model, None, path)
+    jax_lm.config = jax_lm.config.replace(eos_id=460)
+    torch_lm.config = torch_lm.config.replace(eos_id=460)
+    settings = DecodeConfig(gen_length=48, block_length=16, policy="threshold", decoder="psd", depth=3)
+    prompts = _prompts(cases, "llada-tiny")
+    expected = jax_lm.generate(prompts, settings, prompt_bucket=8)
+    got = torch_lm.generate(prompts, settings, prompt_bucket=8)
+    assert [g.output_ids for g in got] == [e.output_ids for e in expected]
+    assert [(g.nfe, g.tokens, g.stats) for g in got] == [(e.nfe, e.tokens, e.stats) for e in expected]
+    assert all(g.tokens < 32 and g.output_ids[32:] == [460] * 16 for g in got)
+
+
+DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "default"
+
+
+@pytest.mark.parametrize("decoder", ["psd", "rps"])
+def test_shipped_default_model_torch_equals_jax(decoder):
+    """The shipped model (once trained), chat prompts from its held-out set: same tokens and calls."""
+    if not (DEFAULT_MODEL / "config.json").is_file():
+        pytest.skip("the shipped default model has not been trained yet (models/default/config.json)")
+    from psd_jax.tasks import load_jsonl
+
+    jax_lm, torch_lm = psd_jax.load_model(DEFAULT_MODEL), load_torch_model(DEFAULT_MODEL, device="cpu")
+    chat = bool(getattr(jax_lm.tokenizer, "chat_template", None))
+    questions = [ex["question"] for ex in load_jsonl(DEFAULT_MODEL / "test.jsonl")[:2]]
+    settings = DecodeConfig(gen_length=48, block_length=16, policy="threshold", decoder=decoder)
+    expected = jax_lm.generate(questions, settings, chat=chat)
+    got = torch_lm.generate(questions, settings, chat=chat)
+    assert [g.output_ids for g in got] == [e.output_ids for e in expected]
+    assert [(g.nfe, g.tokens, g.text, g.stats) for g in got] == [(e.nfe, e.tokens, e.text, e.stats) for e in expected]
+    assert got[0].sequence_forwards == expected[0].sequence_forwards
