@@ -21,10 +21,11 @@ loaders, so both run identical float32 weights.
 
 Runs unchanged on a GPU: JAX uses its default backend, torch uses CUDA when available.
 
-Example (the measurement reported in the issue, CPU, a few minutes)::
+Example (the CPU measurement reported with the issue, about 10 minutes on 2 shared cores)::
 
     nice -n 19 python scripts/compare_backends.py --no-default-model --random-llada \\
-        --layers 4 --d-model 1024 --gen-length 64 --repeats 3 --out compare.json
+        --layers 4 --d-model 1024 --gen-length 32 --block-length 16 --prompts 1 --repeats 5 \\
+        --no-compile --threads 1 --breakdown --out compare.json
 """
 
 from __future__ import annotations
@@ -308,7 +309,9 @@ def main(argv=None) -> int:
     p.add_argument("--mlp", type=int, help="MLP hidden size (default: 8/3 d_model, rounded to 64)")
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--head-std", type=float, default=0.5,
-                   help="std of the random LM head: larger = more confident predictions (0.5 at d_model 1024: threshold 0.9 commits ~2 tokens per forward, PSD accepts drafts, RPS finds pivots; 0.02 = near-uniform)")
+                   help="std of the random LM head: larger = more confident predictions (0.5 at d_model 1024: "
+                        "threshold 0.9 commits ~2 tokens per forward, PSD accepts drafts, RPS finds pivots; "
+                        "0.02 = near-uniform)")
     p.add_argument("--random-dir", help="keep the random model here instead of a temp dir")
     p.add_argument("--gen-length", type=int, default=256)
     p.add_argument("--block-length", type=int, default=32)

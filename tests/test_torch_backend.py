@@ -183,3 +183,12 @@ def test_shipped_default_model_torch_equals_jax(decoder):
     assert [g.output_ids for g in got] == [e.output_ids for e in expected]
     assert [(g.nfe, g.tokens, g.text, g.stats) for g in got] == [(e.nfe, e.tokens, e.text, e.stats) for e in expected]
     assert got[0].sequence_forwards == expected[0].sequence_forwards
+
+
+def test_kv_cache_settings_are_refused(torch_lms):
+    """The block KV cache exists only in the JAX engine: the torch backend says so instead of
+    silently decoding without it."""
+    from psd_jax import DecodeConfigError
+
+    with pytest.raises(DecodeConfigError, match="no block KV cache"):
+        torch_lms["llada-tiny"].generate([[1, 2, 3]], DecodeConfig(gen_length=16, block_length=16, cache="prefix"))

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from models import ModelConfig
 
-from ..config import DecodeConfig
+from ..config import DecodeConfig, DecodeConfigError
 from ..schedules import dream_schedule, llada_schedule
 
 ENTROPY_EPS = 1e-10  # as psd_jax.predict (Dream's epsilon inside the entropy's log)
@@ -413,6 +413,10 @@ def generate(
 ) -> TorchDecodeOutput:
     """Decode left-padded prompts [B, P] (0/1 mask [B, P] or None) with the JAX engine's semantics."""
     dcfg = settings
+    if dcfg.cache != "none":
+        raise DecodeConfigError(
+            f"the PyTorch backend has no block KV cache (cache={dcfg.cache!r}); use cache='none' or the JAX backend"
+        )
     device = prompt_ids.device
     batch, prompt_length = prompt_ids.shape
     predictor = predictor or Predictor(model, mcfg, dcfg)
