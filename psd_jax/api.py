@@ -158,7 +158,7 @@ class LoadedModel:
         return self._results(out, length, dcfg, seconds, compile_seconds)
 
     def _compile(self, args, dcfg: DecodeConfig):
-        cache_key = (args[1].shape, dcfg)
+        cache_key = (args[1].shape, dcfg, self.config)
         if cache_key in self._compiled:
             return self._compiled[cache_key], 0.0
         start = time.perf_counter()
