@@ -67,6 +67,22 @@ def _bucket(length: int, bucket: int | None) -> int:
     return length if not bucket else -(-length // bucket) * bucket
 
 
+def left_pad(ids: list[list[int]], cfg: ModelConfig, gen_length: int, bucket: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Prompts left-padded with the pad id to a bucketed length, and their attention mask [B, P]."""
+    length = _bucket(max(len(p) for p in ids), bucket)
+    if length + gen_length > cfg.max_length:
+        raise InputError(
+            f"prompt ({max(len(p) for p in ids)} tokens, padded to {length}) + gen_length {gen_length} "
+            f"exceeds the model's context of {cfg.max_length}"
+        )
+    prompt_ids = np.full((len(ids), length), cfg.pad_id, np.int32)
+    prompt_mask = np.zeros((len(ids), length), np.int32)
+    for row, p in enumerate(ids):
+        prompt_ids[row, length - len(p):] = p
+        prompt_mask[row, length - len(p):] = 1
+    return prompt_ids, prompt_mask
+
+
 class LoadedModel:
     """A model, its config (special ids resolved) and tokenizer (``None`` if the checkpoint has none)."""
 
@@ -134,17 +150,7 @@ class LoadedModel:
         """Decode a batch of prompts (text or token ids); one ``Generation`` per prompt."""
         dcfg = (settings or DecodeConfig()).replace(**overrides) if overrides else (settings or DecodeConfig())
         ids = self._prompt_ids(prompts, chat)
-        length = _bucket(max(len(p) for p in ids), prompt_bucket)
-        if length + dcfg.gen_length > self.config.max_length:
-            raise InputError(
-                f"prompt ({max(len(p) for p in ids)} tokens, padded to {length}) + gen_length {dcfg.gen_length} "
-                f"exceeds the model's context of {self.config.max_length}"
-            )
-        prompt_ids = np.full((len(ids), length), self.config.pad_id, np.int32)
-        prompt_mask = np.zeros((len(ids), length), np.int32)
-        for row, p in enumerate(ids):
-            prompt_ids[row, length - len(p):] = p
-            prompt_mask[row, length - len(p):] = 1
+        prompt_ids, prompt_mask = left_pad(ids, self.config, dcfg.gen_length, prompt_bucket)
         key = jax.random.key(seed)
         prompt_ids, prompt_mask = jnp.asarray(prompt_ids), jnp.asarray(prompt_mask)
         if self.mesh is not None:
@@ -155,7 +161,7 @@ class LoadedModel:
         start = time.perf_counter()
         out: DecodeOutput = jax.block_until_ready(compiled(*args))
         seconds = time.perf_counter() - start
-        return self._results(out, length, dcfg, seconds, compile_seconds)
+        return self._results(out, prompt_ids.shape[1], dcfg, seconds, compile_seconds)
 
     def _compile(self, args, dcfg: DecodeConfig):
         cache_key = (args[1].shape, dcfg, self.config)

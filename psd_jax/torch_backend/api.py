@@ -22,7 +22,7 @@ import torch
 from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE, CheckpointError
 from models import ModelConfig
 
-from ..api import Generation, InputError, _bucket, default_model_path
+from ..api import Generation, InputError, default_model_path, left_pad
 from ..config import DecodeConfig
 from ..tokenizer import TokenizerError, encode_prompt, load_tokenizer, resolve_special_ids
 from .decode import Predictor, TorchDecodeOutput, generate
@@ -96,17 +96,8 @@ class TorchLM:
         dcfg = settings or DecodeConfig()
         dcfg = dcfg.replace(**overrides) if overrides else dcfg
         ids = self._prompt_ids(prompts, chat)
-        length = _bucket(max(len(p) for p in ids), prompt_bucket)
-        if length + dcfg.gen_length > self.config.max_length:
-            raise InputError(
-                f"prompt (padded to {length}) + gen_length {dcfg.gen_length} exceeds the model's context "
-                f"of {self.config.max_length}"
-            )
-        prompt_ids = np.full((len(ids), length), self.config.pad_id, np.int64)
-        prompt_mask = np.zeros((len(ids), length), np.int64)
-        for row, p in enumerate(ids):
-            prompt_ids[row, length - len(p):] = p
-            prompt_mask[row, length - len(p):] = 1
+        prompt_ids, prompt_mask = left_pad(ids, self.config, dcfg.gen_length, prompt_bucket)
+        prompt_ids, prompt_mask = prompt_ids.astype(np.int64), prompt_mask.astype(np.int64)
         args = (torch.from_numpy(prompt_ids).to(self.device), torch.from_numpy(prompt_mask).to(self.device))
         predictor = self.predictor(dcfg)
         compile_seconds = 0.0
@@ -119,7 +110,7 @@ class TorchLM:
         start = time.perf_counter()
         out = self._run(args, dcfg, predictor, seed)
         seconds = time.perf_counter() - start
-        return self._results(out, length, seconds, compile_seconds)
+        return self._results(out, prompt_ids.shape[1], seconds, compile_seconds)
 
     def _run(self, args, dcfg: DecodeConfig, predictor: Predictor, seed: int) -> TorchDecodeOutput:
         generator = torch.Generator(device=self.device).manual_seed(seed)
