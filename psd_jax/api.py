@@ -83,33 +83,13 @@ def left_pad(ids: list[list[int]], cfg: ModelConfig, gen_length: int, bucket: in
     return prompt_ids, prompt_mask
 
 
-class LoadedModel:
-    """A model, its config (special ids resolved) and tokenizer (``None`` if the checkpoint has none)."""
+class PromptIO:
+    """Text <-> ids for a model with ``config``, ``tokenizer`` and ``path`` (shared by both backends)."""
 
-    def __init__(self, model: DiffusionLM, tokenizer, path: Path, mesh: Mesh | None = None):
-        self.model = model
-        self.mesh = mesh  # parameters are sharded over it (see psd_jax.sharding); None = one device
-        self.tokenizer = tokenizer
-        self.path = path
-        self.config: ModelConfig = resolve_special_ids(model.config, tokenizer, str(path))
-        self.graphdef, self.params = nnx.split(model)
-        self._compiled: dict[tuple, Any] = {}
-        self._forward = jax.jit(lambda params, ids, mask: nnx.merge(self.graphdef, params)(ids, mask))
+    config: ModelConfig
+    tokenizer: Any
+    path: Path
 
-    # ------------------------------------------------------------------------------ logits
-    def logits(self, input_ids, attention_mask=None) -> jax.Array:
-        """Raw (unshifted) model outputs [B, N, V] in float32."""
-        ids = jnp.asarray(input_ids, jnp.int32)
-        if ids.ndim != 2:
-            raise InputError(f"input_ids must be [batch, length], got shape {ids.shape}")
-        if ids.shape[1] > self.config.max_length:
-            raise InputError(f"input length {ids.shape[1]} exceeds the model's context of {self.config.max_length}")
-        if int(ids.max()) >= self.config.vocab_size or int(ids.min()) < 0:
-            raise InputError(f"token ids must be in [0, {self.config.vocab_size}), got {int(ids.min())}..{int(ids.max())}")
-        mask = None if attention_mask is None else jnp.asarray(attention_mask, jnp.int32)
-        return self._forward(self.params, ids, mask)
-
-    # ---------------------------------------------------------------------------- prompts
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
         if self.tokenizer is None:
             raise TokenizerError(f"{self.path}: this checkpoint has no tokenizer; pass token ids instead of text")
@@ -135,6 +115,33 @@ class LoadedModel:
         if not out:
             raise InputError("no prompts given")
         return out
+
+
+class LoadedModel(PromptIO):
+    """A model, its config (special ids resolved) and tokenizer (``None`` if the checkpoint has none)."""
+
+    def __init__(self, model: DiffusionLM, tokenizer, path: Path, mesh: Mesh | None = None):
+        self.model = model
+        self.mesh = mesh  # parameters are sharded over it (see psd_jax.sharding); None = one device
+        self.tokenizer = tokenizer
+        self.path = path
+        self.config: ModelConfig = resolve_special_ids(model.config, tokenizer, str(path))
+        self.graphdef, self.params = nnx.split(model)
+        self._compiled: dict[tuple, Any] = {}
+        self._forward = jax.jit(lambda params, ids, mask: nnx.merge(self.graphdef, params)(ids, mask))
+
+    # ------------------------------------------------------------------------------ logits
+    def logits(self, input_ids, attention_mask=None) -> jax.Array:
+        """Raw (unshifted) model outputs [B, N, V] in float32."""
+        ids = jnp.asarray(input_ids, jnp.int32)
+        if ids.ndim != 2:
+            raise InputError(f"input_ids must be [batch, length], got shape {ids.shape}")
+        if ids.shape[1] > self.config.max_length:
+            raise InputError(f"input length {ids.shape[1]} exceeds the model's context of {self.config.max_length}")
+        if int(ids.max()) >= self.config.vocab_size or int(ids.min()) < 0:
+            raise InputError(f"token ids must be in [0, {self.config.vocab_size}), got {int(ids.min())}..{int(ids.max())}")
+        mask = None if attention_mask is None else jnp.asarray(attention_mask, jnp.int32)
+        return self._forward(self.params, ids, mask)
 
     # --------------------------------------------------------------------------- generate
     def generate(

@@ -22,14 +22,14 @@ import torch
 from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE, CheckpointError
 from models import ModelConfig
 
-from ..api import Generation, InputError, default_model_path, left_pad
+from ..api import Generation, PromptIO, default_model_path, left_pad
 from ..config import DecodeConfig
-from ..tokenizer import TokenizerError, encode_prompt, load_tokenizer, resolve_special_ids
+from ..tokenizer import load_tokenizer, resolve_special_ids
 from .decode import Predictor, TorchDecodeOutput, generate
 from .model import TORCH_DTYPES, TorchDiffusionLM, load_hf_torch
 
 
-class TorchLM:
+class TorchLM(PromptIO):
     """A PyTorch model, its config (special ids resolved) and tokenizer (``None`` if absent)."""
 
     def __init__(self, model: TorchDiffusionLM, tokenizer, path: Path | None, *, compile: bool = False):
@@ -50,31 +50,6 @@ class TorchLM:
         mask = None if attention_mask is None else torch.as_tensor(np.asarray(attention_mask), device=self.device)
         return self.model(ids, mask)
 
-    # ---------------------------------------------------------------------------- prompts
-    def encode(self, prompt: str, chat: bool = False) -> list[int]:
-        if self.tokenizer is None:
-            raise TokenizerError(f"{self.path}: this checkpoint has no tokenizer; pass token ids instead of text")
-        return encode_prompt(self.tokenizer, prompt, chat, str(self.path))
-
-    def decode_text(self, ids: Sequence[int]) -> str | None:
-        if self.tokenizer is None:
-            return None
-        stop = set(self.config.stop_ids)
-        cut = next((i for i, t in enumerate(ids) if t in stop), len(ids))
-        return self.tokenizer.decode(list(ids[:cut]), skip_special_tokens=False)
-
-    def _prompt_ids(self, prompts, chat: bool) -> list[list[int]]:
-        out = []
-        for i, prompt in enumerate(prompts):
-            ids = self.encode(prompt, chat) if isinstance(prompt, str) else [int(t) for t in prompt]
-            if not ids:
-                raise InputError(f"prompt {i} is empty")
-            if any(not 0 <= t < self.config.vocab_size for t in ids):
-                raise InputError(f"prompt {i} has token ids outside the vocabulary [0, {self.config.vocab_size})")
-            out.append(ids)
-        if not out:
-            raise InputError("no prompts given")
-        return out
 
     def predictor(self, dcfg: DecodeConfig) -> Predictor:
         if dcfg not in self._predictors:
