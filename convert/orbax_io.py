@@ -26,6 +26,7 @@ MARKER = "psd_jax.json"
 SIDE_FILES = (
     "config.json",
     "generation_config.json",
+    "decode_defaults.json",
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",

@@ -8,6 +8,7 @@ reports compilation separately from decoding time.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -58,9 +59,31 @@ class Generation:
 def default_model_path() -> Path:
     if not (DEFAULT_MODEL_DIR / "config.json").is_file():
         raise FileNotFoundError(
-            "no shipped default model yet (models/default is missing); pass --model PATH to a model directory"
+            f"the shipped default model is missing ({DEFAULT_MODEL_DIR / 'config.json'}); "
+            "pass --model PATH to a model directory"
         )
     return DEFAULT_MODEL_DIR
+
+
+DECODE_DEFAULTS_FILE = "decode_defaults.json"
+DECODE_DEFAULT_KEYS = ("gen_length", "block_length")
+
+
+def decode_defaults(path: str | Path) -> dict[str, int]:
+    """The generation/block length a model directory declares it was trained for (may be empty).
+
+    A small model trained on fixed-length answers (the shipped one: 48 tokens in blocks of 16)
+    decodes well only at that length, so its directory says so and the CLI and benchmark default
+    to it.
+    """
+    file = Path(path) / DECODE_DEFAULTS_FILE
+    if not file.is_file():
+        return {}
+    values = json.loads(file.read_text())
+    unknown = sorted(set(values) - set(DECODE_DEFAULT_KEYS))
+    if unknown:
+        raise ValueError(f"{file}: unknown keys {unknown}; allowed: {', '.join(DECODE_DEFAULT_KEYS)}")
+    return {key: int(value) for key, value in values.items()}
 
 
 def _bucket(length: int, bucket: int | None) -> int:

@@ -17,10 +17,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jax
 import numpy as np
 
-from .api import InputError, LoadedModel, default_model_path, load_model
-from .config import DecodeConfig, DecodeConfigError
+from .api import InputError, LoadedModel, decode_defaults, default_model_path, load_model
+from .config import CACHES, DecodeConfig, DecodeConfigError
 from .tasks import is_correct, load_jsonl
 
 BASELINE = "fixed-1"
@@ -56,9 +57,9 @@ class Row:
         }
 
 
-def decoder_matrix(gen_length: int, block_length: int) -> dict[str, DecodeConfig]:
+def decoder_matrix(gen_length: int, block_length: int, cache: str = "none") -> dict[str, DecodeConfig]:
     """The default matrix: fixed 1/2/4 tokens per step, threshold 0.9/0.7, PSD on each, RPS."""
-    base = DecodeConfig(gen_length=gen_length, block_length=block_length)
+    base = DecodeConfig(gen_length=gen_length, block_length=block_length, cache=cache)
     bases = {
         "fixed-1": base.replace(steps=gen_length),
         "fixed-2": base.replace(steps=gen_length // 2),
@@ -110,12 +111,12 @@ def with_speedups(summaries: list[dict]) -> list[dict]:
 
 
 def markdown_table(summaries: list[dict]) -> str:
-    head = "| decoder | accuracy | NFE/prompt | TPF | seq. forwards | tokens/s | speedup (tok/s) | compile s |\n"
-    head += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    head = "| decoder | accuracy | NFE/prompt | TPF | TPF speedup | seq. forwards | tokens/s | speedup (tok/s) | compile s |\n"
+    head += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
     lines = [
         f"| {s['name']} | {100 * s['accuracy']:.1f}% | {s['nfe_per_prompt']:.1f} | {s['tpf']:.2f} | "
-        f"{s['sequence_forwards']} | {s['tokens_per_second']:.1f} | {s.get('speedup_tokens_per_second', float('nan')):.2f}x | "
-        f"{s['compile_seconds']:.1f} |"
+        f"{s.get('speedup_tpf', float('nan')):.2f}x | {s['sequence_forwards']} | {s['tokens_per_second']:.1f} | "
+        f"{s.get('speedup_tokens_per_second', float('nan')):.2f}x | {s['compile_seconds']:.1f} |"
         for s in summaries
     ]
     return head + "\n".join(lines) + "\n"
@@ -152,8 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", help="jsonl with question/answer fields (default: the shipped held-out set)")
     p.add_argument("--limit", type=int, help="use only the first N problems")
     p.add_argument("--batch", type=int, default=50)
-    p.add_argument("--gen-length", type=int, default=48)
-    p.add_argument("--block-length", type=int, default=16)
+    p.add_argument("--gen-length", type=int, help="default: the model's decode_defaults.json, else 128")
+    p.add_argument("--block-length", type=int, help="default: the model's decode_defaults.json, else 32")
+    p.add_argument("--cache", default="none", choices=CACHES, help="block KV cache for every setting")
     p.add_argument("--decoders", help="comma-separated subset of the matrix (default: all); --list shows names")
     p.add_argument("--list", action="store_true", help="list the decoder settings and exit")
     p.add_argument("--no-chat", action="store_true", help="do not wrap questions in the chat template")
@@ -162,7 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench_out", help="output directory for JSON, Markdown and PNG")
     args = p.parse_args(argv)
     try:
-        matrix = decoder_matrix(args.gen_length, args.block_length)
+        model_dir = Path(args.model) if args.model else default_model_path()
+        defaults = decode_defaults(model_dir) if model_dir.is_dir() else {}
+        args.gen_length = args.gen_length or defaults.get("gen_length", 128)
+        args.block_length = args.block_length or defaults.get("block_length", min(32, args.gen_length))
+        matrix = decoder_matrix(args.gen_length, args.block_length, args.cache)
         if args.list:
             print("\n".join(matrix))
             return 0
@@ -172,7 +178,6 @@ def main(argv: list[str] | None = None) -> int:
             if unknown:
                 raise InputError(f"unknown decoder setting(s) {unknown}; see --list")
             matrix = {n: matrix[n] for n in names}
-        model_dir = Path(args.model) if args.model else default_model_path()
         data = Path(args.data) if args.data else model_dir / "test.jsonl"
         examples = load_jsonl(data)[: args.limit]
         lm = load_model(model_dir, dtype=args.dtype)
@@ -191,11 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"model": str(model_dir), "data": str(data), "n": len(examples), "batch": args.batch,
-            "gen_length": args.gen_length, "block_length": args.block_length, "time": time.strftime("%Y-%m-%d %H:%M")}
+            "gen_length": args.gen_length, "block_length": args.block_length, "cache": args.cache,
+            "backend": jax.default_backend(), "devices": str(jax.devices()), "time": time.strftime("%Y-%m-%d %H:%M")}
     (out / "bench.json").write_text(json.dumps({"meta": meta, "results": summaries}, indent=2) + "\n")
     table = markdown_table(summaries)
     (out / "bench.md").write_text(table)
-    pareto_plot(summaries, out / "pareto.png", f"{model_dir.name}: {len(examples)} problems, gen {args.gen_length}, block {args.block_length}")
+    pareto_plot(summaries, out / "pareto.png", f"{model_dir.name}: {len(examples)} problems, gen {args.gen_length}, block {args.block_length}, cache {args.cache}")
     print(table)
     print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'pareto.png'}")
     return 0

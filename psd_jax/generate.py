@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from .api import InputError, default_model_path, load_model
+from .api import InputError, decode_defaults, default_model_path, load_model
 from .config import ACCEPTANCES, CACHES, CONFIDENCES, DECODERS, POLICIES, DecodeConfig, DecodeConfigError
 
 
@@ -19,8 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt-file", help="file with one prompt per line")
     src.add_argument("--prompt-ids", action="append", default=[], help='comma-separated token ids, e.g. "1,2,3" (repeatable)')
     p.add_argument("--chat", action="store_true", help="wrap each text prompt in the tokenizer's chat template")
-    p.add_argument("--gen-length", type=int, default=None, help="generated positions (default: 128, or the shipped model's)")
-    p.add_argument("--block-length", type=int, default=None, help="block size (default: 32)")
+    p.add_argument("--gen-length", type=int, default=None, help="generated positions (default: the model directory's decode_defaults.json, else 128)")
+    p.add_argument("--block-length", type=int, default=None, help="block size (default: the model directory's decode_defaults.json, else 32)")
     p.add_argument("--steps", type=int, default=None, help="total steps (default: gen length, one token per step)")
     p.add_argument("--policy", default="fixed", help=f"one of {', '.join(POLICIES)}")
     p.add_argument("--confidence", default="prob", help=f"one of {', '.join(CONFIDENCES)}")
@@ -81,14 +81,13 @@ def _prompts(args) -> list:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.model is None:
-            default_model_path()  # clear error while no default model ships
-        settings = _settings(args)
+        model_dir = Path(args.model) if args.model is not None else default_model_path()
+        settings = _settings(args, decode_defaults(model_dir) if model_dir.is_dir() else {})
         if args.distributed:
             import jax
 
             jax.distributed.initialize()
-        lm = load_model(args.model, dtype=args.dtype, mesh=args.mesh)
+        lm = load_model(model_dir, dtype=args.dtype, mesh=args.mesh)
         prompts = _prompts(args)
         chat = args.chat or (args.model is None and not args.prompt_ids and bool(getattr(lm.tokenizer, "chat_template", None)))
         results = lm.generate(prompts, settings, seed=args.seed, chat=chat, prompt_bucket=args.prompt_bucket)
@@ -110,9 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _settings(args) -> DecodeConfig:
-    gen_length = args.gen_length or 128
-    block_length = args.block_length or min(32, gen_length)
+def _settings(args, defaults: dict[str, int] | None = None) -> DecodeConfig:
+    defaults = defaults or {}
+    gen_length = args.gen_length or defaults.get("gen_length", 128)
+    block_length = args.block_length or defaults.get("block_length", min(32, gen_length))
     return DecodeConfig(
         gen_length=gen_length,
         block_length=block_length,
