@@ -30,6 +30,11 @@ def test_mesh_gives_single_device_tokens(sharded_run, mesh, decoder):
     assert sharded_run["meshes"][mesh][decoder] == sharded_run["reference"][decoder]
 
 
+@pytest.mark.parametrize("decoder", ["threshold+dual", "psd+dual", "fixed+prefix"])
+def test_mesh_with_kv_cache_gives_single_device_tokens(sharded_run, decoder):
+    assert sharded_run["meshes"]["data=2,model=4"][decoder] == sharded_run["reference"][decoder]
+
+
 def test_parameters_are_really_sharded(sharded_run):
     tensor_parallel = ["embed", "lm_head", "w_down", "w_gate", "w_up", "wk", "wo", "wq", "wv"]
     assert sharded_run["meshes"]["data=1,model=8"]["split_params"] == tensor_parallel

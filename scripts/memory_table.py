@@ -1,0 +1,197 @@
+"""Per-device memory of LLaDA-8B / Dream-7B decoding (bfloat16) on TPU v5e-8, TPU v4-8 and one 80 GB GPU.
+
+Why: to say which batch / generation length fits where before renting the hardware. Nothing is
+guessed and no weight is materialised (only ``ShapeDtypeStruct`` / ``eval_shape``):
+
+* parameters: ``param_shapes`` under the real ``param_shardings`` (exact from shapes);
+* KV cache and decode state: ``jax.eval_shape`` shapes of ``engine.init_state`` with
+  ``cache="dual"`` (block-start full forward that fills the cache), each array's bytes per
+  device from the sharding GSPMD gives it in the compiled ``init_state`` (exact from shapes,
+  given that sharding);
+* activations: ``temp_size_in_bytes`` of XLA's memory analysis of that compiled ``init_state``
+  (one full forward [B, P + gen] + logits -> prediction), compiled by XLA:CPU on simulated
+  devices: a proxy for the TPU/GPU compilers, which fuse and schedule differently;
+* optionally (``--decode``) the whole jitted ``engine.decode`` loop, for the largest batch and
+  generation length per model and target (slow to compile), as a check of the per-call sum.
+
+Runs itself in a subprocess with 8 simulated CPU devices. Prints Markdown, writes ``--json``.
+
+    python scripts/memory_table.py [--json PATH] [--decode] [--batches 1,8,32] [--gens 256,1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+HF = REPO.parent / "shared" / "hf-configs"
+MODELS = {"LLaDA-8B": HF / "LLaDA-8B-Instruct", "Dream-7B": HF / "Dream-v0-Instruct-7B"}
+GiB = 2**30
+# name: (devices, HBM per device in bytes, mesh spec)
+TARGETS = {
+    "TPU v5e-8": (8, 16 * GiB, "data=1,model=8"),
+    "TPU v4-8": (4, 32 * GiB, "data=1,model=4"),
+    "GPU 80GB": (1, 80 * GiB, "data=1,model=1"),
+}
+PROMPT = 128
+
+
+def _leaf_bytes(shape, dtype, sharding) -> int:
+    """Bytes of one array on one device under ``sharding`` (the largest shard)."""
+    import numpy as np
+
+    import jax
+
+    shard = sharding.shard_shape(tuple(shape)) if sharding is not None else tuple(shape)
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):  # a PRNG key is its raw key data
+        return math.prod(shard) * jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).size * 4
+    return math.prod(shard) * np.dtype(dtype).itemsize
+
+
+def measure(cfg, mesh, batch: int, gen: int, full_decode: bool) -> dict:
+    """Compile ``init_state`` (and optionally ``decode``) on abstract inputs; bytes per device."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from models import DiffusionLM
+    from psd_jax.config import DecodeConfig
+    from psd_jax.engine import Loop, decode, init_state
+    from psd_jax.sharding import batch_sharding, bytes_per_device, param_shardings
+
+    dcfg = DecodeConfig(gen_length=gen, block_length=32, cache="dual")
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: DiffusionLM(cfg, dtype=jnp.bfloat16)))
+    shardings = param_shardings(cfg, mesh)
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=shardings[str(getattr(path[0], "key", path[0]))]), state
+    )
+    rows = batch_sharding(mesh, batch)
+    ids = jax.ShapeDtypeStruct((batch, PROMPT), jnp.int32, sharding=rows)
+    key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=NamedSharding(mesh, PartitionSpec()))
+
+    def init(params, prompt_ids, prompt_mask, key):
+        model = nnx.merge(graphdef, params)
+        loop = Loop(cfg, dcfg, PROMPT, lambda t, m: model(t, m), prefill=lambda t, m: model.prefill(t, m), window=model.window)
+        mask = jnp.concatenate([prompt_mask, jnp.ones((batch, gen), jnp.int32)], axis=1)
+        return init_state(loop, prompt_ids, mask, key)
+
+    start = time.perf_counter()
+    compiled = jax.jit(init).lower(params, ids, ids, key).compile()
+    seconds = time.perf_counter() - start
+    shapes = jax.eval_shape(init, params, ids, ids, key)
+    out_shardings = compiled.output_shardings
+    kv = [_leaf_bytes(a.shape, a.dtype, s) for a, s in zip(shapes.cache, out_shardings.cache)]
+    state_leaves = jax.tree.leaves(shapes.replace(cache=None))
+    state_shard = jax.tree.leaves(out_shardings.replace(cache=None))
+    mem = compiled.memory_analysis()
+    param_bytes = bytes_per_device(cfg, mesh, 2)
+    assert param_bytes == sum(_leaf_bytes(s.shape, s.dtype, s.sharding) for s in jax.tree.leaves(params))
+    out = {
+        "params": param_bytes,
+        "kv_cache": sum(kv),
+        "kv_shape": list(shapes.cache[0].shape),
+        "kv_spec": str(out_shardings.cache[0].spec),
+        "state": sum(_leaf_bytes(a.shape, a.dtype, s) for a, s in zip(state_leaves, state_shard)),
+        "activations": mem.temp_size_in_bytes,
+        "xla_init": {"argument": mem.argument_size_in_bytes, "output": mem.output_size_in_bytes,
+                     "temp": mem.temp_size_in_bytes, "alias": mem.alias_size_in_bytes, "compile_s": round(seconds, 1)},
+        # f32 logits of one full forward over the whole canvas, split over the vocabulary
+        "logits_f32": 4 * batch * (PROMPT + gen) * cfg.vocab_size // (mesh.shape["model"] if cfg.vocab_size % mesh.shape["model"] == 0 else 1),
+    }
+    if full_decode:
+        start = time.perf_counter()
+        whole = decode.lower(graphdef, params, ids, ids, key, mcfg=cfg, dcfg=dcfg).compile().memory_analysis()
+        out["xla_decode"] = {"argument": whole.argument_size_in_bytes, "output": whole.output_size_in_bytes,
+                             "temp": whole.temp_size_in_bytes, "alias": whole.alias_size_in_bytes,
+                             "compile_s": round(time.perf_counter() - start, 1)}
+    return out
+
+
+def worker(batches: list[int], gens: list[int], full_decode: bool) -> list[dict]:
+    import jax
+
+    from models import load_config
+    from psd_jax.sharding import make_mesh
+
+    assert jax.device_count() >= 8, jax.devices()
+    rows = []
+    for model, path in MODELS.items():
+        cfg = load_config(path)
+        for target, (n, hbm, spec) in TARGETS.items():
+            mesh = make_mesh(spec, jax.devices()[:n])
+            for batch in batches:
+                for gen in gens:
+                    last = batch == max(batches) and gen == max(gens)
+                    row = {"model": model, "target": target, "mesh": spec, "hbm": hbm, "batch": batch, "prompt": PROMPT, "gen": gen}
+                    row.update(measure(cfg, mesh, batch, gen, full_decode and last))
+                    row["total"] = row["params"] + row["kv_cache"] + row["state"] + row["activations"]
+                    row["fits"] = row["total"] <= hbm
+                    print(json.dumps(row), file=sys.stderr, flush=True)
+                    rows.append(row)
+    return rows
+
+
+def gib(n: int) -> str:
+    return f"{n / GiB:.2f}"
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [
+        f"Per-device memory, bfloat16 weights, prompt {PROMPT} tokens, `cache=\"dual\"`, plain decoder (K = 1), GiB.",
+        "Params, KV cache and state: exact from shapes and shardings. Activations: XLA:CPU `temp_size_in_bytes` "
+        "of the block-start full forward (a proxy for TPU/GPU).",
+        "",
+        "| model | target | batch | gen | params | KV cache | state | activations | total | HBM | fits |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['target']} | {r['batch']} | {r['gen']} | {gib(r['params'])} | {gib(r['kv_cache'])} | "
+            f"{gib(r['state'])} | {gib(r['activations'])} | {gib(r['total'])} | {gib(r['hbm'])} | {'yes' if r['fits'] else '**no**'} |"
+        )
+    whole = [r for r in rows if "xla_decode" in r]
+    if whole:
+        lines += ["", "Whole jitted `engine.decode` loop (XLA:CPU memory analysis), GiB per device:", "",
+                  "| model | target | batch | gen | arguments | temp | output | arguments + temp + output | table total |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in whole:
+            d = r["xla_decode"]
+            lines.append(f"| {r['model']} | {r['target']} | {r['batch']} | {r['gen']} | {gib(d['argument'])} | {gib(d['temp'])} | "
+                         f"{gib(d['output'])} | {gib(d['argument'] + d['temp'] + d['output'])} | {gib(r['total'])} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--gens", default="256,1024")
+    parser.add_argument("--decode", action="store_true", help="also compile the whole decode loop at the largest batch/gen")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    batches, gens = [int(b) for b in args.batches.split(",")], [int(g) for g in args.gens.split(",")]
+    if args.worker:
+        print(json.dumps(worker(batches, gens, args.decode)))
+        return 0
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+    cmd = [sys.executable, __file__, "--worker", "--batches", args.batches, "--gens", args.gens] + (["--decode"] if args.decode else [])
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    if proc.returncode:
+        return proc.returncode
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(markdown(rows))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
