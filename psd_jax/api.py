@@ -86,6 +86,14 @@ def decode_defaults(path: str | Path) -> dict[str, int]:
     return {key: int(value) for key, value in values.items()}
 
 
+def decode_lengths(model_dir: str | Path | None, gen_length: int | None = None, block_length: int | None = None) -> tuple[int, int]:
+    """Generation and block length: the ones asked for, else the model directory's defaults,
+    else 128 and min(32, gen_length)."""
+    defaults = decode_defaults(model_dir) if model_dir is not None and Path(model_dir).is_dir() else {}
+    gen_length = gen_length or defaults.get("gen_length", 128)
+    return gen_length, block_length or defaults.get("block_length", min(32, gen_length))
+
+
 def _bucket(length: int, bucket: int | None) -> int:
     return length if not bucket else -(-length // bucket) * bucket
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from .api import InputError, LoadedModel, decode_defaults, default_model_path, load_model
+from .api import InputError, LoadedModel, decode_lengths, default_model_path, load_model
 from .config import CACHES, DecodeConfig, DecodeConfigError
 from .tasks import is_correct, load_jsonl
 
@@ -140,7 +140,7 @@ def pareto_plot(summaries: list[dict], path: Path, title: str) -> None:
         ax.grid(alpha=0.3)
     for family, color in families.items():
         axes[0].scatter([], [], color=color, label=family)
-    axes[0].legend(loc="lower left")
+    axes[0].legend(loc="best")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
@@ -165,9 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         model_dir = Path(args.model) if args.model else default_model_path()
-        defaults = decode_defaults(model_dir) if model_dir.is_dir() else {}
-        args.gen_length = args.gen_length or defaults.get("gen_length", 128)
-        args.block_length = args.block_length or defaults.get("block_length", min(32, args.gen_length))
+        args.gen_length, args.block_length = decode_lengths(model_dir, args.gen_length, args.block_length)
         matrix = decoder_matrix(args.gen_length, args.block_length, args.cache)
         if args.list:
             print("\n".join(matrix))

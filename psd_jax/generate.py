@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from .api import InputError, decode_defaults, default_model_path, load_model
+from .api import InputError, decode_lengths, default_model_path, load_model
 from .config import ACCEPTANCES, CACHES, CONFIDENCES, DECODERS, POLICIES, DecodeConfig, DecodeConfigError
 
 
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         model_dir = Path(args.model) if args.model is not None else default_model_path()
-        settings = _settings(args, decode_defaults(model_dir) if model_dir.is_dir() else {})
+        settings = _settings(args, model_dir)
         if args.distributed:
             import jax
 
@@ -109,10 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _settings(args, defaults: dict[str, int] | None = None) -> DecodeConfig:
-    defaults = defaults or {}
-    gen_length = args.gen_length or defaults.get("gen_length", 128)
-    block_length = args.block_length or defaults.get("block_length", min(32, gen_length))
+def _settings(args, model_dir: Path | None = None) -> DecodeConfig:
+    gen_length, block_length = decode_lengths(model_dir, args.gen_length, args.block_length)
     return DecodeConfig(
         gen_length=gen_length,
         block_length=block_length,
