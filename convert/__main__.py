@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .hf import load_hf_model
-from .orbax_io import save_checkpoint
+from .hf import load_hf_params
+from .orbax_io import save_params
 from .safetensors_dir import CheckpointError
 from models import ConfigError
 
@@ -18,12 +18,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     args = parser.parse_args(argv)
     try:
-        model = load_hf_model(args.hf_dir, dtype=args.dtype)
-        out = save_checkpoint(model, args.hf_dir, args.out)
+        # Host arrays straight from the stream into Orbax: the model is held once, never twice.
+        cfg, params = load_hf_params(args.hf_dir, args.dtype, place=lambda name, host: host)
+        out = save_params(params, args.dtype, args.hf_dir, args.out)
     except (CheckpointError, ConfigError, FileExistsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {out} ({model.config.family}, {model.config.param_count():,} parameters, {args.dtype})")
+    print(f"wrote {out} ({cfg.family}, {cfg.param_count():,} parameters, {args.dtype})")
     return 0
 
 

@@ -67,9 +67,9 @@ def stream_params(
                 raise CheckpointError(f"{reader.location[key]}: tensor '{key}' has shape {tensor.shape}, expected {target.source_shape}")
             tensor = tensor.T if target.transpose else tensor
             if target.layer is None:
-                host[...] = tensor.astype(np_dtype)
+                host[...] = tensor.astype(np_dtype, copy=False)
             else:
-                host[target.layer] = tensor.astype(np_dtype)
+                host[target.layer] = tensor.astype(np_dtype, copy=False)
             del tensor
         params[name] = place(name, host)
         del host
@@ -90,8 +90,17 @@ def load_hf_model(
     shardings: dict[str, jax.sharding.Sharding] | None = None,
 ) -> DiffusionLM:
     """Load a Hugging Face LLaDA/Dream directory straight into a Flax model (sharded if asked)."""
-    cfg = load_config(model_dir)
     place = None if shardings is None else (lambda name, host: jax.device_put(host, shardings[name]))
-    with SafetensorsDir(model_dir) as reader:
-        params = stream_params(reader, cfg, jnp.dtype(dtype), place)
+    cfg, params = load_hf_params(model_dir, dtype, place)
     return model_from_params(cfg, params, jnp.dtype(dtype))
+
+
+def load_hf_params(
+    model_dir: str | Path,
+    dtype: str | jnp.dtype,
+    place: Callable[[str, np.ndarray], jax.Array | np.ndarray] | None = None,
+) -> tuple[ModelConfig, dict]:
+    """The config and the streamed parameters of a Hugging Face directory (see ``stream_params``)."""
+    cfg = load_config(model_dir)
+    with SafetensorsDir(model_dir) as reader:
+        return cfg, stream_params(reader, cfg, jnp.dtype(dtype), place)

@@ -43,6 +43,16 @@ def is_orbax_dir(path: str | Path) -> bool:
 
 def save_checkpoint(model: DiffusionLM, source_dir: str | Path, out_dir: str | Path) -> Path:
     """Write ``model``'s parameters with Orbax and copy config/tokenizer files from ``source_dir``."""
+    params = {name: getattr(model, name)[...] for name in param_shapes(model.config)}
+    return save_params(params, model.dtype, source_dir, out_dir)
+
+
+def save_params(params: dict, dtype, source_dir: str | Path, out_dir: str | Path) -> Path:
+    """Write a parameter dict (host numpy or JAX arrays) with Orbax plus the side files.
+
+    The converter passes host arrays straight from the safetensors stream, so the model is held
+    on the host once (not once as JAX buffers and again as Orbax's host copies).
+    """
     out = Path(out_dir).resolve()
     if (out / PARAMS_DIR).exists():
         raise FileExistsError(f"{out / PARAMS_DIR} already exists; choose an empty --out directory")
@@ -51,10 +61,9 @@ def save_checkpoint(model: DiffusionLM, source_dir: str | Path, out_dir: str | P
         src = Path(source_dir) / name
         if src.is_file():
             shutil.copy2(src, out / name)
-    params = {name: getattr(model, name)[...] for name in param_shapes(model.config)}
     with ocp.StandardCheckpointer() as ckpt:
         ckpt.save(out / PARAMS_DIR, params)
-    (out / MARKER).write_text(json.dumps({"format": "orbax", "dtype": str(model.dtype)}, indent=2) + "\n")
+    (out / MARKER).write_text(json.dumps({"format": "orbax", "dtype": str(jnp.dtype(dtype))}, indent=2) + "\n")
     return out
 
 
