@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     args = parser.parse_args(argv)
     try:
-        # Host arrays straight from the stream into Orbax: the model is held once, never twice.
+        # Host arrays straight from the stream into Orbax: no second copy as JAX buffers.
         cfg, params = load_hf_params(args.hf_dir, args.dtype, place=lambda name, host: host)
         out = save_params(params, args.dtype, args.hf_dir, args.out)
     except (CheckpointError, ConfigError, FileExistsError) as exc:

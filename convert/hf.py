@@ -2,8 +2,9 @@
 
 The source key set must equal the key table's expansion exactly (a missing, unexpected or
 duplicated tensor is an error naming it), every tensor's shape is asserted before it is used, and
-each parameter is assembled and placed on device before the next one is read, so peak host memory
-is one stacked parameter, not the model twice.
+each parameter is assembled and placed (on device, or kept on the host for the converter) before
+the next one is read, so besides what is already placed the host holds one stacked parameter and
+the tensor being read (measured peak: 2.42x the checkpoint, scripts/convert_peak_memory.py).
 """
 
 from __future__ import annotations
