@@ -121,6 +121,12 @@ class PromptIO:
     tokenizer: Any
     path: Path
 
+    @staticmethod
+    def _decode_config(settings: DecodeConfig | None, overrides: dict[str, Any]) -> DecodeConfig:
+        """``settings`` (default ``DecodeConfig()``) with keyword overrides applied."""
+        dcfg = settings or DecodeConfig()
+        return dcfg.replace(**overrides) if overrides else dcfg
+
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
         if self.tokenizer is None:
             raise TokenizerError(f"{self.path}: this checkpoint has no tokenizer; pass token ids instead of text")
@@ -186,7 +192,7 @@ class LoadedModel(PromptIO):
         **overrides: Any,
     ) -> list[Generation]:
         """Decode a batch of prompts (text or token ids); one ``Generation`` per prompt."""
-        dcfg = (settings or DecodeConfig()).replace(**overrides) if overrides else (settings or DecodeConfig())
+        dcfg = self._decode_config(settings, overrides)
         ids = self._prompt_ids(prompts, chat)
         prompt_ids, prompt_mask = left_pad(ids, self.config, dcfg.gen_length, prompt_bucket)
         key = jax.random.key(seed)

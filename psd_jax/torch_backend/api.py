@@ -68,8 +68,7 @@ class TorchLM(PromptIO):
         **overrides: Any,
     ) -> list[Generation]:
         """Decode a batch of prompts (text or token ids); one ``Generation`` per prompt."""
-        dcfg = settings or DecodeConfig()
-        dcfg = dcfg.replace(**overrides) if overrides else dcfg
+        dcfg = self._decode_config(settings, overrides)
         ids = self._prompt_ids(prompts, chat)
         prompt_ids, prompt_mask = left_pad(ids, self.config, dcfg.gen_length, prompt_bucket)
         prompt_ids, prompt_mask = prompt_ids.astype(np.int64), prompt_mask.astype(np.int64)

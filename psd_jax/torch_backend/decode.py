@@ -31,14 +31,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, NamedTuple
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from models import ModelConfig
 
 from ..config import DecodeConfig, DecodeConfigError
-from ..schedules import dream_schedule, llada_schedule
+from ..policies import step_counts  # the engine's own count tables (numpy)
 
 ENTROPY_EPS = 1e-10  # as psd_jax.predict (Dream's epsilon inside the entropy's log)
 
@@ -157,15 +156,6 @@ def forwards_per_call(batch: int, dcfg: DecodeConfig) -> int:
 
 
 # --------------------------------------------------------------------------------- policies
-
-
-def step_counts(dcfg: DecodeConfig) -> np.ndarray | None:
-    """Per-step commit counts of the scheduled policies (as psd_jax.policies.step_counts)."""
-    if dcfg.policy == "fixed":
-        return llada_schedule(dcfg.block_length, dcfg.steps_per_block)
-    if dcfg.policy == "dream":
-        return dream_schedule(dcfg.block_length, dcfg.steps_per_block, dcfg.dream_eps)
-    return None
 
 
 def ranks(conf: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
