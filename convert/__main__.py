@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .hf import load_hf_params
+from .hf import iter_params
 from .orbax_io import save_params
-from .safetensors_dir import CheckpointError
-from models import ConfigError
+from .safetensors_dir import CheckpointError, SafetensorsDir
+from models import ConfigError, load_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,9 +18,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     args = parser.parse_args(argv)
     try:
-        # Host arrays straight from the stream into Orbax: no second copy as JAX buffers.
-        cfg, params = load_hf_params(args.hf_dir, args.dtype, place=lambda name, host: host)
-        out = save_params(params, args.dtype, args.hf_dir, args.out)
+        # Each parameter goes from the safetensors stream to its Orbax item and is dropped.
+        cfg = load_config(args.hf_dir)
+        with SafetensorsDir(args.hf_dir) as reader:
+            out = save_params(iter_params(reader, cfg, args.dtype), args.dtype, args.hf_dir, args.out)
     except (CheckpointError, ConfigError, FileExistsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -2,15 +2,15 @@
 
 The source key set must equal the key table's expansion exactly (a missing, unexpected or
 duplicated tensor is an error naming it), every tensor's shape is asserted before it is used, and
-each parameter is assembled and placed (on device, or kept on the host for the converter) before
-the next one is read, so besides what is already placed the host holds one stacked parameter and
-the tensor being read (measured peak: 2.42x the checkpoint, scripts/convert_peak_memory.py).
+each parameter is assembled and placed before the next one is read: loading puts it on device(s)
+(sharded if asked), the converter writes it to Orbax and drops it, so the host holds one stacked
+parameter and the tensor being read (scripts/convert_peak_memory.py measures the peak).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -43,38 +43,48 @@ def check_key_set(cfg: ModelConfig, available: dict[str, tuple[int, ...]], sourc
     return expected
 
 
+def iter_params(reader: SafetensorsDir, cfg: ModelConfig, dtype: jnp.dtype) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield ``(name, host array)`` one parameter at a time, each assembled from its source tensors.
+
+    The key set and every shape are checked before the first tensor is read. A consumer that
+    drops each array before asking for the next holds one parameter (plus one source tensor)
+    at a time: that is how the converter stays far below the model's size.
+    """
+    expected = check_key_set(cfg, reader.shapes, str(reader.dir))  # now, before anything is written
+    by_param: dict[str, list[tuple[str, Target]]] = {}
+    for key, target in expected.items():
+        by_param.setdefault(target.param, []).append((key, target))
+    np_dtype = jnp.dtype(dtype)
+
+    def assemble() -> Iterator[tuple[str, np.ndarray]]:
+        for name, shape in param_shapes(cfg).items():
+            host = np.empty(shape, np_dtype)
+            for key, target in by_param[name]:
+                tensor = reader.get(key)
+                if tensor.shape != target.source_shape:
+                    raise CheckpointError(f"{reader.location[key]}: tensor '{key}' has shape {tensor.shape}, expected {target.source_shape}")
+                tensor = tensor.T if target.transpose else tensor
+                if target.layer is None:
+                    host[...] = tensor.astype(np_dtype, copy=False)
+                else:
+                    host[target.layer] = tensor.astype(np_dtype, copy=False)
+                del tensor
+            yield name, host
+            del host
+
+    return assemble()
+
+
 def stream_params(
     reader: SafetensorsDir,
     cfg: ModelConfig,
     dtype: jnp.dtype,
     place: Callable[[str, np.ndarray], jax.Array] | None = None,
 ) -> dict[str, jax.Array]:
-    """Assemble each parameter from its source tensors, one parameter at a time.
-
-    ``place(name, host_array)`` puts a finished parameter on device(s) (default: ``jnp.asarray``).
-    """
+    """All parameters, each put on device(s) by ``place(name, host_array)`` as soon as it is built
+    (default: ``jnp.asarray``; with shardings, each device receives only its shard)."""
     place = place or (lambda name, host: jnp.asarray(host))
-    expected = check_key_set(cfg, reader.shapes, str(reader.dir))
-    by_param: dict[str, list[tuple[str, Target]]] = {}
-    for key, target in expected.items():
-        by_param.setdefault(target.param, []).append((key, target))
-    np_dtype = jnp.dtype(dtype)
-    params = {}
-    for name, shape in param_shapes(cfg).items():
-        host = np.empty(shape, np_dtype)
-        for key, target in by_param[name]:
-            tensor = reader.get(key)
-            if tensor.shape != target.source_shape:
-                raise CheckpointError(f"{reader.location[key]}: tensor '{key}' has shape {tensor.shape}, expected {target.source_shape}")
-            tensor = tensor.T if target.transpose else tensor
-            if target.layer is None:
-                host[...] = tensor.astype(np_dtype, copy=False)
-            else:
-                host[target.layer] = tensor.astype(np_dtype, copy=False)
-            del tensor
-        params[name] = place(name, host)
-        del host
-    return params
+    return {name: place(name, host) for name, host in iter_params(reader, cfg, dtype)}
 
 
 def model_from_params(cfg: ModelConfig, params: dict[str, jax.Array], dtype: jnp.dtype) -> DiffusionLM:
@@ -92,16 +102,7 @@ def load_hf_model(
 ) -> DiffusionLM:
     """Load a Hugging Face LLaDA/Dream directory straight into a Flax model (sharded if asked)."""
     place = None if shardings is None else (lambda name, host: jax.device_put(host, shardings[name]))
-    cfg, params = load_hf_params(model_dir, dtype, place)
-    return model_from_params(cfg, params, jnp.dtype(dtype))
-
-
-def load_hf_params(
-    model_dir: str | Path,
-    dtype: str | jnp.dtype,
-    place: Callable[[str, np.ndarray], jax.Array | np.ndarray] | None = None,
-) -> tuple[ModelConfig, dict]:
-    """The config and the streamed parameters of a Hugging Face directory (see ``stream_params``)."""
     cfg = load_config(model_dir)
     with SafetensorsDir(model_dir) as reader:
-        return cfg, stream_params(reader, cfg, jnp.dtype(dtype), place)
+        params = stream_params(reader, cfg, jnp.dtype(dtype), place)
+    return model_from_params(cfg, params, jnp.dtype(dtype))

@@ -1,14 +1,19 @@
-"""Converted checkpoints: ``config.json`` + tokenizer files + Orbax parameters under ``params/``.
+"""Converted checkpoints: ``config.json`` + tokenizer files + one Orbax item per parameter.
 
-A converted directory loads without the Hugging Face source. Restoring goes through an abstract
-target (``jax.ShapeDtypeStruct`` per parameter, optionally with a sharding), so Orbax casts to the
-requested dtype and places each array where it belongs.
+Layout: ``params/<name>/`` is an Orbax ``StandardCheckpointer`` checkpoint of ``{"value": array}``
+for each parameter of ``models.param_shapes``. One item per parameter is what lets the converter
+write each parameter as soon as it is assembled and drop it, so converting never holds the model
+on the host (an Orbax pytree save needs every array in memory at once). A converted directory
+loads without the Hugging Face source; restoring goes through an abstract target
+(``jax.ShapeDtypeStruct`` per parameter, optionally with a sharding), so Orbax casts to the
+requested dtype and each device reads only its shard.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 import jax
@@ -22,6 +27,7 @@ from .safetensors_dir import CheckpointError
 
 PARAMS_DIR = "params"
 MARKER = "psd_jax.json"
+FORMAT = "orbax-per-parameter"
 # Files copied next to the parameters so the converted directory is self-contained.
 SIDE_FILES = (
     "config.json",
@@ -41,17 +47,11 @@ def is_orbax_dir(path: str | Path) -> bool:
     return (Path(path) / PARAMS_DIR).is_dir() and (Path(path) / MARKER).is_file()
 
 
-def save_checkpoint(model: DiffusionLM, source_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write ``model``'s parameters with Orbax and copy config/tokenizer files from ``source_dir``."""
-    params = {name: getattr(model, name)[...] for name in param_shapes(model.config)}
-    return save_params(params, model.dtype, source_dir, out_dir)
+def save_params(params: Iterable[tuple[str, object]], dtype, source_dir: str | Path, out_dir: str | Path) -> Path:
+    """Write ``(name, array)`` pairs (host numpy or JAX arrays), one Orbax item each, plus the side files.
 
-
-def save_params(params: dict, dtype, source_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write a parameter dict (host numpy or JAX arrays) with Orbax plus the side files.
-
-    The converter passes host arrays straight from the safetensors stream, so the model is held
-    on the host once (not once as JAX buffers and again as Orbax's host copies).
+    Each item is finished before the next pair is requested, so with a generator (the converter's
+    ``iter_params``) only one parameter is alive at a time.
     """
     out = Path(out_dir).resolve()
     if (out / PARAMS_DIR).exists():
@@ -62,8 +62,11 @@ def save_params(params: dict, dtype, source_dir: str | Path, out_dir: str | Path
         if src.is_file():
             shutil.copy2(src, out / name)
     with ocp.StandardCheckpointer() as ckpt:
-        ckpt.save(out / PARAMS_DIR, params)
-    (out / MARKER).write_text(json.dumps({"format": "orbax", "dtype": str(jnp.dtype(dtype))}, indent=2) + "\n")
+        for name, array in params:
+            ckpt.save(out / PARAMS_DIR / name, {"value": array})
+            ckpt.wait_until_finished()
+            del array
+    (out / MARKER).write_text(json.dumps({"format": FORMAT, "dtype": str(jnp.dtype(dtype))}, indent=2) + "\n")
     return out
 
 
@@ -72,23 +75,25 @@ def load_checkpoint(
     dtype: str | jnp.dtype = jnp.float32,
     shardings: dict[str, jax.sharding.Sharding] | None = None,
 ) -> DiffusionLM:
-    """Restore a converted directory into a DiffusionLM of ``dtype``."""
+    """Restore a converted directory into a DiffusionLM of ``dtype``, parameter by parameter."""
     path = Path(path).resolve()
     cfg: ModelConfig = load_config(path)
+    fmt = json.loads((path / MARKER).read_text()).get("format")
+    if fmt != FORMAT:
+        raise CheckpointError(f"{path}: checkpoint format {fmt!r}, this version reads {FORMAT!r}; convert it again with python -m convert")
     dtype = jnp.dtype(dtype)
-    target = {
-        name: jax.ShapeDtypeStruct(shape, dtype, sharding=(shardings or {}).get(name))
-        for name, shape in param_shapes(cfg).items()
-    }
+    shapes = param_shapes(cfg)
+    stored = {p.name for p in (path / PARAMS_DIR).iterdir() if p.is_dir()}
+    if stored != set(shapes):
+        missing, extra = sorted(set(shapes) - stored), sorted(stored - set(shapes))
+        raise CheckpointError(f"{path}: parameters do not match config.json (missing {missing}, unexpected {extra})")
+    params = {}
     with ocp.StandardCheckpointer() as ckpt:
-        stored = ckpt.metadata(path / PARAMS_DIR)
-        stored_tree = getattr(stored, "item_metadata", stored)
-        stored_tree = getattr(stored_tree, "tree", stored_tree)
-        if set(stored_tree) != set(target):
-            missing, extra = sorted(set(target) - set(stored_tree)), sorted(set(stored_tree) - set(target))
-            raise CheckpointError(f"{path}: parameters do not match config.json (missing {missing}, unexpected {extra})")
-        for name, meta in stored_tree.items():
-            if tuple(meta.shape) != target[name].shape:
-                raise CheckpointError(f"{path}: parameter '{name}' has shape {tuple(meta.shape)}, expected {target[name].shape}")
-        params = ckpt.restore(path / PARAMS_DIR, target)
+        for name, shape in shapes.items():
+            item = path / PARAMS_DIR / name
+            meta = ckpt.metadata(item).item_metadata.tree["value"]
+            if tuple(meta.shape) != shape:
+                raise CheckpointError(f"{path}: parameter '{name}' has shape {tuple(meta.shape)}, expected {shape}")
+            target = jax.ShapeDtypeStruct(shape, dtype, sharding=(shardings or {}).get(name))
+            params[name] = ckpt.restore(item, {"value": target})["value"]
     return model_from_params(cfg, params, dtype)

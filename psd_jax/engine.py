@@ -213,7 +213,10 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
 
     1. Rows whose block changed since their last full forward (``stale``) get the block-start
        full forward of their canvas: it refreshes their cache rows and their prediction, and is
-       one model call.
+       one model call. Rows move through blocks together, as in Fast-dLLM's batched loop: a row
+       that completed its block waits (frozen, no calls counted for it) until every live row has,
+       so one block-start forward serves the whole batch. Without this, rows at different block
+       phases would cost a full forward each, on top of the window call of the others.
     2. Commit + candidates exactly as ``step``. Rows that stay in their block after the policy
        commit forward their candidates as windows (prefix: ``x[start:]``; dual: the block) against
        the cache, the window's fresh keys/values replacing the cached ones at its positions;
@@ -227,8 +230,10 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
     batch, n = state.canvas.shape
     key, refresh_key, window_key = jax.random.split(state.key, 3)
 
-    # 1. block-start refresh
-    refresh = state.stale & ~state.done
+    # 1. block-start refresh, once every live row is at a block start
+    synced = jnp.all(state.stale | state.done)
+    waiting = state.stale & ~state.done & ~synced
+    refresh = state.stale & ~state.done & synced
     any_refresh = jnp.any(refresh)
 
     def do_refresh(_):
@@ -237,10 +242,11 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
 
     pred, cache = jax.lax.cond(any_refresh, do_refresh, lambda _: (state.pred, state.cache), None)
 
-    # 2. commit, candidates, window call, choice
-    valid = loop.committable(state)
+    # 2. commit, candidates, window call, choice; waiting rows are frozen like finished ones
+    frozen = state.done | waiting
+    valid = loop.committable(state.replace(done=frozen))
     proposal = propose(pred, state.canvas, valid, state.step, dcfg)
-    _, block_after_s0, _, done_after_s0 = loop.advance(proposal.s0, state.block, state.step + 1, state.done)
+    _, block_after_s0, _, done_after_s0 = loop.advance(proposal.s0, state.block, state.step + 1, frozen)
     live = ~done_after_s0
     windowed = live & (block_after_s0 == state.block)  # rows whose forward is a window call
     width = jnp.where(jnp.any(windowed), jnp.where(jnp.any(windowed & proposal.branching), 2, 1), 0)
@@ -303,9 +309,11 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
     preds = jax.lax.switch(branch, branches, None)
     choice = choose(proposal, preds, live, state.step, dcfg, mcfg.mask_id)
     canvas = jnp.take_along_axis(proposal.candidates, choice.index[:, None, None], axis=1)[:, 0]
-    canvas = jnp.where(state.done[:, None], state.canvas, canvas)
+    canvas = jnp.where(frozen[:, None], state.canvas, canvas)
     new_pred = jax.tree.map(lambda a: jnp.take_along_axis(a, _expand(choice.index, a), axis=1)[:, 0], preds)
-    canvas, block, new_step, done = loop.advance(canvas, state.block, state.step + choice.steps, state.done)
+    canvas, block, new_step, done = loop.advance(canvas, state.block, state.step + choice.steps, frozen)
+    new_step = jnp.where(waiting, state.step, new_step)  # advance() leaves frozen rows' steps counting
+    done = done & ~waiting
     window_calls = (width > 0).astype(jnp.int32)
     refresh_calls = any_refresh.astype(jnp.int32)
     per_call = forwards_per_call(batch, dcfg)
@@ -323,7 +331,7 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
         key=key,
         stats=jax.tree.map(jnp.add, state.stats, choice.stats),
         cache=cache,
-        stale=(block != state.block) & ~done,
+        stale=waiting | ((block != state.block) & ~done),
     )
 
 

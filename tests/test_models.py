@@ -16,7 +16,7 @@ from safetensors.numpy import load_file, save_file
 from conftest import GOLDENS, HF_CONFIGS
 from convert import CheckpointError, expected_keys, load_hf_model
 from convert.__main__ import main as convert_main
-from models import ConfigError, DiffusionLM, config_from_dict
+from models import ConfigError, DiffusionLM, config_from_dict, param_shapes
 from psd_jax import load_model
 
 LOGIT_ATOL = 1e-4  # float32 parity with upstream PyTorch
@@ -68,6 +68,28 @@ def test_orbax_round_trip_gives_identical_logits(tmp_path, lms):
     lm16 = load_model(out16, dtype="bfloat16")
     assert lm16.model.wq[...].dtype == jnp.bfloat16
     assert lm16.logits(ids).dtype == jnp.float32
+
+
+def test_converted_checkpoint_has_one_item_per_parameter_and_names_its_faults(tmp_path):
+    out = tmp_path / "converted"
+    assert convert_main(["--hf-dir", str(GOLDENS / "llada-tiny"), "--out", str(out)]) == 0
+    cfg = load_model(out).config
+    assert sorted(p.name for p in (out / "params").iterdir()) == sorted(param_shapes(cfg))
+    shutil.rmtree(out / "params" / "wq")
+    with pytest.raises(CheckpointError, match=r"missing \['wq'\]"):
+        load_model(out)
+    (out / "psd_jax.json").write_text('{"format": "orbax", "dtype": "bfloat16"}')
+    with pytest.raises(CheckpointError, match="format 'orbax'.*convert it again"):
+        load_model(out)
+
+
+def test_converter_checks_the_key_set_before_writing(tmp_path):
+    d = _copy_ckpt(tmp_path)
+    tensors = load_file(str(d / "model.safetensors"))
+    del tensors["model.transformer.blocks.1.up_proj.weight"]
+    save_file(tensors, str(d / "model.safetensors"))
+    assert convert_main(["--hf-dir", str(d), "--out", str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out").exists()
 
 
 def _copy_ckpt(tmp_path, name="llada-tiny"):
