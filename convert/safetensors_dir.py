@@ -1,8 +1,11 @@
 """Read a Hugging Face checkpoint directory one tensor at a time.
 
 Supports a single ``model.safetensors`` or a sharded ``model.safetensors.index.json``. Every file's
-header is validated up front (a truncated or corrupt file is named before any tensor is read),
-and tensors are fetched lazily through ``safe_open`` so a 16 GB checkpoint is never held whole.
+header is validated up front (a truncated or corrupt file is named before any tensor is read).
+Each tensor is read on request with one positioned read into a fresh array, not through a memory
+map: a mapped file's touched pages stay resident while it is open, so reading a 16 GB checkpoint
+through ``safe_open`` shows up as gigabytes of resident memory; a fresh array is freed when the
+caller drops it.
 """
 
 from __future__ import annotations
@@ -12,8 +15,8 @@ import struct
 from contextlib import ExitStack
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
-from safetensors import safe_open
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -23,11 +26,16 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded; the message names the file and tensor."""
 
 
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+_NUMPY_DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
+}
+_DTYPE_BYTES = {name: np.dtype(dtype).itemsize for name, dtype in _NUMPY_DTYPES.items()}
 
 
 def read_header(path: Path) -> dict[str, dict]:
-    """Parse and sanity-check a safetensors header: tensor name -> {dtype, shape, data_offsets}."""
+    """Parse and sanity-check a safetensors header: tensor name -> {dtype, shape, data_offsets,
+    file_offset} (``file_offset``: where the tensor's bytes start in the file)."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         raw = f.read(8)
@@ -52,6 +60,7 @@ def read_header(path: Path) -> dict[str, dict]:
         expected = int(np.prod(info["shape"], dtype=np.int64)) * _DTYPE_BYTES.get(info["dtype"], 0)
         if _DTYPE_BYTES.get(info["dtype"]) and expected != end - start:
             raise CheckpointError(f"{path}: tensor '{name}' has {end - start} bytes, its shape needs {expected}")
+        info["file_offset"] = 8 + header_len + start
     return header
 
 
@@ -63,6 +72,7 @@ class SafetensorsDir:
         self.files = self._shard_files()
         self.location: dict[str, Path] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
+        self._info: dict[str, dict] = {}
         for path in self.files:
             for name, info in read_header(path).items():
                 if name in self.location:
@@ -71,6 +81,7 @@ class SafetensorsDir:
                     )
                 self.location[name] = path
                 self.shapes[name] = tuple(info["shape"])
+                self._info[name] = info
         self._stack = ExitStack()
         self._handles: dict[Path, object] = {}
 
@@ -94,10 +105,15 @@ class SafetensorsDir:
         self._stack.close()
 
     def get(self, name: str) -> np.ndarray:
-        path = self.location[name]
+        """The tensor ``name`` as a new numpy array (bf16 as ``ml_dtypes.bfloat16``)."""
+        path, info = self.location[name], self._info[name]
+        if info["dtype"] not in _NUMPY_DTYPES:
+            raise CheckpointError(f"{path}: tensor '{name}' has unsupported dtype {info['dtype']}")
         if path not in self._handles:
-            self._handles[path] = self._stack.enter_context(safe_open(str(path), framework="numpy"))
-        try:
-            return self._handles[path].get_tensor(name)
-        except Exception as exc:  # safetensors raises its own error types
-            raise CheckpointError(f"{path}: cannot read tensor '{name}': {exc}") from exc
+            self._handles[path] = self._stack.enter_context(open(path, "rb"))
+        f = self._handles[path]
+        out = np.empty(self.shapes[name], _NUMPY_DTYPES[info["dtype"]])
+        f.seek(info["file_offset"])
+        if f.readinto(out.reshape(-1).view(np.uint8)) != out.nbytes:
+            raise CheckpointError(f"{path}: cannot read tensor '{name}': file ended early")
+        return out

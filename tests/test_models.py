@@ -92,6 +92,26 @@ def test_converter_checks_the_key_set_before_writing(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_reader_returns_bf16_and_f32_tensors_exactly(tmp_path):
+    """Positioned reads (no memory map) give the stored values and dtypes, bf16 included."""
+    import ml_dtypes
+
+    from convert.safetensors_dir import SafetensorsDir
+
+    a = np.arange(-6, 6, dtype=np.float32).reshape(3, 4) / 4  # exactly representable in bf16
+    b = np.linspace(0, 1, 5, dtype=np.float32)
+    header = {"a": {"dtype": "BF16", "shape": [3, 4], "data_offsets": [0, 24]},
+              "b": {"dtype": "F32", "shape": [5], "data_offsets": [24, 44]}}
+    raw = json.dumps(header).encode()
+    with open(tmp_path / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw + a.astype(ml_dtypes.bfloat16).tobytes() + b.tobytes())
+    with SafetensorsDir(tmp_path) as reader:
+        got_a, got_b = reader.get("a"), reader.get("b")
+    assert got_a.dtype == ml_dtypes.bfloat16 and got_b.dtype == np.float32
+    np.testing.assert_array_equal(got_a.astype(np.float32), a)
+    np.testing.assert_array_equal(got_b, b)
+
+
 def _copy_ckpt(tmp_path, name="llada-tiny"):
     dst = tmp_path / name
     shutil.copytree(GOLDENS / name, dst)
