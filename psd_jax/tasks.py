@@ -3,14 +3,17 @@
 Each generated problem is a short story (one of several templates) whose answer
 is a chain of 2-4 dependent calculator lines followed by a GSM8K final line::
 
-    6 * 12 = 72
-    72 - 9 = 63
-    63 / 7 = 9
-    #### 9
+    tickets 11 * 2 = 22
+    snacks 22 + 20 = 42
+    hall 42 - 26 = 16
+    goal 40 - 16 = 24
+    #### 24
 
 Every line after the first uses the result of the previous line, so a decoder
 that fills many answer tokens in parallel without conditioning on earlier
-results tends to make mistakes. Numbers are kept small (operands mostly < 50,
+results tends to make mistakes. Each line starts with a word of the question's
+sentence that holds its new number (as GSM8K solutions restate what they count):
+the model finds an operand by matching that word, not by counting numbers. Numbers are kept small (operands mostly < 50,
 every intermediate result in [1, MAX_VALUE]) so that a tiny model can learn them.
 """
 
@@ -115,11 +118,11 @@ def save_jsonl(examples: Iterable[dict], path: str | Path) -> None:
             f.write(json.dumps(ex, ensure_ascii=False) + "\n")
 
 
-_STEP = re.compile(r"^(\d+) ([-+*/]) (\d+) = (\d+)$")
+_STEP = re.compile(r"^(?:[a-z]+ )?(\d+) ([-+*/]) (\d+) = (\d+)$")
 
 
 def parse_steps(answer: str) -> list[tuple[int, str, int, int]]:
-    """The ``a op b = c`` lines of a generated answer, as ``(a, op, b, c)``."""
+    """The ``[label] a op b = c`` lines of a generated answer, as ``(a, op, b, c)``."""
     steps = []
     for line in answer.splitlines():
         m = _STEP.match(line.strip())
@@ -161,7 +164,7 @@ def _people(rng: random.Random, k: int) -> list[_Person]:
 
 
 class _Steps:
-    """Records calculator lines ``a op b = c``, enforces the value limits and
+    """Records calculator lines ``label a op b = c``, enforces the value limits and
     samples operands that keep the next result valid."""
 
     def __init__(self, rng: random.Random, max_value: int = MAX_VALUE) -> None:
@@ -170,7 +173,7 @@ class _Steps:
         self.lines: list[str] = []
         self.value: int | None = None
 
-    def __call__(self, a: int, op: str, b: int) -> int:
+    def __call__(self, label: str, a: int, op: str, b: int) -> int:
         if op == "+":
             c = a + b
         elif op == "-":
@@ -185,7 +188,7 @@ class _Steps:
             raise ValueError(op)
         if not 1 <= c <= self.max_value:
             raise _Retry
-        self.lines.append(f"{a} {op} {b} = {c}")
+        self.lines.append(f"{label} {a} {op} {b} = {c}")
         self.value = c
         return c
 
@@ -236,27 +239,27 @@ def _shopping(rng: random.Random, k: int, st: _Steps) -> str:
                        "comic books", "socks", "plates", "plants"])
     thing = rng.choice(["bag", "hat", "lamp", "scarf", "book", "clock"])
     a, price = rng.randint(2, 9), rng.randint(2, 15)
-    x = st(a, "*", price)
+    x = st("buys", a, "*", price)
     text = [f"{p.name} buys {a} {item} for ${price} each."]
     for m in _middles(rng, k, 2):
         if m == 0:
             extra = rng.randint(3, 30)
-            x = st(x, "+", extra)
+            x = st("also", x, "+", extra)
             text.append(f"{p.Sub} also buys a {thing} for ${extra}.")
         else:
             off = st.part(x, 20)
-            x = st(x, "-", off)
+            x = st("coupon", x, "-", off)
             text.append(f"{p.Sub} has a coupon for ${off} off.")
     if rng.random() < 0.5:
         bills = [b for b in (20, 50, 100, 200, 500) if b > x]
         if not bills:
             raise _Retry
         bill = bills[0]
-        st(bill, "-", x)
+        st("change", bill, "-", x)
         text.append(f"{p.Sub} pays with a ${bill} bill. How much change does {p.sub} get?")
     else:
         n = st.divisor(x, 2, 5)
-        st(x, "/", n)
+        st("splits", x, "/", n)
         text.append(f"{p.Sub} splits the cost equally among {n} people. "
                     f"How much does each person pay?")
     return " ".join(text)
@@ -265,25 +268,24 @@ def _shopping(rng: random.Random, k: int, st: _Steps) -> str:
 def _ages(rng: random.Random, k: int, st: _Steps) -> str:
     p, q, r, s = _people(rng, 4)
     a, b = rng.randint(4, 20), rng.randint(2, 15)
-    x = st(a, "+", b)
+    x = st("older", a, "+", b)
     text = [f"{p.name} is {a} years old. {q.name} is {b} years older than {p.name}."]
     cur = q
     for m in _middles(rng, k, 2):
         if m == 0:
             f = rng.choice([2, 3])
-            x = st(x, "*", f)
-            times = "twice" if f == 2 else "three times"
-            text.append(f"{r.name} is {times} as old as {cur.name}.")
+            x = st("times", x, "*", f)
+            text.append(f"{r.name} is {f} times as old as {cur.name}.")
             cur = r
         else:
             d = st.part(x, 15)
-            x = st(x, "-", d)
+            x = st("younger", x, "-", d)
             text.append(f"{s.name} is {d} years younger than {cur.name}.")
             cur = s
     if x > 90:
         raise _Retry
     y = rng.randint(2, 20)
-    st(x, "+", y)
+    st("will", x, "+", y)
     text.append(f"How old will {cur.name} be in {y} years?")
     return " ".join(text)
 
@@ -291,23 +293,23 @@ def _ages(rng: random.Random, k: int, st: _Steps) -> str:
 def _travel(rng: random.Random, k: int, st: _Steps) -> str:
     vehicle = rng.choice(["train", "bus", "truck", "car", "boat", "van"])
     speed, hours = rng.randint(5, 80), rng.randint(2, 6)
-    x = st(speed, "*", hours)
+    x = st("hour", speed, "*", hours)
     text = [f"A {vehicle} travels at {speed} miles per hour for {hours} hours."]
     for m in _middles(rng, k, 2):
         if m == 0:
             d = rng.randint(5, 60)
-            x = st(x, "+", d)
+            x = st("stop", x, "+", d)
             text.append(f"After a stop, it travels {d} more miles.")
         else:
-            x = st(x, "*", 2)
+            x = st("back", x, "*", 2)
             text.append("Then it makes the same trip back.")
     if rng.random() < 0.5:
         per = st.divisor(x, 2, 9)
-        st(x, "/", per)
+        st("fuel", x, "/", per)
         text.append(f"It uses 1 liter of fuel every {per} miles. How many liters of fuel does it use?")
     else:
         t = st.above(x, 80)
-        st(t, "-", x)
+        st("route", t, "-", x)
         text.append(f"The whole route is {t} miles long. How many miles are left?")
     return " ".join(text)
 
@@ -316,25 +318,25 @@ def _baking(rng: random.Random, k: int, st: _Steps) -> str:
     p, = _people(rng, 1)
     item = rng.choice(["cookies", "muffins", "cupcakes", "rolls", "brownies", "tarts"])
     b, c = rng.randint(2, 6), rng.randint(4, 15)
-    x = st(b, "*", c)
+    x = st("batches", b, "*", c)
     text = [f"{p.name} bakes {b} batches of {item} with {c} {item} in each batch."]
     for m in _middles(rng, k, 2):
         if m == 0:
             e = st.part(x, 12)
-            x = st(x, "-", e)
+            x = st("eats", x, "-", e)
             text.append(f"{p.pos.capitalize()} family eats {e} of them.")
         else:
             f = rng.randint(3, 30)
-            x = st(x, "+", f)
+            x = st("more", x, "+", f)
             text.append(f"Then {p.sub} bakes {f} more.")
     if rng.random() < 0.5:
         n = st.divisor(x, 2, 9)
-        st(x, "/", n)
+        st("friends", x, "/", n)
         text.append(f"{p.Sub} shares them equally among {n} friends. "
                     f"How many {item} does each friend get?")
     else:
         price = st.factor(x, 2, 5)
-        st(x, "*", price)
+        st("sells", x, "*", price)
         text.append(f"{p.Sub} sells them for ${price} each. How much money does {p.sub} make?")
     return " ".join(text)
 
@@ -342,26 +344,26 @@ def _baking(rng: random.Random, k: int, st: _Steps) -> str:
 def _savings(rng: random.Random, k: int, st: _Steps) -> str:
     p, q = _people(rng, 2)
     s, w = rng.randint(3, 25), rng.randint(2, 9)
-    x = st(s, "*", w)
+    x = st("saves", s, "*", w)
     text = [f"{p.name} saves ${s} every week for {w} weeks."]
     for m in _middles(rng, k, 2):
         if m == 0:
             g = rng.randint(5, 50)
-            x = st(x, "+", g)
+            x = st("birthday", x, "+", g)
             text.append(f"{q.name} gives {p.obj} ${g} for {p.pos} birthday.")
         else:
             spent = st.part(x, 40)
-            x = st(x, "-", spent)
+            x = st("spends", x, "-", spent)
             thing = rng.choice(["game", "book", "ball", "kite", "puzzle"])
             text.append(f"{p.Sub} spends ${spent} on a {thing}.")
     if rng.random() < 0.5:
         t = st.above(x, 60)
-        st(t, "-", x)
+        st("costs", t, "-", x)
         thing = rng.choice(["bike", "guitar", "tablet", "camera"])
         text.append(f"{p.Sub} wants a {thing} that costs ${t}. How much more money does {p.sub} need?")
     else:
         n = st.divisor(x, 2, 6)
-        st(x, "/", n)
+        st("jars", x, "/", n)
         text.append(f"{p.Sub} puts the money equally into {n} jars. How much money is in each jar?")
     return " ".join(text)
 
@@ -370,24 +372,24 @@ def _workers(rng: random.Random, k: int, st: _Steps) -> str:
     place, item = rng.choice([("factory", "toys"), ("bakery", "pies"), ("workshop", "chairs"),
                               ("farm", "baskets"), ("shop", "shirts"), ("studio", "vases")])
     w, m_ = rng.randint(2, 9), rng.randint(3, 20)
-    x = st(w, "*", m_)
+    x = st("workers", w, "*", m_)
     text = [f"A {place} has {w} workers. Each worker makes {m_} {item} a day."]
     for m in _middles(rng, k, 2):
         if m == 0:
             d = st.factor(x, 2, 6)
-            x = st(x, "*", d)
+            x = st("days", x, "*", d)
             text.append(f"They work for {d} days.")
         else:
             bad = st.part(x, 20)
-            x = st(x, "-", bad)
+            x = st("broken", x, "-", bad)
             text.append(f"{bad} of the {item} are broken.")
     if rng.random() < 0.5:
         n = st.divisor(x, 2, 9)
-        st(x, "/", n)
+        st("boxes", x, "/", n)
         text.append(f"The {item} are packed in boxes of {n}. How many boxes do they fill?")
     else:
         old = rng.randint(5, 90)
-        st(x, "+", old)
+        st("already", x, "+", old)
         text.append(f"The {place} already had {old} {item}. How many {item} does it have now?")
     return " ".join(text)
 
@@ -395,24 +397,24 @@ def _workers(rng: random.Random, k: int, st: _Steps) -> str:
 def _packing(rng: random.Random, k: int, st: _Steps) -> str:
     item = rng.choice(["oranges", "pencils", "lemons", "candies", "batteries", "eggs"])
     n, per = rng.randint(2, 9), rng.randint(6, 30)
-    x = st(n, "*", per)
+    x = st("boxes", n, "*", per)
     text = [f"A store gets {n} boxes of {item}. Each box holds {per} {item}."]
     for m in _middles(rng, k, 2):
         if m == 0:
             sold = st.part(x, 40)
-            x = st(x, "-", sold)
+            x = st("morning", x, "-", sold)
             text.append(f"The store sells {sold} {item} in the morning.")
         else:
             more = rng.randint(5, 40)
-            x = st(x, "+", more)
+            x = st("truck", x, "+", more)
             text.append(f"Then a truck brings {more} more {item}.")
     if rng.random() < 0.5:
         b = st.divisor(x, 2, 9)
-        st(x, "/", b)
+        st("bags", x, "/", b)
         text.append(f"The {item} are put into bags of {b}. How many bags are there?")
     else:
         price = st.factor(x, 2, 4)
-        st(x, "*", price)
+        st("sells", x, "*", price)
         text.append(f"Each one sells for ${price}. How much money can the store make?")
     return " ".join(text)
 
@@ -422,24 +424,24 @@ def _garden(rng: random.Random, k: int, st: _Steps) -> str:
     plant, crop = rng.choice([("tomato", "tomatoes"), ("pepper", "peppers"),
                               ("bean", "beans"), ("melon", "melons"), ("corn", "ears of corn")])
     r, c = rng.randint(2, 9), rng.randint(3, 12)
-    x = st(r, "*", c)
+    x = st("rows", r, "*", c)
     text = [f"{p.name} plants {r} rows of {plant} plants with {c} plants in each row."]
     for m in _middles(rng, k, 2):
         if m == 0:
             e = st.part(x, 15)
-            x = st(x, "-", e)
+            x = st("rabbits", x, "-", e)
             text.append(f"Rabbits eat {e} of the plants.")
         else:
             f = rng.randint(3, 20)
-            x = st(x, "+", f)
+            x = st("later", x, "+", f)
             text.append(f"Later {p.sub} plants {f} more.")
     if rng.random() < 0.5:
         t = st.factor(x, 2, 8)
-        st(x, "*", t)
+        st("gives", x, "*", t)
         text.append(f"Each plant gives {t} {crop}. How many {crop} does {p.name} pick?")
     else:
         g = st.divisor(x, 2, 9)
-        st(x, "/", g)
+        st("neighbors", x, "/", g)
         text.append(f"{p.Sub} gives the plants equally to {g} neighbors. "
                     f"How many plants does each neighbor get?")
     return " ".join(text)
@@ -448,95 +450,95 @@ def _garden(rng: random.Random, k: int, st: _Steps) -> str:
 def _reading(rng: random.Random, k: int, st: _Steps) -> str:
     p, q = _people(rng, 2)
     r, d = rng.randint(5, 40), rng.randint(2, 7)
-    x = st(r, "*", d)
-    text = [f"{p.name} reads {r} pages of a book every day for {d} days."]
+    x = st("every", r, "*", d)
+    text = [f"{p.name} reads {r} pages every day for {d} days."]
     for m in _middles(rng, k, 2):
         z = rng.randint(3, 40)
-        x = st(x, "+", z)
         if m == 0:
+            x = st("weekend", x, "+", z)
             text.append(f"On the weekend {p.sub} reads {z} more pages.")
         else:
+            x = st("train", x, "+", z)
             text.append(f"Then {p.sub} reads {z} pages on the train.")
     if rng.random() < 0.5:
         t = st.above(x, 90)
-        st(t, "-", x)
+        st("book", t, "-", x)
         text.append(f"The book has {t} pages. How many pages are left to read?")
     else:
         f = st.factor(x, 2, 3)
-        st(x, "*", f)
-        times = "twice" if f == 2 else "three times"
-        text.append(f"{q.name} reads {times} as many pages as {p.name}. "
+        st("times", x, "*", f)
+        text.append(f"{q.name} reads {f} times as many pages as {p.name}. "
                     f"How many pages does {q.name} read?")
     return " ".join(text)
 
 
 def _school(rng: random.Random, k: int, st: _Steps) -> str:
     c, s = rng.randint(2, 9), rng.randint(12, 30)
-    x = st(c, "*", s)
+    x = st("classes", c, "*", s)
     text = [f"A school has {c} classes with {s} students in each class."]
     for m in _middles(rng, k, 2):
         if m == 0:
             a = st.part(x, 25)
-            x = st(x, "-", a)
+            x = st("absent", x, "-", a)
             text.append(f"Today {a} students are absent.")
         else:
             v = rng.randint(3, 30)
-            x = st(x, "+", v)
+            x = st("visit", x, "+", v)
             text.append(f"{v} students from another school come to visit.")
     if rng.random() < 0.5:
         t = st.divisor(x, 2, 9)
-        st(x, "/", t)
+        st("teams", x, "/", t)
         text.append(f"The students form teams of {t}. How many teams are there?")
     else:
         b = st.factor(x, 2, 4)
-        st(x, "*", b)
+        st("pencils", x, "*", b)
         text.append(f"Each student gets {b} pencils. How many pencils are needed?")
     return " ".join(text)
 
 
 def _eggs(rng: random.Random, k: int, st: _Steps) -> str:
     h, e = rng.randint(3, 20), rng.randint(2, 7)
-    x = st(h, "*", e)
+    x = st("hens", h, "*", e)
     text = [f"A farmer has {h} hens. Each hen lays {e} eggs a week."]
     for m in _middles(rng, k, 2):
         if m == 0:
             f = st.part(x, 15)
-            x = st(x, "-", f)
+            x = st("eats", x, "-", f)
             text.append(f"The family eats {f} eggs.")
         else:
             g = rng.randint(4, 36)
-            x = st(x, "+", g)
+            x = st("neighbor", x, "+", g)
             text.append(f"A neighbor brings {g} more eggs.")
     if rng.random() < 0.5:
         c = st.divisor(x, 2, 9)
-        st(x, "/", c)
+        st("cartons", x, "/", c)
         text.append(f"The eggs are sold in cartons of {c}. How many cartons are sold?")
     else:
         q = st.factor(x, 2, 3)
-        st(x, "*", q)
+        st("sells", x, "*", q)
         text.append(f"Each egg sells for ${q}. How much money does the farmer make?")
     return " ".join(text)
 
 
 def _parking(rng: random.Random, k: int, st: _Steps) -> str:
     r, c = rng.randint(2, 9), rng.randint(5, 25)
-    x = st(r, "*", c)
+    x = st("rows", r, "*", c)
     text = [f"A parking lot has {r} rows with {c} cars in each row."]
     for m in _middles(rng, k, 2):
         if m == 0:
             gone = st.part(x, 30)
-            x = st(x, "-", gone)
+            x = st("leave", x, "-", gone)
             text.append(f"Then {gone} cars leave.")
         else:
             new = rng.randint(3, 30)
-            x = st(x, "+", new)
+            x = st("arrive", x, "+", new)
             text.append(f"Later {new} more cars arrive.")
     if rng.random() < 0.5:
-        st(x, "*", 4)
+        st("wheels", x, "*", 4)
         text.append("Each car has 4 wheels. How many wheels are in the lot?")
     else:
         t = st.above(x, 60)
-        st(t, "-", x)
+        st("room", t, "-", x)
         text.append(f"The lot has room for {t} cars. How many more cars can park?")
     return " ".join(text)
 
@@ -545,25 +547,25 @@ def _marbles(rng: random.Random, k: int, st: _Steps) -> str:
     p, q = _people(rng, 2)
     item = rng.choice(["marbles", "stickers", "shells", "cards", "coins", "stamps"])
     a, b = rng.randint(10, 80), rng.randint(5, 40)
-    x = st(a, "+", b)
+    x = st("gives", a, "+", b)
     text = [f"{p.name} has {a} {item}. {q.name} gives {p.obj} {b} more."]
     for m in _middles(rng, k, 2):
         if m == 0:
             c = st.part(x, 20)
-            x = st(x, "-", c)
+            x = st("loses", x, "-", c)
             text.append(f"{p.Sub} loses {c} of them.")
         else:
             f = st.factor(x, 2, 3)
-            x = st(x, "*", f)
             times = "doubles" if f == 2 else "triples"
+            x = st(times, x, "*", f)
             text.append(f"Then {p.sub} {times} {p.pos} collection.")
     if rng.random() < 0.5:
         j = st.divisor(x, 2, 9)
-        st(x, "/", j)
+        st("jars", x, "/", j)
         text.append(f"{p.Sub} puts them equally into {j} jars. How many {item} are in each jar?")
     else:
         d = st.part(x, 30)
-        st(x, "-", d)
+        st("left", x, "-", d)
         text.append(f"{p.Sub} gives {d} to {q.name}. How many {item} does {p.name} have left?")
     return " ".join(text)
 
@@ -572,24 +574,24 @@ def _tickets(rng: random.Random, k: int, st: _Steps) -> str:
     event, people = rng.choice([("concert", "band members"), ("school play", "classes"),
                                 ("charity race", "charities"), ("movie night", "clubs")])
     t, price = rng.randint(10, 90), rng.randint(2, 9)
-    x = st(t, "*", price)
+    x = st("tickets", t, "*", price)
     text = [f"A {event} sells {t} tickets for ${price} each."]
     for m in _middles(rng, k, 2):
         if m == 0:
             d = rng.randint(10, 90)
-            x = st(x, "+", d)
+            x = st("snacks", x, "+", d)
             text.append(f"It also makes ${d} from snacks.")
         else:
             c = st.part(x, 60)
-            x = st(x, "-", c)
+            x = st("hall", x, "-", c)
             text.append(f"It pays ${c} for the hall.")
     if rng.random() < 0.5:
         n = st.divisor(x, 2, 9)
-        st(x, "/", n)
+        st("shared", x, "/", n)
         text.append(f"The money is shared equally among {n} {people}. How much does each get?")
     else:
         goal = st.above(x, 90)
-        st(goal, "-", x)
+        st("goal", goal, "-", x)
         text.append(f"The goal was ${goal}. How much more money is needed?")
     return " ".join(text)
 
@@ -598,25 +600,25 @@ def _stickers(rng: random.Random, k: int, st: _Steps) -> str:
     p, q = _people(rng, 2)
     item = rng.choice(["stickers", "photos", "stamps", "cards"])
     n, per = rng.randint(2, 9), rng.randint(4, 40)
-    x = st(n * per, "/", n)
+    x = st("albums", n * per, "/", n)
     text = [f"{p.name} has {n * per} {item} and puts them equally into {n} albums."]
     for m in _middles(rng, k, 2):
         if m == 0:
             a = rng.randint(3, 30)
-            x = st(x, "+", a)
+            x = st("adds", x, "+", a)
             text.append(f"{p.Sub} adds {a} more {item} to the first album.")
         else:
             r = st.part(x, 15)
-            x = st(x, "-", r)
+            x = st("takes", x, "-", r)
             text.append(f"Then {p.sub} takes {r} {item} out of that album.")
     if rng.random() < 0.5:
         f = st.factor(x, 2, 4)
-        st(x, "*", f)
+        st("times", x, "*", f)
         text.append(f"{q.name} has {f} times as many {item} as the first album. "
                     f"How many {item} does {q.name} have?")
     else:
         c = rng.randint(3, 30)
-        st(x, "+", c)
+        st("gives", x, "+", c)
         text.append(f"{q.name} gives {p.obj} {c} more for that album. "
                     f"How many {item} are in it now?")
     return " ".join(text)
@@ -625,19 +627,19 @@ def _stickers(rng: random.Random, k: int, st: _Steps) -> str:
 def _pizza(rng: random.Random, k: int, st: _Steps) -> str:
     p, = _people(rng, 1)
     n, s = rng.randint(2, 9), rng.choice([4, 6, 8, 10, 12])
-    x = st(n, "*", s)
+    x = st("pizzas", n, "*", s)
     text = [f"{p.name} orders {n} pizzas for a party. Each pizza is cut into {s} slices."]
     for m in _middles(rng, k, 2):
         if m == 0:
             d = rng.randint(4, 20)
-            x = st(x, "+", d)
+            x = st("friend", x, "+", d)
             text.append(f"A friend brings {d} more slices.")
         else:
             e = st.part(x, 20)
-            x = st(x, "-", e)
+            x = st("eaten", x, "-", e)
             text.append(f"{e} slices are eaten before the guests arrive.")
     g = st.divisor(x, 2, 9)
-    st(x, "/", g)
+    st("guests", x, "/", g)
     text.append(f"The slices are shared equally by {g} guests. How many slices does each guest get?")
     return " ".join(text)
 

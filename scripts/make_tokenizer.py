@@ -38,7 +38,7 @@ START_HEADER = "<|start_header_id|>"
 END_HEADER = "<|end_header_id|>"
 SPECIAL_TOKENS = [EOS, BOS, MASK, EOT, START_HEADER, END_HEADER]
 
-VOCAB_SIZE = 512  # total, including special and reserved tokens
+VOCAB_SIZE = 1024  # total, including special and reserved tokens
 PAD_MULTIPLE = 64
 
 # Each digit alone; words and punctuation runs with an optional leading space,

@@ -13,9 +13,10 @@ from safetensors import safe_open
 from convert.hf import check_key_set
 from convert.keys import expected_keys
 from models import load_config
+from psd_jax import DecodeConfig, load_model
 from psd_jax.api import decode_defaults
 from psd_jax.generate import main as generate_main
-from psd_jax.tasks import extract_answer, load_jsonl
+from psd_jax.tasks import load_jsonl
 
 DEFAULT = Path(__file__).resolve().parents[1] / "models" / "default"
 MAX_CHECKPOINT_BYTES = 25 * 2**20  # the issue's budget for a committed checkpoint
@@ -38,12 +39,16 @@ def test_checkpoint_is_llada_layout_and_small():
 
 
 def test_cli_without_arguments_answers_a_held_out_question(capsys, test_set):
+    """No arguments: the shipped model, held-out question 0, chat template, the model's decode
+    lengths at one token per step; the printed answer and counts are exactly that decode's."""
     assert generate_main([]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == f"> {test_set[0]['question']}"
-    answer = "\n".join(out[1:-1])
-    assert "#### " in answer and extract_answer(answer) is not None, answer  # GSM8K-format answer
-    assert out[-1].startswith("[tokens ") and "| NFE " in out[-1] and "| TPF " in out[-1]
+    question = test_set[0]["question"]
+    (expected,) = load_model(DEFAULT).generate([question], DecodeConfig(gen_length=48, block_length=16), chat=True)
+    assert decode_defaults(DEFAULT) == {"gen_length": 48, "block_length": 16}
+    assert out[0] == f"> {question}"
+    assert "\n".join(out[1:-1]) == expected.text and expected.tokens > 0
+    assert out[-1].startswith(f"[tokens {expected.tokens} | NFE {expected.nfe} | TPF {expected.tpf:.2f} | ")
 
 
 def test_decode_defaults_reject_unknown_keys(tmp_path):

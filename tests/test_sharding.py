@@ -30,9 +30,10 @@ def test_mesh_gives_single_device_tokens(sharded_run, mesh, decoder):
     assert sharded_run["meshes"][mesh][decoder] == sharded_run["reference"][decoder]
 
 
-@pytest.mark.parametrize("decoder", ["threshold+dual", "psd+dual", "fixed+prefix"])
-def test_mesh_with_kv_cache_gives_single_device_tokens(sharded_run, decoder):
-    assert sharded_run["meshes"]["data=2,model=4"][decoder] == sharded_run["reference"][decoder]
+@pytest.mark.parametrize("mesh", ["data=1,model=8", "data=2,model=4", "data=8,model=1"])
+@pytest.mark.parametrize("decoder", ["fixed+prefix", "threshold+dual", "psd+dual", "rps+dual"])
+def test_mesh_with_kv_cache_gives_single_device_tokens(sharded_run, mesh, decoder):
+    assert sharded_run["meshes"][mesh][decoder] == sharded_run["reference"][decoder]
 
 
 def test_parameters_are_really_sharded(sharded_run):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,20 @@ def test_generated_arithmetic_is_correct():
     assert n_steps == {2, 3, 4}
 
 
+def test_every_line_names_a_word_of_its_question():
+    """Each calculator line starts with a word of the question (what the model matches on to find
+    the line's number), and no word labels two lines of one answer."""
+    for ex in make_dataset(2000, seed=1):
+        labels = [line.split()[0] for line in ex["answer"].splitlines()[:-1]]
+        words = set(re.findall(r"[a-z]+", ex["question"].lower()))
+        assert all(label.isalpha() and label in words for label in labels), ex
+        assert len(set(labels)) == len(labels), ex
+
+
+def test_parse_steps_reads_labelled_and_bare_lines():
+    assert parse_steps("hens 4 * 6 = 24\n24 - 3 = 21\n#### 21") == [(4, "*", 6, 24), (24, "-", 3, 21)]
+
+
 @pytest.mark.parametrize("name", sorted(TEMPLATES))
 def test_every_template_and_step_count(name):
     assert len(TEMPLATES) >= 12
@@ -160,7 +175,7 @@ def test_tokenizer_special_tokens(tok):
               "<|start_header_id|>", "<|end_header_id|>"]:
         assert tok.convert_tokens_to_ids(t) is not None
         assert tok.encode(t, add_special_tokens=False) == [tok.convert_tokens_to_ids(t)]
-    assert len(tok) % 64 == 0 and len(tok) <= 512
+    assert len(tok) % 64 == 0 and len(tok) <= 1024
 
 
 def test_tokenizer_digits_are_single_tokens(tok):
