@@ -190,3 +190,23 @@ def test_kv_cache_settings_are_refused(torch_lms):
 
     with pytest.raises(DecodeConfigError, match="no block KV cache"):
         torch_lms["llada-tiny"].generate([[1, 2, 3]], DecodeConfig(gen_length=16, block_length=16, cache="prefix"))
+
+
+def test_bf16_checkpoint_loads_the_bf16_values(tmp_path):
+    """A bf16 safetensors source (as real LLaDA/Dream ships) gives exactly its bf16 values."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file as load_torch_file, save_file as save_torch_file
+
+    from psd_jax.torch_backend.model import load_hf_torch
+
+    src = GOLDENS / "llada-tiny"
+    dst = tmp_path / "llada-tiny-bf16"
+    dst.mkdir()
+    shutil.copy(src / "config.json", dst / "config.json")
+    tensors = load_torch_file(str(src / "model.safetensors"))
+    save_torch_file({k: v.to(torch.bfloat16) for k, v in tensors.items()}, str(dst / "model.safetensors"))
+    f32, bf16 = load_hf_torch(src), load_hf_torch(dst)
+    for (name, a), (_, b) in zip(f32.named_parameters(), bf16.named_parameters()):
+        assert torch.equal(a.to(torch.bfloat16).to(torch.float32), b), name

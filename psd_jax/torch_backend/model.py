@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -157,7 +158,10 @@ def model_from_tensors(cfg: ModelConfig, get, dtype: torch.dtype = torch.float32
     model = TorchDiffusionLM(cfg, dtype)
     for key, target in expected_keys(cfg).items():
         host = np.ascontiguousarray(get(key))
-        value = torch.from_numpy(host).to(device=device, dtype=dtype)
+        if host.dtype == ml_dtypes.bfloat16:  # numpy has no bfloat16: hand torch the bits
+            value = torch.from_numpy(host.view(np.int16)).view(torch.bfloat16).to(device=device, dtype=dtype)
+        else:
+            value = torch.from_numpy(host).to(device=device, dtype=dtype)
         if target.layer is None:
             _set(model, _TOP_ATTR[target.param], value)
         else:
