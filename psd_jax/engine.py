@@ -311,8 +311,7 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
     canvas = jnp.take_along_axis(proposal.candidates, choice.index[:, None, None], axis=1)[:, 0]
     canvas = jnp.where(frozen[:, None], state.canvas, canvas)
     new_pred = jax.tree.map(lambda a: jnp.take_along_axis(a, _expand(choice.index, a), axis=1)[:, 0], preds)
-    canvas, block, new_step, done = loop.advance(canvas, state.block, state.step + choice.steps, frozen)
-    new_step = jnp.where(waiting, state.step, new_step)  # advance() leaves frozen rows' steps counting
+    canvas, block, new_step, done = loop.advance(canvas, state.block, state.step + jnp.where(frozen, 0, choice.steps), frozen)
     done = done & ~waiting
     window_calls = (width > 0).astype(jnp.int32)
     refresh_calls = any_refresh.astype(jnp.int32)

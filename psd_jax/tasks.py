@@ -32,6 +32,7 @@ MAX_VALUE = 50  # largest allowed intermediate result (small enough for a tiny m
 __all__ = [
     "MAX_VALUE",
     "TEMPLATES",
+    "STEP_LINE",
     "TEST_SEED",
     "extract_answer",
     "generate_problem",
@@ -118,14 +119,14 @@ def save_jsonl(examples: Iterable[dict], path: str | Path) -> None:
             f.write(json.dumps(ex, ensure_ascii=False) + "\n")
 
 
-_STEP = re.compile(r"^(?:[a-z]+ )?(\d+) ([-+*/]) (\d+) = (\d+)$")
+STEP_LINE = re.compile(r"^(?:[a-z]+ )?(\d+) ([-+*/]) (\d+) = (\d+)$")
 
 
 def parse_steps(answer: str) -> list[tuple[int, str, int, int]]:
     """The ``[label] a op b = c`` lines of a generated answer, as ``(a, op, b, c)``."""
     steps = []
     for line in answer.splitlines():
-        m = _STEP.match(line.strip())
+        m = STEP_LINE.match(line.strip())
         if m:
             steps.append((int(m[1]), m[2], int(m[3]), int(m[4])))
     return steps

@@ -17,7 +17,6 @@ Two probes on the first N held-out problems of a model directory:
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
@@ -27,10 +26,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from psd_jax import DecodeConfig, load_model  # noqa: E402
 from psd_jax.api import decode_lengths  # noqa: E402
-from psd_jax.tasks import is_correct, load_jsonl  # noqa: E402
+from psd_jax.tasks import STEP_LINE as LINE, is_correct, load_jsonl  # noqa: E402
 from psd_jax.tokenizer import encode_prompt  # noqa: E402
 
-LINE = re.compile(r"^(?:[a-z]+ )?(\d+) ([-+*/]) (\d+) = (\d+)$")
 GROUPS = {"operand1": 1, "operand2": 3, "result": 4}  # LINE's group of each probed number
 KINDS = ("operand1", "operand2", "result", "all_digits", "all")
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b if b else None}
