@@ -1,0 +1,93 @@
+"""One forward of the same random LLaDA-shaped model in JAX (jitted ``DiffusionLM``) and in PyTorch
+(``TorchDiffusionLM``, ``inference_mode``): median wall time of 15 calls after a warm-up.
+
+Separates the frameworks' forward passes from everything the decoders add (README, "XLA against
+PyTorch"). XLA's thread count is fixed when its CPU client starts, so run one process per setting:
+
+    python scripts/forward_timing.py --backend jax [--batch 1 --length 64]
+    XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \\
+        python scripts/forward_timing.py --backend jax
+    python scripts/forward_timing.py --backend torch --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models import ModelConfig  # noqa: E402
+
+REPEATS = 15
+
+
+def config(args) -> ModelConfig:
+    return ModelConfig(family="llada", vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers,
+                       n_heads=args.heads, n_kv_heads=args.heads, mlp_hidden=args.mlp, rope_theta=10000.0,
+                       norm_eps=1e-5, max_length=max(512, args.length), mask_id=2, eos_id=0, pad_id=0)
+
+
+def median_ms(call) -> float:
+    call()
+    times = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def time_jax(cfg: ModelConfig, batch: int, length: int) -> float:
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from models import DiffusionLM
+
+    graphdef, params = nnx.split(DiffusionLM(cfg, rngs=nnx.Rngs(0)))
+    forward = jax.jit(lambda p, ids, mask: nnx.merge(graphdef, p)(ids, mask))
+    ids = jnp.ones((batch, length), jnp.int32)
+    return median_ms(lambda: forward(params, ids, ids).block_until_ready())
+
+
+def time_torch(cfg: ModelConfig, batch: int, length: int, threads: int | None) -> float:
+    import torch
+
+    from psd_jax.torch_backend.model import TorchDiffusionLM
+
+    if threads:
+        torch.set_num_threads(threads)
+    model = TorchDiffusionLM(cfg).to_empty(device="cpu")
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    ids = torch.ones((batch, length), dtype=torch.long)
+    with torch.inference_mode():
+        return median_ms(lambda: model(ids, ids))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", choices=["jax", "torch"], required=True)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--d-model", type=int, default=1024)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--mlp", type=int, default=2688)
+    p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--length", type=int, default=64)
+    p.add_argument("--threads", type=int, help="torch.set_num_threads (torch only)")
+    args = p.parse_args()
+    cfg = config(args)
+    if args.backend == "jax":
+        ms = time_jax(cfg, args.batch, args.length)
+    else:
+        ms = time_torch(cfg, args.batch, args.length, args.threads)
+    print(f"{args.backend}: batch {args.batch} x {args.length} tokens, {cfg.param_count():,} parameters: "
+          f"median {ms:.1f} ms per forward")
+
+
+if __name__ == "__main__":
+    main()
