@@ -13,8 +13,9 @@ Every line after the first uses the result of the previous line, so a decoder
 that fills many answer tokens in parallel without conditioning on earlier
 results tends to make mistakes. Each line starts with a word of the question's
 sentence that holds its new number (as GSM8K solutions restate what they count):
-the model finds an operand by matching that word, not by counting numbers. Numbers are kept small (operands mostly < 50,
-every intermediate result in [1, MAX_VALUE]) so that a tiny model can learn them.
+the model finds an operand by matching that word, not by counting numbers.
+Numbers are kept small (operands mostly < 50, every intermediate result in
+[1, MAX_VALUE]) so that a tiny model can learn them.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "TEMPLATES",
     "STEP_LINE",
     "TEST_SEED",
+    "calculate",
     "extract_answer",
     "generate_problem",
     "gold_answer",
@@ -122,6 +124,19 @@ def save_jsonl(examples: Iterable[dict], path: str | Path) -> None:
 STEP_LINE = re.compile(r"^(?:[a-z]+ )?(\d+) ([-+*/]) (\d+) = (\d+)$")
 
 
+def calculate(a: int, op: str, b: int) -> int | None:
+    """The value of the calculator line ``a op b``; None for a division that is not exact."""
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    if op == "/":
+        return a // b if b and a % b == 0 else None
+    raise ValueError(f"unknown operator {op!r}")
+
+
 def parse_steps(answer: str) -> list[tuple[int, str, int, int]]:
     """The ``[label] a op b = c`` lines of a generated answer, as ``(a, op, b, c)``."""
     steps = []
@@ -175,19 +190,10 @@ class _Steps:
         self.value: int | None = None
 
     def __call__(self, label: str, a: int, op: str, b: int) -> int:
-        if op == "+":
-            c = a + b
-        elif op == "-":
-            c = a - b
-        elif op == "*":
-            c = a * b
-        elif op == "/":
-            if b <= 1 or a % b:
-                raise _Retry
-            c = a // b
-        else:
-            raise ValueError(op)
-        if not 1 <= c <= self.max_value:
+        if op == "/" and b <= 1:
+            raise _Retry
+        c = calculate(a, op, b)
+        if c is None or not 1 <= c <= self.max_value:
             raise _Retry
         self.lines.append(f"{label} {a} {op} {b} = {c}")
         self.value = c

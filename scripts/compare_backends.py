@@ -66,20 +66,26 @@ def decoder_settings(name: str, args):
 # ------------------------------------------------------------------------------------ models
 
 
+def random_llada_config(args):
+    """The LLaDA-shaped config of ``--layers/--d-model/--heads/--kv-heads/--mlp/--vocab``."""
+    from models import ModelConfig
+
+    return ModelConfig(
+        family="llada", vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
+        n_kv_heads=args.kv_heads or args.heads, mlp_hidden=args.mlp or int(args.d_model * 8 / 3) // 64 * 64,
+        rope_theta=500000.0, norm_eps=1e-5, max_length=4096, mask_id=args.vocab - 2, eos_id=args.vocab - 1,
+        pad_id=args.vocab - 1,
+    )
+
+
 def write_random_llada(out: Path, args) -> Path:
     """A random LLaDA-shaped Hugging Face directory (config.json + model.safetensors)."""
     from safetensors.numpy import save_file
 
     from convert.export import llada_config_dict
     from convert.keys import expected_keys
-    from models import ModelConfig
 
-    cfg = ModelConfig(
-        family="llada", vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-        n_kv_heads=args.kv_heads or args.heads, mlp_hidden=args.mlp or int(args.d_model * 8 / 3) // 64 * 64,
-        rope_theta=500000.0, norm_eps=1e-5, max_length=4096, mask_id=args.vocab - 2, eos_id=args.vocab - 1,
-        pad_id=args.vocab - 1,
-    )
+    cfg = random_llada_config(args)
     rng = np.random.default_rng(args.seed)
     tensors = {}
     for key, target in expected_keys(cfg).items():

@@ -19,15 +19,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from compare_backends import random_llada_config  # noqa: E402  (the comparison's model shape)
 from models import ModelConfig  # noqa: E402
 
 REPEATS = 15
-
-
-def config(args) -> ModelConfig:
-    return ModelConfig(family="llada", vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers,
-                       n_heads=args.heads, n_kv_heads=args.heads, mlp_hidden=args.mlp, rope_theta=10000.0,
-                       norm_eps=1e-5, max_length=max(512, args.length), mask_id=2, eos_id=0, pad_id=0)
 
 
 def median_ms(call) -> float:
@@ -74,13 +69,14 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--d-model", type=int, default=1024)
     p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--mlp", type=int, default=2688)
+    p.add_argument("--kv-heads", type=int, help="default: --heads")
+    p.add_argument("--mlp", type=int, help="MLP hidden size (default: 8/3 d_model, rounded to 64)")
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--length", type=int, default=64)
     p.add_argument("--threads", type=int, help="torch.set_num_threads (torch only)")
     args = p.parse_args()
-    cfg = config(args)
+    cfg = random_llada_config(args)
     if args.backend == "jax":
         ms = time_jax(cfg, args.batch, args.length)
     else:

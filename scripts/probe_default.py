@@ -26,12 +26,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from psd_jax import DecodeConfig, load_model  # noqa: E402
 from psd_jax.api import decode_lengths  # noqa: E402
-from psd_jax.tasks import STEP_LINE as LINE, is_correct, load_jsonl  # noqa: E402
+from psd_jax.tasks import STEP_LINE as LINE, calculate, is_correct, load_jsonl  # noqa: E402
 from psd_jax.tokenizer import encode_prompt  # noqa: E402
 
 GROUPS = {"operand1": 1, "operand2": 3, "result": 4}  # LINE's group of each probed number
 KINDS = ("operand1", "operand2", "result", "all_digits", "all")
-_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b if b else None}
 
 
 def masked_positions(answer: str, offsets: list[tuple[int, int]], kind: str) -> np.ndarray:
@@ -116,7 +115,7 @@ def generation(lm, examples: list[dict], gen_length: int, block_length: int) -> 
                 continue
             a, op, b, c = int(m[1]), m[2], int(m[3]), int(m[4])
             counts["lines"] += 1
-            counts["arithmetic_right"] += _OPS[op](a, b) == c
+            counts["arithmetic_right"] += calculate(a, op, b) == c
             counts["gold_operands"] += i < len(gold) and (gold[i][1], gold[i][2], gold[i][3]) == (m[1], m[2], m[3])
     return counts
 
