@@ -101,7 +101,7 @@ def default_positions(cfg: ModelConfig, attention_mask: jax.Array | None, batch:
 
 
 class DiffusionLM(nnx.Module):
-    """Token ids [B, N] -> raw (unshifted) logits [B, N, V] in float32."""
+    """Token ids [B, N] -> raw (unshifted) logits [B, N, V] in float32 (optionally of a suffix)."""
 
     def __init__(self, config: ModelConfig, *, dtype: jnp.dtype = jnp.float32, rngs: nnx.Rngs | None = None):
         self.config = config
@@ -128,23 +128,27 @@ class DiffusionLM(nnx.Module):
         tokens: jax.Array,
         attention_mask: jax.Array | None = None,
         positions: jax.Array | None = None,
+        logits_from: int = 0,
     ) -> jax.Array:
-        return self._full(tokens, attention_mask, positions, collect_kv=False)[0]
+        """Logits [B, N - logits_from, V] of positions ``logits_from`` on: a decoder reads only the
+        generated positions, and the vocabulary projection of a long prompt is wasted work."""
+        return self._full(tokens, attention_mask, positions, collect_kv=False, logits_from=logits_from)[0]
 
     def prefill(
         self,
         tokens: jax.Array,
         attention_mask: jax.Array | None = None,
         positions: jax.Array | None = None,
+        logits_from: int = 0,
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """``__call__`` that also returns every layer's keys and values (keys after RoPE).
 
-        Returns (logits [B, N, V], keys [L, B, N, KV, hd], values [L, B, N, KV, hd]): the block KV
-        cache that ``window`` attends to.
+        Returns (logits [B, N - logits_from, V], keys [L, B, N, KV, hd], values [L, B, N, KV, hd]):
+        the block KV cache that ``window`` attends to.
         """
-        return self._full(tokens, attention_mask, positions, collect_kv=True)
+        return self._full(tokens, attention_mask, positions, collect_kv=True, logits_from=logits_from)
 
-    def _full(self, tokens, attention_mask, positions, collect_kv: bool):
+    def _full(self, tokens, attention_mask, positions, collect_kv: bool, logits_from: int):
         cfg = self.config
         batch, length = tokens.shape
         if positions is None:
@@ -163,7 +167,7 @@ class DiffusionLM(nnx.Module):
             return h + y @ w["w_down"], ((k, v) if collect_kv else None)
 
         x, kv = jax.lax.scan(block, x, self.layer_weights())
-        logits = self._head(x)
+        logits = self._head(x[:, logits_from:])
         return (logits, *kv) if collect_kv else (logits, None, None)
 
     def window(

@@ -32,7 +32,7 @@ from models.transformer import default_positions
 
 from .config import DecodeConfig
 from .decoders import choose, initial_stats, propose
-from .predict import Prediction, forwards_per_call, predict, predict_prefill, predict_window
+from .predict import ForwardFn, Prediction, forwards_per_call, predict, predict_prefill, predict_window
 
 TRACE_COUNT = {"decode": 0}  # incremented each time the decode loop is traced (compile test)
 
@@ -63,8 +63,8 @@ class Loop:
     mcfg: ModelConfig
     dcfg: DecodeConfig
     prompt_length: int
-    forward: Callable[[jax.Array, jax.Array | None], jax.Array]
-    prefill: Callable | None = None  # tokens, mask -> (logits, keys, values); cache != "none"
+    forward: ForwardFn
+    prefill: Callable | None = None  # (tokens, mask, logits_from=) -> (logits, keys, values); cache != "none"
     window: Callable | None = None  # DiffusionLM.window; cache != "none"
 
     @property
@@ -125,7 +125,7 @@ def init_state(loop: Loop, prompt_ids: jax.Array, attention_mask: jax.Array, key
     cached = {}
     if loop.dcfg.cache != "none":
         # Block 0's block-start full forward, which also fills the KV cache.
-        pred, keys, values = predict_prefill(loop.prefill, canvas, attention_mask, sub, loop.mcfg, loop.dcfg)
+        pred, keys, values = predict_prefill(loop.prefill, canvas, attention_mask, loop.prompt_length, sub, loop.mcfg, loop.dcfg)
         cached = {"cache": (keys, values), "stale": jnp.zeros(batch, bool)}
     else:
         pred = jax.tree.map(lambda a: a[:, 0], loop.call(canvas[:, None], attention_mask, sub))
@@ -237,7 +237,7 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
     any_refresh = jnp.any(refresh)
 
     def do_refresh(_):
-        pred, keys, values = predict_prefill(loop.prefill, state.canvas, attention_mask, refresh_key, mcfg, dcfg)
+        pred, keys, values = predict_prefill(loop.prefill, state.canvas, attention_mask, loop.prompt_length, refresh_key, mcfg, dcfg)
         return _where_rows(refresh, pred, state.pred), _where_rows(refresh, (keys, values), state.cache, axis=1)
 
     pred, cache = jax.lax.cond(any_refresh, do_refresh, lambda _: (state.pred, state.cache), None)
@@ -373,8 +373,8 @@ def _decode(model, prompt_ids, prompt_mask, key, mcfg: ModelConfig, dcfg: Decode
         mcfg,
         dcfg,
         prompt_ids.shape[1],
-        lambda tokens, mask: model(tokens, mask),
-        prefill=lambda tokens, mask: model.prefill(tokens, mask),
+        model,
+        prefill=model.prefill,
         window=model.window,
     )
     batch = prompt_ids.shape[0]

@@ -3,7 +3,9 @@
 ``predict`` flattens ``[B, K, N]`` canvases into a single ``[B*K, N]`` forward (doubled for
 classifier-free guidance), applies the family's logit shift, suppresses the mask token, and turns
 logits into a ``Prediction``: predicted token and its confidence per position, plus what RPS needs
-(entropy, top-k probabilities) when asked. Decoders never see logits.
+(entropy, top-k probabilities) when asked. Decoders never see logits. Only the generated positions
+get logits (the vocabulary projection, softmax and top-k of the prompt would be wasted work: the
+prompt is never committed); the Prediction still spans the canvas, the prompt predicting itself.
 """
 
 from __future__ import annotations
@@ -30,11 +32,29 @@ class Prediction:
     topk_id: jax.Array | None = None  # [..., N, k_max] (RPS)
 
 
-def shift_logits(logits: jax.Array, shift: int) -> jax.Array:
-    """Dream predicts position i at logit i - 1: ``concat(logits[:, :1], logits[:, :-1])``."""
-    if shift == 0:
-        return logits
-    return jnp.concatenate([logits[:, :shift], logits[:, :-shift]], axis=1)
+def generated_logits(full, tokens: jax.Array, mask, prompt_length: int, shift: int):
+    """Call ``full(tokens, mask, logits_from=...)`` for the logits of the generated positions only.
+
+    Position i reads logit i - shift (Dream predicts position i at logit i - 1), so the first
+    logit needed is ``prompt_length - shift``.
+    Returns (logits [M, N - prompt_length, V], whatever else ``full`` returned)."""
+    if prompt_length < shift:
+        raise ValueError(f"a prompt of {prompt_length} tokens is too short for a logit shift of {shift}")
+    out = full(tokens, mask, logits_from=prompt_length - shift)
+    logits, rest = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
+    return logits[:, : tokens.shape[1] - prompt_length], rest
+
+
+def with_prompt(pred: Prediction, prompt: jax.Array) -> Prediction:
+    """A Prediction of the generated positions [M, G] -> of the canvas [M, P + G]: each prompt
+    position predicts its own token with zero confidence (no decoder reads or commits it)."""
+
+    def pad(field: jax.Array) -> jax.Array:
+        widths = [(0, 0), (prompt.shape[1], 0)] + [(0, 0)] * (field.ndim - 2)
+        return jnp.pad(field, widths)
+
+    padded = jax.tree.map(pad, pred)
+    return padded.replace(token=jnp.concatenate([prompt.astype(jnp.int32), pred.token], axis=1))
 
 
 def needs_rps_fields(dcfg: DecodeConfig) -> bool:
@@ -77,7 +97,7 @@ def logits_to_prediction(logits: jax.Array, key: jax.Array, mcfg: ModelConfig, d
     return pred
 
 
-ForwardFn = Callable[[jax.Array, jax.Array | None], jax.Array]
+ForwardFn = Callable[..., jax.Array]  # (tokens [M, N], mask [M, N] | None, logits_from=) -> logits [M, N - logits_from, V]
 
 
 def predict(
@@ -96,13 +116,13 @@ def predict(
     if dcfg.cfg_scale > 0:
         # Classifier-free guidance: the prompt replaced by [MASK] gives the unconditional branch.
         uncond = flat.at[:, :prompt_length].set(mcfg.mask_id)
-        both = forward(jnp.concatenate([flat, uncond]), None if mask is None else jnp.concatenate([mask, mask]))
+        both_mask = None if mask is None else jnp.concatenate([mask, mask])
+        both, _ = generated_logits(forward, jnp.concatenate([flat, uncond]), both_mask, prompt_length, mcfg.logit_shift)
         cond_logits, uncond_logits = jnp.split(both, 2)
         logits = uncond_logits + (dcfg.cfg_scale + 1.0) * (cond_logits - uncond_logits)
     else:
-        logits = forward(flat, mask)
-    logits = shift_logits(logits, mcfg.logit_shift)
-    pred = logits_to_prediction(logits, key, mcfg, dcfg)
+        logits, _ = generated_logits(forward, flat, mask, prompt_length, mcfg.logit_shift)
+    pred = with_prompt(logits_to_prediction(logits, key, mcfg, dcfg), flat[:, :prompt_length])
     return jax.tree.map(lambda a: a.reshape(batch, k, *a.shape[1:]), pred)
 
 
@@ -114,11 +134,13 @@ def forwards_per_call(batch: int, dcfg: DecodeConfig) -> int:
 # ------------------------------------------------------------------------- block KV cache calls
 
 
-def predict_prefill(prefill, canvas: jax.Array, attention_mask: jax.Array, key: jax.Array, mcfg: ModelConfig, dcfg: DecodeConfig):
+def predict_prefill(
+    prefill, canvas: jax.Array, attention_mask: jax.Array, prompt_length: int, key: jax.Array, mcfg: ModelConfig, dcfg: DecodeConfig
+):
     """Full-canvas call [B, N] that also returns the KV cache: (Prediction [B, N], keys, values)."""
-    logits, keys, values = prefill(canvas, attention_mask)
-    logits = shift_logits(logits, mcfg.logit_shift)
-    return logits_to_prediction(logits, key, mcfg, dcfg), keys, values
+    logits, (keys, values) = generated_logits(prefill, canvas, attention_mask, prompt_length, mcfg.logit_shift)
+    pred = with_prompt(logits_to_prediction(logits, key, mcfg, dcfg), canvas[:, :prompt_length])
+    return pred, keys, values
 
 
 def predict_window(

@@ -3,19 +3,21 @@
 Each generated problem is a short story (one of several templates) whose answer
 is a chain of 2-4 dependent calculator lines followed by a GSM8K final line::
 
-    tickets 11 * 2 = 22
-    snacks 22 + 20 = 42
-    hall 42 - 26 = 16
-    goal 40 - 16 = 24
-    #### 24
+    tickets 2 * 3 = 6
+    snacks 6 + 5 = 11
+    hall 11 - 10 = 1
+    goal 7 - 1 = 6
+    #### 6
 
 Every line after the first uses the result of the previous line, so a decoder
 that fills many answer tokens in parallel without conditioning on earlier
 results tends to make mistakes. Each line starts with a word of the question's
 sentence that holds its new number (as GSM8K solutions restate what they count):
 the model finds an operand by matching that word, not by counting numbers.
-Numbers are kept small (operands mostly < 50, every intermediate result in
-[1, MAX_VALUE]) so that a tiny model can learn them.
+Numbers are kept small (every number of a question and every result in
+[1, MAX_VALUE] = [1, 20]) so that a tiny model can learn the arithmetic in an
+hour of CPU training: with results up to 50 the shipped model of that time got
+41% of result digits right and 8% of problems.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 TEST_SEED = 12345  # seed of the shipped held-out set (models/default/test.jsonl)
-MAX_VALUE = 50  # largest allowed intermediate result (small enough for a tiny model to learn in an hour)
+MAX_VALUE = 20  # largest number of a problem (small enough for a tiny model to learn in an hour)
 
 __all__ = [
     "MAX_VALUE",
@@ -220,7 +222,7 @@ class _Steps:
             raise _Retry
         return self.rng.randint(lo, hi)
 
-    def above(self, x: int, spread: int = 60) -> int:
+    def above(self, x: int, spread: int = 12) -> int:
         """A round-ish total larger than ``x`` (for 'how much more' questions)."""
         t = x + self.rng.randint(2, spread)
         if self.rng.random() < 0.5:
@@ -245,12 +247,12 @@ def _shopping(rng: random.Random, k: int, st: _Steps) -> str:
     item = rng.choice(["notebooks", "pens", "apples", "candles", "mugs", "toy cars",
                        "comic books", "socks", "plates", "plants"])
     thing = rng.choice(["bag", "hat", "lamp", "scarf", "book", "clock"])
-    a, price = rng.randint(2, 9), rng.randint(2, 15)
+    a, price = rng.randint(2, 5), rng.randint(2, 6)
     x = st("buys", a, "*", price)
     text = [f"{p.name} buys {a} {item} for ${price} each."]
     for m in _middles(rng, k, 2):
         if m == 0:
-            extra = rng.randint(3, 30)
+            extra = rng.randint(2, 10)
             x = st("also", x, "+", extra)
             text.append(f"{p.Sub} also buys a {thing} for ${extra}.")
         else:
@@ -274,7 +276,7 @@ def _shopping(rng: random.Random, k: int, st: _Steps) -> str:
 
 def _ages(rng: random.Random, k: int, st: _Steps) -> str:
     p, q, r, s = _people(rng, 4)
-    a, b = rng.randint(4, 20), rng.randint(2, 15)
+    a, b = rng.randint(2, 12), rng.randint(2, 8)
     x = st("older", a, "+", b)
     text = [f"{p.name} is {a} years old. {q.name} is {b} years older than {p.name}."]
     cur = q
@@ -285,13 +287,11 @@ def _ages(rng: random.Random, k: int, st: _Steps) -> str:
             text.append(f"{r.name} is {f} times as old as {cur.name}.")
             cur = r
         else:
-            d = st.part(x, 15)
+            d = st.part(x, 10)
             x = st("younger", x, "-", d)
             text.append(f"{s.name} is {d} years younger than {cur.name}.")
             cur = s
-    if x > 90:
-        raise _Retry
-    y = rng.randint(2, 20)
+    y = rng.randint(2, 8)
     st("will", x, "+", y)
     text.append(f"How old will {cur.name} be in {y} years?")
     return " ".join(text)
@@ -299,12 +299,12 @@ def _ages(rng: random.Random, k: int, st: _Steps) -> str:
 
 def _travel(rng: random.Random, k: int, st: _Steps) -> str:
     vehicle = rng.choice(["train", "bus", "truck", "car", "boat", "van"])
-    speed, hours = rng.randint(5, 80), rng.randint(2, 6)
+    speed, hours = rng.randint(2, 10), rng.randint(2, 4)
     x = st("hour", speed, "*", hours)
     text = [f"A {vehicle} travels at {speed} miles per hour for {hours} hours."]
     for m in _middles(rng, k, 2):
         if m == 0:
-            d = rng.randint(5, 60)
+            d = rng.randint(2, 10)
             x = st("stop", x, "+", d)
             text.append(f"After a stop, it travels {d} more miles.")
         else:
@@ -315,7 +315,7 @@ def _travel(rng: random.Random, k: int, st: _Steps) -> str:
         st("fuel", x, "/", per)
         text.append(f"It uses 1 liter of fuel every {per} miles. How many liters of fuel does it use?")
     else:
-        t = st.above(x, 80)
+        t = st.above(x)
         st("route", t, "-", x)
         text.append(f"The whole route is {t} miles long. How many miles are left?")
     return " ".join(text)
@@ -324,7 +324,7 @@ def _travel(rng: random.Random, k: int, st: _Steps) -> str:
 def _baking(rng: random.Random, k: int, st: _Steps) -> str:
     p, = _people(rng, 1)
     item = rng.choice(["cookies", "muffins", "cupcakes", "rolls", "brownies", "tarts"])
-    b, c = rng.randint(2, 6), rng.randint(4, 15)
+    b, c = rng.randint(2, 4), rng.randint(2, 8)
     x = st("batches", b, "*", c)
     text = [f"{p.name} bakes {b} batches of {item} with {c} {item} in each batch."]
     for m in _middles(rng, k, 2):
@@ -333,7 +333,7 @@ def _baking(rng: random.Random, k: int, st: _Steps) -> str:
             x = st("eats", x, "-", e)
             text.append(f"{p.pos.capitalize()} family eats {e} of them.")
         else:
-            f = rng.randint(3, 30)
+            f = rng.randint(2, 10)
             x = st("more", x, "+", f)
             text.append(f"Then {p.sub} bakes {f} more.")
     if rng.random() < 0.5:
@@ -350,12 +350,12 @@ def _baking(rng: random.Random, k: int, st: _Steps) -> str:
 
 def _savings(rng: random.Random, k: int, st: _Steps) -> str:
     p, q = _people(rng, 2)
-    s, w = rng.randint(3, 25), rng.randint(2, 9)
+    s, w = rng.randint(2, 9), rng.randint(2, 5)
     x = st("saves", s, "*", w)
     text = [f"{p.name} saves ${s} every week for {w} weeks."]
     for m in _middles(rng, k, 2):
         if m == 0:
-            g = rng.randint(5, 50)
+            g = rng.randint(2, 10)
             x = st("birthday", x, "+", g)
             text.append(f"{q.name} gives {p.obj} ${g} for {p.pos} birthday.")
         else:
@@ -364,7 +364,7 @@ def _savings(rng: random.Random, k: int, st: _Steps) -> str:
             thing = rng.choice(["game", "book", "ball", "kite", "puzzle"])
             text.append(f"{p.Sub} spends ${spent} on a {thing}.")
     if rng.random() < 0.5:
-        t = st.above(x, 60)
+        t = st.above(x)
         st("costs", t, "-", x)
         thing = rng.choice(["bike", "guitar", "tablet", "camera"])
         text.append(f"{p.Sub} wants a {thing} that costs ${t}. How much more money does {p.sub} need?")
@@ -378,7 +378,7 @@ def _savings(rng: random.Random, k: int, st: _Steps) -> str:
 def _workers(rng: random.Random, k: int, st: _Steps) -> str:
     place, item = rng.choice([("factory", "toys"), ("bakery", "pies"), ("workshop", "chairs"),
                               ("farm", "baskets"), ("shop", "shirts"), ("studio", "vases")])
-    w, m_ = rng.randint(2, 9), rng.randint(3, 20)
+    w, m_ = rng.randint(2, 5), rng.randint(2, 9)
     x = st("workers", w, "*", m_)
     text = [f"A {place} has {w} workers. Each worker makes {m_} {item} a day."]
     for m in _middles(rng, k, 2):
@@ -395,7 +395,7 @@ def _workers(rng: random.Random, k: int, st: _Steps) -> str:
         st("boxes", x, "/", n)
         text.append(f"The {item} are packed in boxes of {n}. How many boxes do they fill?")
     else:
-        old = rng.randint(5, 90)
+        old = rng.randint(2, 10)
         st("already", x, "+", old)
         text.append(f"The {place} already had {old} {item}. How many {item} does it have now?")
     return " ".join(text)
@@ -403,7 +403,7 @@ def _workers(rng: random.Random, k: int, st: _Steps) -> str:
 
 def _packing(rng: random.Random, k: int, st: _Steps) -> str:
     item = rng.choice(["oranges", "pencils", "lemons", "candies", "batteries", "eggs"])
-    n, per = rng.randint(2, 9), rng.randint(6, 30)
+    n, per = rng.randint(2, 4), rng.randint(2, 9)
     x = st("boxes", n, "*", per)
     text = [f"A store gets {n} boxes of {item}. Each box holds {per} {item}."]
     for m in _middles(rng, k, 2):
@@ -412,7 +412,7 @@ def _packing(rng: random.Random, k: int, st: _Steps) -> str:
             x = st("morning", x, "-", sold)
             text.append(f"The store sells {sold} {item} in the morning.")
         else:
-            more = rng.randint(5, 40)
+            more = rng.randint(2, 10)
             x = st("truck", x, "+", more)
             text.append(f"Then a truck brings {more} more {item}.")
     if rng.random() < 0.5:
@@ -430,7 +430,7 @@ def _garden(rng: random.Random, k: int, st: _Steps) -> str:
     p, = _people(rng, 1)
     plant, crop = rng.choice([("tomato", "tomatoes"), ("pepper", "peppers"),
                               ("bean", "beans"), ("melon", "melons"), ("corn", "ears of corn")])
-    r, c = rng.randint(2, 9), rng.randint(3, 12)
+    r, c = rng.randint(2, 5), rng.randint(2, 8)
     x = st("rows", r, "*", c)
     text = [f"{p.name} plants {r} rows of {plant} plants with {c} plants in each row."]
     for m in _middles(rng, k, 2):
@@ -439,7 +439,7 @@ def _garden(rng: random.Random, k: int, st: _Steps) -> str:
             x = st("rabbits", x, "-", e)
             text.append(f"Rabbits eat {e} of the plants.")
         else:
-            f = rng.randint(3, 20)
+            f = rng.randint(2, 10)
             x = st("later", x, "+", f)
             text.append(f"Later {p.sub} plants {f} more.")
     if rng.random() < 0.5:
@@ -456,11 +456,11 @@ def _garden(rng: random.Random, k: int, st: _Steps) -> str:
 
 def _reading(rng: random.Random, k: int, st: _Steps) -> str:
     p, q = _people(rng, 2)
-    r, d = rng.randint(5, 40), rng.randint(2, 7)
+    r, d = rng.randint(2, 8), rng.randint(2, 4)
     x = st("every", r, "*", d)
     text = [f"{p.name} reads {r} pages every day for {d} days."]
     for m in _middles(rng, k, 2):
-        z = rng.randint(3, 40)
+        z = rng.randint(2, 6)
         if m == 0:
             x = st("weekend", x, "+", z)
             text.append(f"On the weekend {p.sub} reads {z} more pages.")
@@ -468,7 +468,7 @@ def _reading(rng: random.Random, k: int, st: _Steps) -> str:
             x = st("train", x, "+", z)
             text.append(f"Then {p.sub} reads {z} pages on the train.")
     if rng.random() < 0.5:
-        t = st.above(x, 90)
+        t = st.above(x)
         st("book", t, "-", x)
         text.append(f"The book has {t} pages. How many pages are left to read?")
     else:
@@ -480,7 +480,7 @@ def _reading(rng: random.Random, k: int, st: _Steps) -> str:
 
 
 def _school(rng: random.Random, k: int, st: _Steps) -> str:
-    c, s = rng.randint(2, 9), rng.randint(12, 30)
+    c, s = rng.randint(2, 4), rng.randint(3, 9)
     x = st("classes", c, "*", s)
     text = [f"A school has {c} classes with {s} students in each class."]
     for m in _middles(rng, k, 2):
@@ -489,7 +489,7 @@ def _school(rng: random.Random, k: int, st: _Steps) -> str:
             x = st("absent", x, "-", a)
             text.append(f"Today {a} students are absent.")
         else:
-            v = rng.randint(3, 30)
+            v = rng.randint(2, 10)
             x = st("visit", x, "+", v)
             text.append(f"{v} students from another school come to visit.")
     if rng.random() < 0.5:
@@ -504,7 +504,7 @@ def _school(rng: random.Random, k: int, st: _Steps) -> str:
 
 
 def _eggs(rng: random.Random, k: int, st: _Steps) -> str:
-    h, e = rng.randint(3, 20), rng.randint(2, 7)
+    h, e = rng.randint(2, 6), rng.randint(2, 5)
     x = st("hens", h, "*", e)
     text = [f"A farmer has {h} hens. Each hen lays {e} eggs a week."]
     for m in _middles(rng, k, 2):
@@ -513,7 +513,7 @@ def _eggs(rng: random.Random, k: int, st: _Steps) -> str:
             x = st("eats", x, "-", f)
             text.append(f"The family eats {f} eggs.")
         else:
-            g = rng.randint(4, 36)
+            g = rng.randint(2, 10)
             x = st("neighbor", x, "+", g)
             text.append(f"A neighbor brings {g} more eggs.")
     if rng.random() < 0.5:
@@ -528,7 +528,7 @@ def _eggs(rng: random.Random, k: int, st: _Steps) -> str:
 
 
 def _parking(rng: random.Random, k: int, st: _Steps) -> str:
-    r, c = rng.randint(2, 9), rng.randint(5, 25)
+    r, c = rng.randint(2, 4), rng.randint(2, 9)
     x = st("rows", r, "*", c)
     text = [f"A parking lot has {r} rows with {c} cars in each row."]
     for m in _middles(rng, k, 2):
@@ -537,14 +537,14 @@ def _parking(rng: random.Random, k: int, st: _Steps) -> str:
             x = st("leave", x, "-", gone)
             text.append(f"Then {gone} cars leave.")
         else:
-            new = rng.randint(3, 30)
+            new = rng.randint(2, 10)
             x = st("arrive", x, "+", new)
             text.append(f"Later {new} more cars arrive.")
     if rng.random() < 0.5:
         st("wheels", x, "*", 4)
         text.append("Each car has 4 wheels. How many wheels are in the lot?")
     else:
-        t = st.above(x, 60)
+        t = st.above(x)
         st("room", t, "-", x)
         text.append(f"The lot has room for {t} cars. How many more cars can park?")
     return " ".join(text)
@@ -553,7 +553,7 @@ def _parking(rng: random.Random, k: int, st: _Steps) -> str:
 def _marbles(rng: random.Random, k: int, st: _Steps) -> str:
     p, q = _people(rng, 2)
     item = rng.choice(["marbles", "stickers", "shells", "cards", "coins", "stamps"])
-    a, b = rng.randint(10, 80), rng.randint(5, 40)
+    a, b = rng.randint(3, 15), rng.randint(2, 8)
     x = st("gives", a, "+", b)
     text = [f"{p.name} has {a} {item}. {q.name} gives {p.obj} {b} more."]
     for m in _middles(rng, k, 2):
@@ -580,12 +580,12 @@ def _marbles(rng: random.Random, k: int, st: _Steps) -> str:
 def _tickets(rng: random.Random, k: int, st: _Steps) -> str:
     event, people = rng.choice([("concert", "band members"), ("school play", "classes"),
                                 ("charity race", "charities"), ("movie night", "clubs")])
-    t, price = rng.randint(10, 90), rng.randint(2, 9)
+    t, price = rng.randint(2, 9), rng.randint(2, 5)
     x = st("tickets", t, "*", price)
     text = [f"A {event} sells {t} tickets for ${price} each."]
     for m in _middles(rng, k, 2):
         if m == 0:
-            d = rng.randint(10, 90)
+            d = rng.randint(2, 10)
             x = st("snacks", x, "+", d)
             text.append(f"It also makes ${d} from snacks.")
         else:
@@ -597,7 +597,7 @@ def _tickets(rng: random.Random, k: int, st: _Steps) -> str:
         st("shared", x, "/", n)
         text.append(f"The money is shared equally among {n} {people}. How much does each get?")
     else:
-        goal = st.above(x, 90)
+        goal = st.above(x)
         st("goal", goal, "-", x)
         text.append(f"The goal was ${goal}. How much more money is needed?")
     return " ".join(text)
@@ -606,12 +606,14 @@ def _tickets(rng: random.Random, k: int, st: _Steps) -> str:
 def _stickers(rng: random.Random, k: int, st: _Steps) -> str:
     p, q = _people(rng, 2)
     item = rng.choice(["stickers", "photos", "stamps", "cards"])
-    n, per = rng.randint(2, 9), rng.randint(4, 40)
+    n, per = rng.randint(2, 4), rng.randint(2, 8)
+    if n * per > st.max_value:
+        raise _Retry
     x = st("albums", n * per, "/", n)
     text = [f"{p.name} has {n * per} {item} and puts them equally into {n} albums."]
     for m in _middles(rng, k, 2):
         if m == 0:
-            a = rng.randint(3, 30)
+            a = rng.randint(2, 10)
             x = st("adds", x, "+", a)
             text.append(f"{p.Sub} adds {a} more {item} to the first album.")
         else:
@@ -624,7 +626,7 @@ def _stickers(rng: random.Random, k: int, st: _Steps) -> str:
         text.append(f"{q.name} has {f} times as many {item} as the first album. "
                     f"How many {item} does {q.name} have?")
     else:
-        c = rng.randint(3, 30)
+        c = rng.randint(2, 10)
         st("gives", x, "+", c)
         text.append(f"{q.name} gives {p.obj} {c} more for that album. "
                     f"How many {item} are in it now?")
@@ -633,12 +635,12 @@ def _stickers(rng: random.Random, k: int, st: _Steps) -> str:
 
 def _pizza(rng: random.Random, k: int, st: _Steps) -> str:
     p, = _people(rng, 1)
-    n, s = rng.randint(2, 9), rng.choice([4, 6, 8, 10, 12])
+    n, s = rng.randint(2, 4), rng.choice([2, 4, 6, 8])
     x = st("pizzas", n, "*", s)
     text = [f"{p.name} orders {n} pizzas for a party. Each pizza is cut into {s} slices."]
     for m in _middles(rng, k, 2):
         if m == 0:
-            d = rng.randint(4, 20)
+            d = rng.randint(2, 10)
             x = st("friend", x, "+", d)
             text.append(f"A friend brings {d} more slices.")
         else:

@@ -79,7 +79,7 @@ def measure(cfg, mesh, batch: int, gen: int, full_decode: bool) -> dict:
 
     def init(params, prompt_ids, prompt_mask, key):
         model = nnx.merge(graphdef, params)
-        loop = Loop(cfg, dcfg, PROMPT, lambda t, m: model(t, m), prefill=lambda t, m: model.prefill(t, m), window=model.window)
+        loop = Loop(cfg, dcfg, PROMPT, model, prefill=model.prefill, window=model.window)
         mask = jnp.concatenate([prompt_mask, jnp.ones((batch, gen), jnp.int32)], axis=1)
         return init_state(loop, prompt_ids, mask, key)
 

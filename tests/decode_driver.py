@@ -28,7 +28,7 @@ class Driver:
 
         def loop_of(params):
             model = nnx.merge(lm.graphdef, params)
-            return Loop(lm.config, settings, prompt_length, lambda tokens, mask: model(tokens, mask))
+            return Loop(lm.config, settings, prompt_length, model)
 
         self._init = jax.jit(lambda params, ids, mask, key: init_state(loop_of(params), ids, mask, key))
         self._step = jax.jit(lambda params, mask, state: step(loop_of(params), mask, state))

@@ -125,16 +125,35 @@ def test_sampling_is_reproducible_from_seed(lms):
 def test_cfg_combines_conditional_and_unconditional_logits(lms):
     lm = lms["llada-tiny"]
     canvas = jnp.asarray([PROMPTS[0] + [lm.config.mask_id] * 8])
-    forward = lambda ids, mask: lm.logits(ids)  # noqa: E731
+    p = len(PROMPTS[0])
     settings = DecodeConfig(gen_length=8, block_length=8, cfg_scale=2.0)
-    pred = predict(forward, canvas[:, None], None, len(PROMPTS[0]), jax.random.key(0), lm.config, settings)
-    uncond = canvas.at[:, : len(PROMPTS[0])].set(lm.config.mask_id)
+    pred = predict(lm.model, canvas[:, None], None, p, jax.random.key(0), lm.config, settings)
+    uncond = canvas.at[:, :p].set(lm.config.mask_id)
     cond_l, uncond_l = np.asarray(lm.logits(canvas)), np.asarray(lm.logits(uncond))
     mixed = uncond_l + 3.0 * (cond_l - uncond_l)
     mixed[..., lm.config.mask_id] = -np.inf
-    np.testing.assert_array_equal(np.asarray(pred.token[:, 0]), mixed.argmax(-1))
+    np.testing.assert_array_equal(np.asarray(pred.token[:, 0, p:]), mixed.argmax(-1)[:, p:])
     (out,) = lm.generate([PROMPTS[0]], settings)
     assert out.sequence_forwards == 2 * out.nfe
+
+
+@pytest.mark.parametrize("name", ["llada-tiny", "dream-tiny"])
+def test_prediction_reads_only_the_generated_positions_logits(lms, name):
+    """The vocabulary projection runs from the first logit a generated position reads (Dream's
+    shift reads one earlier); the prompt positions of the Prediction predict themselves."""
+    lm = lms[name]
+    p, shift = len(PROMPTS[0]), lm.config.logit_shift
+    canvas = jnp.asarray([PROMPTS[0] + [lm.config.mask_id] * 8])
+    full = np.asarray(lm.model(canvas))
+    np.testing.assert_allclose(np.asarray(lm.model(canvas, logits_from=p - 1)), full[:, p - 1 :], rtol=0, atol=1e-5)
+    expected = full[:, p - shift : full.shape[1] - shift].copy()
+    expected[..., lm.config.mask_id] = -np.inf
+    settings = DecodeConfig(gen_length=8, block_length=8)
+    pred = predict(lm.model, canvas[:, None], None, p, jax.random.key(0), lm.config, settings)
+    assert pred.token.shape == pred.conf.shape == (1, 1, p + 8)
+    np.testing.assert_array_equal(np.asarray(pred.token[0, 0, p:]), expected[0].argmax(-1))
+    np.testing.assert_array_equal(np.asarray(pred.token[0, 0, :p]), PROMPTS[0])
+    assert not np.asarray(pred.conf[0, 0, :p]).any()
 
 
 def test_logits_eos_inf_and_random_remasking(lms):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import re
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from psd_jax.tasks import (
+    MAX_VALUE,
     TEMPLATES,
     extract_answer,
     generate_problem,
@@ -121,7 +123,29 @@ def test_generated_arithmetic_is_correct():
             results.append(c)
         assert gold_answer(ex) == str(results[-1])
         assert len(ex["question"].split()) <= 50, ex["question"]
+        assert all(1 <= c <= MAX_VALUE for c in results), ex
+        assert all(int(n) <= MAX_VALUE for n in re.findall(r"\d+", ex["question"])), ex
     assert n_steps == {2, 3, 4}
+
+
+def test_training_drills_work_out_the_expressions_they_list():
+    """The calculator drills mixed into the default model's training: the question lists the
+    answer's expressions in order, and every line is right and within the task's range."""
+    spec = importlib.util.spec_from_file_location("train_default", ROOT / "scripts" / "train_default.py")
+    train_default = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_default)
+    drills = train_default.make_drills(300, seed=3)
+    assert drills == train_default.make_drills(300, seed=3)
+    ops = set()
+    for drill in drills:
+        lines = drill["answer"].splitlines()
+        steps = parse_steps(drill["answer"])
+        assert len(steps) == len(lines) == 4
+        assert all(_OPS[op](a, b) == c and 1 <= c <= MAX_VALUE for a, op, b, c in steps), drill
+        expressions = [line.split(" = ")[0] for line in lines]
+        assert drill["question"] == f"Work out {', '.join(expressions[:3])} and {expressions[3]}."
+        ops |= {op for _, op, _, _ in steps}
+    assert ops == set("+-*/")
 
 
 def test_every_line_names_a_word_of_its_question():
