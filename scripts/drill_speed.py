@@ -20,14 +20,15 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import DiffusionLM  # noqa: E402
-from train_default import GEN_LENGTH, encode_batch, make_drills, make_train_step, model_config  # noqa: E402
+from train_default import (  # noqa: E402
+    GEN_LENGTH, add_model_args, encode_batch, make_drills, make_optimizer, make_train_step, model_config,
+)
 
 
 def result_digit_mask(tok, drills: list[dict], width: int) -> np.ndarray:
@@ -51,18 +52,13 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--mlp", type=int, default=384)
-    parser.add_argument("--seed", type=int, default=0)
+    add_model_args(parser)
     args = parser.parse_args()
 
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     cfg = model_config(tok, args)
     graphdef, params = nnx.split(DiffusionLM(cfg, rngs=nnx.Rngs(args.seed)))
-    schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, min(100, args.steps // 4), args.steps + 1, end_value=args.lr * 0.05)
-    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, b2=0.98, weight_decay=0.01))
+    optimizer = make_optimizer(args.lr, args.steps, warmup=min(100, args.steps // 4))
     opt_state = optimizer.init(params)
     train_step = make_train_step(graphdef, optimizer, cfg.mask_id)
 

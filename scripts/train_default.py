@@ -43,6 +43,21 @@ GEN_LENGTH = 48  # answers are at most 41 tokens + EOS
 BLOCK_LENGTH = 16  # the decoding block size the shipped model is evaluated and benchmarked with
 
 
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """The model-shape and seed options (the shipped model's values as defaults)."""
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--mlp", type=int, default=384)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def make_optimizer(lr: float, steps: int, warmup: int) -> optax.GradientTransformation:
+    """AdamW with gradient clipping, linear warmup and cosine decay to 5% of ``lr``."""
+    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, steps + 1, end_value=lr * 0.05)
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, b2=0.98, weight_decay=0.01))
+
+
 def model_config(tok, args) -> ModelConfig:
     return ModelConfig(
         family="llada",
@@ -166,11 +181,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=58.0, help="safety stop: training time budget")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--mlp", type=int, default=384)
-    parser.add_argument("--seed", type=int, default=0)
+    add_model_args(parser)
     parser.add_argument("--drill-every", type=int, default=4, help="every n-th batch is calculator drills (0: none)")
     parser.add_argument("--drill-batch", type=int, default=48)
     parser.add_argument("--eval-every", type=int, default=1050)
@@ -187,8 +198,7 @@ def main() -> None:
     print(f"model: {cfg.param_count():,} parameters, vocab {cfg.vocab_size}", flush=True)
 
     total_steps = args.steps
-    schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, min(200, total_steps // 10 + 1), total_steps + 1, end_value=args.lr * 0.05)
-    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, b2=0.98, weight_decay=0.01))
+    optimizer = make_optimizer(args.lr, total_steps, warmup=min(200, total_steps // 10 + 1))
     opt_state = optimizer.init(params)
     train_step = make_train_step(graphdef, optimizer, cfg.mask_id)
     settings = DecodeConfig(gen_length=GEN_LENGTH, block_length=BLOCK_LENGTH, steps=GEN_LENGTH)
