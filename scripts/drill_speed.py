@@ -8,6 +8,7 @@ change of shape, initialisation or learning rate can be judged here in minutes i
 hour-long training run.
 
     python scripts/drill_speed.py --steps 400 --every 100 [--layers 4 --d-model 128 --lr 3e-3]
+    python scripts/drill_speed.py --score models/default    # the same score of a trained model
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ from transformers import AutoTokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import DiffusionLM  # noqa: E402
+from psd_jax.api import load_model  # noqa: E402
 from train_default import (  # noqa: E402
-    GEN_LENGTH, add_model_args, encode_batch, make_drills, make_optimizer, make_train_step, model_config,
+    DRILL_GEN_LENGTH, add_model_args, encode_batch, make_drills, make_optimizer, make_train_step, model_config,
 )
 
 
 def result_digit_mask(tok, drills: list[dict], width: int) -> np.ndarray:
-    """[B, width] True at the tokens of each line's result (answers start at width - GEN_LENGTH)."""
+    """[B, width] True at the tokens of each line's result (answers start at width - DRILL_GEN_LENGTH)."""
     mask = np.zeros((len(drills), width), bool)
     for row, drill in enumerate(drills):
         spans, pos = [], 0
@@ -41,13 +43,14 @@ def result_digit_mask(tok, drills: list[dict], width: int) -> np.ndarray:
             pos += len(line) + 1
         offsets = tok(drill["answer"], add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
         for j, (s, e) in enumerate(offsets):
-            mask[row, width - GEN_LENGTH + j] = any(s >= a and e <= b for a, b in spans)
+            mask[row, width - DRILL_GEN_LENGTH + j] = any(s >= a and e <= b for a, b in spans)
     return mask
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokenizer", default="models/default")
+    parser.add_argument("--score", metavar="MODEL_DIR", help="only score this trained model's result digits")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--batch", type=int, default=64)
@@ -55,23 +58,32 @@ def main() -> None:
     add_model_args(parser)
     args = parser.parse_args()
 
-    tok = AutoTokenizer.from_pretrained(args.tokenizer)
-    cfg = model_config(tok, args)
-    graphdef, params = nnx.split(DiffusionLM(cfg, rngs=nnx.Rngs(args.seed)))
+    tok = AutoTokenizer.from_pretrained(args.score or args.tokenizer)
+    if args.score:
+        model = load_model(args.score).model
+        cfg = model.config
+    else:
+        cfg = model_config(tok, args)
+        model = DiffusionLM(cfg, rngs=nnx.Rngs(args.seed))
+    graphdef, params = nnx.split(model)
     optimizer = make_optimizer(args.lr, args.steps, warmup=min(100, args.steps // 4))
     opt_state = optimizer.init(params)
-    train_step = make_train_step(graphdef, optimizer, cfg.mask_id)
+    train_step = make_train_step(graphdef, optimizer, cfg.mask_id, DRILL_GEN_LENGTH)
 
-    held = make_drills(256, seed=10**6)
-    ids, attn = encode_batch(tok, held, cfg.eos_id, cfg.pad_id)
+    held = [d for d in make_drills(260, seed=10**6)  # encode_batch would skip (and misalign) a too-long one
+            if len(tok(d["answer"], add_special_tokens=False)["input_ids"]) < DRILL_GEN_LENGTH][:256]
+    ids, attn = encode_batch(tok, held, cfg.eos_id, cfg.pad_id, DRILL_GEN_LENGTH)
     results = result_digit_mask(tok, held, ids.shape[1])
     noisy = jnp.asarray(np.where(results, cfg.mask_id, ids))
     predict = jax.jit(lambda p: nnx.merge(graphdef, p)(noisy, jnp.asarray(attn)).argmax(-1))
 
     print(f"model: {cfg.param_count():,} parameters; {int(results.sum())} result digits scored", flush=True)
+    if args.score:
+        print(f"{args.score}: result digits {(np.asarray(predict(params)) == ids)[results].mean():.1%}")
+        return
     key, start = jax.random.key(args.seed), time.time()
     for step in range(1, args.steps + 1):
-        batch_ids, batch_attn = encode_batch(tok, make_drills(args.batch, seed=args.seed * 10**6 + step), cfg.eos_id, cfg.pad_id)
+        batch_ids, batch_attn = encode_batch(tok, make_drills(args.batch, seed=args.seed * 10**6 + step), cfg.eos_id, cfg.pad_id, DRILL_GEN_LENGTH)
         key, sub = jax.random.split(key)
         params, opt_state, loss, _ = train_step(params, opt_state, batch_ids, batch_attn, sub)
         if step % args.every == 0:

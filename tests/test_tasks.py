@@ -22,6 +22,7 @@ from psd_jax.tasks import (
     normalize_number,
     parse_steps,
 )
+from psd_jax.tokenizer import encode_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "models" / "default"
@@ -128,12 +129,18 @@ def test_generated_arithmetic_is_correct():
     assert n_steps == {2, 3, 4}
 
 
+def _train_default():
+    """``scripts/train_default.py`` as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("train_default", ROOT / "scripts" / "train_default.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_training_drills_work_out_the_expressions_they_list():
     """The calculator drills mixed into the default model's training: the question lists the
     answer's expressions in order, and every line is right and within the task's range."""
-    spec = importlib.util.spec_from_file_location("train_default", ROOT / "scripts" / "train_default.py")
-    train_default = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train_default)
+    train_default = _train_default()
     drills = train_default.make_drills(300, seed=3)
     assert drills == train_default.make_drills(300, seed=3)
     ops = set()
@@ -225,3 +232,20 @@ def test_shipped_test_set():
     assert len({ex["question"] for ex in examples}) == 500
     for ex in examples:
         assert gold_answer(ex) == str(parse_steps(ex["answer"])[-1][3])
+
+
+def test_training_rows_end_with_the_answer_padded_to_the_response_length(tok):
+    """``encode_batch`` (default model training): the last ``gen_length`` tokens of every row are
+    the answer and EOS padding, left of them the chat-templated prompt; a drill batch uses the
+    shorter drill response length, which fits all but rare drills (skipped, not truncated)."""
+    train_default = _train_default()
+    drills = train_default.make_drills(200, seed=5)
+    gen = train_default.DRILL_GEN_LENGTH
+    ids, attn = train_default.encode_batch(tok, drills, tok.eos_token_id, tok.pad_token_id, gen)
+    fits = [d for d in drills if len(tok(d["answer"], add_special_tokens=False)["input_ids"]) < gen]
+    assert len(fits) >= 198 and ids.shape[0] == len(fits) and ids.shape[1] % 16 == 0
+    for row, drill in zip(ids, fits):
+        answer = tok(drill["answer"], add_special_tokens=False)["input_ids"]
+        assert list(row[-gen:]) == answer + [tok.eos_token_id] * (gen - len(answer))
+        assert tok.decode(row[: -gen]).endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert list(attn.sum(1)) == [len(encode_prompt(tok, d["question"], chat=True, source="test")) + gen for d in fits]

@@ -1,0 +1,62 @@
+"""``python -m psd_jax.bench`` on a few held-out problems: what it writes and what it counts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from psd_jax import bench
+from psd_jax.api import decode_lengths, load_model
+from psd_jax.tasks import is_correct, load_jsonl
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    code = bench.main(["--limit", "6", "--batch", "3", "--decoders", "fixed-1,psd-fixed-4-d3", "--out", str(out)])
+    return code, out
+
+
+def test_bench_writes_json_markdown_and_plot(run):
+    code, out = run
+    assert code == 0
+    assert (out / "pareto.png").stat().st_size > 0
+    report = json.loads((out / "bench.json").read_text())
+    assert report["meta"]["n"] == 6 and report["meta"]["cache"] == "dual"
+    assert [r["name"] for r in report["results"]] == ["fixed-1", "psd-fixed-4-d3"]
+    table = (out / "bench.md").read_text().splitlines()
+    assert len(table) == 4 and table[2].startswith("| fixed-1 |") and table[3].startswith("| psd-fixed-4-d3 |")
+
+
+def test_bench_counts_match_a_direct_generate_call(run):
+    """Accuracy, NFE, tokens and TPF are the same numbers the API returns for those prompts."""
+    _, out = run
+    rows = {r["name"]: r for r in json.loads((out / "bench.json").read_text())["results"]}
+    lm = load_model()
+    examples = load_jsonl(lm.path / "test.jsonl")[:6]
+    settings = bench.decoder_matrix(*decode_lengths(lm.path), "dual")["psd-fixed-4-d3"]
+    results = [r for i in (0, 3) for r in lm.generate([e["question"] for e in examples[i:i + 3]], settings, chat=True)]
+    row = rows["psd-fixed-4-d3"]
+    assert row["n"] == 6
+    assert row["accuracy"] == sum(is_correct(r.text, e) for r, e in zip(results, examples)) / 6
+    assert row["nfe_per_prompt"] == sum(r.nfe for r in results) / 6
+    assert row["tokens"] == sum(r.tokens for r in results)
+    assert row["tpf"] == pytest.approx(row["tokens"] / sum(r.nfe for r in results))
+    assert sum(row["accepted_depth"]) > 0 and len(row["accepted_depth"]) == 4
+    assert rows["fixed-1"]["speedup_tpf"] == 1.0
+    assert row["speedup_tpf"] == pytest.approx(row["tpf"] / rows["fixed-1"]["tpf"])
+
+
+def test_bench_rejects_an_unknown_decoder_setting(capsys, tmp_path):
+    assert bench.main(["--decoders", "fixed-3", "--out", str(tmp_path)]) == 2
+    assert "unknown decoder setting(s) ['fixed-3']" in capsys.readouterr().err
+
+
+def test_bench_default_run_is_the_matrix_without_the_opt_in_settings(capsys):
+    assert bench.main(["--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    matrix = bench.decoder_matrix(48, 16)
+    assert len(listed) == len(matrix) == 28
+    opt_in = [line.split()[0] for line in listed if line.endswith("(only with --all or --decoders)")]
+    assert opt_in == sorted(bench.OPT_IN, key=list(matrix).index) and len(opt_in) == 6
