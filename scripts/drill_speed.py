@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import DiffusionLM  # noqa: E402
 from psd_jax.api import load_model  # noqa: E402
 from train_default import (  # noqa: E402
-    DRILL_GEN_LENGTH, add_model_args, encode_batch, make_drills, make_optimizer, make_train_step, model_config,
+    DRILL_GEN_LENGTH, add_model_args, encode_batch, fits, make_drills, make_optimizer, make_train_step, model_config,
 )
 
 
@@ -66,12 +66,9 @@ def main() -> None:
         cfg = model_config(tok, args)
         model = DiffusionLM(cfg, rngs=nnx.Rngs(args.seed))
     graphdef, params = nnx.split(model)
-    optimizer = make_optimizer(args.lr, args.steps, warmup=min(100, args.steps // 4))
-    opt_state = optimizer.init(params)
-    train_step = make_train_step(graphdef, optimizer, cfg.mask_id, DRILL_GEN_LENGTH)
 
-    held = [d for d in make_drills(260, seed=10**6)  # encode_batch would skip (and misalign) a too-long one
-            if len(tok(d["answer"], add_special_tokens=False)["input_ids"]) < DRILL_GEN_LENGTH][:256]
+    # encode_batch would skip (and so misalign the result mask of) a drill that does not fit
+    held = [d for d in make_drills(260, seed=10**6) if fits(tok, d, DRILL_GEN_LENGTH)][:256]
     ids, attn = encode_batch(tok, held, cfg.eos_id, cfg.pad_id, DRILL_GEN_LENGTH)
     results = result_digit_mask(tok, held, ids.shape[1])
     noisy = jnp.asarray(np.where(results, cfg.mask_id, ids))
@@ -81,6 +78,9 @@ def main() -> None:
     if args.score:
         print(f"{args.score}: result digits {(np.asarray(predict(params)) == ids)[results].mean():.1%}")
         return
+    optimizer = make_optimizer(args.lr, args.steps, warmup=min(100, args.steps // 4))
+    opt_state = optimizer.init(params)
+    train_step = make_train_step(graphdef, optimizer, cfg.mask_id, DRILL_GEN_LENGTH)
     key, start = jax.random.key(args.seed), time.time()
     for step in range(1, args.steps + 1):
         batch_ids, batch_attn = encode_batch(tok, make_drills(args.batch, seed=args.seed * 10**6 + step), cfg.eos_id, cfg.pad_id, DRILL_GEN_LENGTH)

@@ -78,6 +78,12 @@ def model_config(tok, args) -> ModelConfig:
     )
 
 
+def fits(tok, example: dict, gen_length: int) -> bool:
+    """Whether the example's prompt and its answer + EOS fit a training row (others are skipped)."""
+    prompt = encode_prompt(tok, example["question"], chat=True, source="train")
+    return len(prompt) <= PROMPT_LENGTH and len(tok(example["answer"], add_special_tokens=False)["input_ids"]) < gen_length
+
+
 def encode_batch(tok, examples, eos_id: int, pad_id: int, gen_length: int = GEN_LENGTH) -> tuple[np.ndarray, np.ndarray]:
     """Left-padded prompt + answer + EOS padding to ``gen_length``, as the decoder will see it.
 
@@ -85,11 +91,9 @@ def encode_batch(tok, examples, eos_id: int, pad_id: int, gen_length: int = GEN_
     answer always starts at ``ids.shape[1] - gen_length``.
     """
     prompts, answers = [], []
-    for ex in examples:
+    for ex in filter(lambda ex: fits(tok, ex, gen_length), examples):
         prompt = encode_prompt(tok, ex["question"], chat=True, source="train")
         answer = tok(ex["answer"], add_special_tokens=False)["input_ids"] + [eos_id]
-        if len(prompt) > PROMPT_LENGTH or len(answer) > gen_length:
-            continue
         prompts.append(prompt)
         answers.append(answer + [eos_id] * (gen_length - len(answer)))
     length = -(-max(len(p) for p in prompts) // PROMPT_BUCKET) * PROMPT_BUCKET
