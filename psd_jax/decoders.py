@@ -29,7 +29,7 @@ class Proposal:
     s0: jax.Array  # [B, N] the policy's commit (candidate 0)
     valid: jax.Array  # [B, N] masked positions of the current block before the commit
     added: jax.Array  # [B, K, N] positions each candidate commits beyond s0 (PSD: level j's own)
-    branching: jax.Array  # [B] whether candidates 1.. can be chosen (else only s0 needs a forward)
+    needed: jax.Array  # [B] leading candidates the row can choose from (1: only s0); the rest need no forward
     extra: dict  # decoder-specific values needed by `choose`
 
 
@@ -66,7 +66,7 @@ def propose(pred: Prediction, canvas: jax.Array, valid: jax.Array, step: jax.Arr
         return _psd_propose(pred, s0, chosen, valid, step, dcfg)
     if dcfg.decoder == "rps":
         return _rps_propose(pred, s0, chosen, valid, dcfg)
-    return Proposal(s0[:, None], s0, valid, jnp.zeros_like(s0, bool)[:, None], jnp.zeros(s0.shape[:1], bool), {})
+    return Proposal(s0[:, None], s0, valid, jnp.zeros_like(s0, bool)[:, None], jnp.ones(s0.shape[:1], jnp.int32), {})
 
 
 def choose(proposal: Proposal, preds: Prediction, live: jax.Array, step: jax.Array, dcfg: DecodeConfig, mask_id: int) -> Choice:
@@ -77,6 +77,27 @@ def choose(proposal: Proposal, preds: Prediction, live: jax.Array, step: jax.Arr
     if dcfg.decoder == "rps":
         return _rps_choose(proposal, preds, live, dcfg)
     return Choice(jnp.zeros(batch, jnp.int32), jnp.ones(batch, jnp.int32), {})
+
+
+def _leading_true(flags: jax.Array) -> jax.Array:
+    """[B, J] bool -> [B] int32: how many leading entries are True."""
+    return jnp.cumprod(flags, axis=-1).sum(-1).astype(jnp.int32)
+
+
+def forward_sizes(k: int) -> tuple[int, ...]:
+    """The static numbers of leading candidates a call may forward: s0 alone, about half, all K.
+
+    A call forwards the smallest size that covers every live row's ``needed`` candidates (deep PSD
+    levels past a block's last step, RPS branches past the ratio filter are never forwarded); three
+    sizes keep the compiled model calls few.
+    """
+    return tuple(sorted({1, (k + 1) // 2, k}))
+
+
+def forward_size_index(needed: jax.Array, live: jax.Array, k: int) -> jax.Array:
+    """Index into ``forward_sizes(k)`` of the call that covers the live rows (0 if none is live)."""
+    most = jnp.max(jnp.where(live, needed, 1))
+    return jnp.sum(jnp.asarray(forward_sizes(k)) < most).astype(jnp.int32)
 
 
 # ----------------------------------------------------------------------------------------- PSD
@@ -108,7 +129,8 @@ def _psd_propose(pred, s0, chosen, valid, step, dcfg) -> Proposal:
     drafts = jnp.where(cumulative, pred.token[:, None, :], s0[:, None, :])
     candidates = jnp.concatenate([s0[:, None], drafts], axis=1)
     added = jnp.concatenate([jnp.zeros_like(level[:, :1]), level], axis=1)
-    return Proposal(candidates, s0, valid, added, level.any(axis=(1, 2)), {})
+    # Acceptance stops at the first empty level, so the levels after it are never chosen.
+    return Proposal(candidates, s0, valid, added, 1 + _leading_true(level.any(-1)), {})
 
 
 def _psd_choose(proposal, preds, live, step, dcfg, mask_id) -> Choice:
@@ -126,7 +148,7 @@ def _psd_choose(proposal, preds, live, step, dcfg, mask_id) -> Choice:
             preds.conf[:, :-1].reshape(b * d, n), valid_prev.reshape(b * d, n), steps.reshape(b * d), dcfg
         ).reshape(b, d, n)
         consistent &= jnp.all(policy_choice == level, axis=-1)
-    accepted = jnp.cumprod(consistent, axis=-1).sum(-1).astype(jnp.int32)
+    accepted = _leading_true(consistent)
     accepted = jnp.where(live, accepted, 0)
     hist = jax.nn.one_hot(accepted, dcfg.depth + 1, dtype=jnp.int32) * live[:, None]
     return Choice(accepted, 1 + accepted, {"accepted_depth": hist})
@@ -159,7 +181,7 @@ def _rps_propose(pred, s0, chosen, valid, dcfg) -> Proposal:
         "log_p": jnp.log(jnp.maximum(pivot_p, 1e-30)),
         "others": remaining & ~at_pivot,
     }
-    return Proposal(candidates, s0, valid, added, found, extra)
+    return Proposal(candidates, s0, valid, added, 1 + _leading_true(branch_ok), extra)
 
 
 def _rps_choose(proposal, preds, live, dcfg) -> Choice:

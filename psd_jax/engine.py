@@ -6,8 +6,10 @@ building (no model call) -> one batched model call over ``[B, K, N]`` candidates
 choice -> block advance / EOS early exit. Rows decode independently: own confidences, own
 schedule position, own EOS; finished rows are frozen with ``where``.
 
-The forward of a candidate that no row will use is skipped: when every row finishes with its
-policy commit (end of generation or EOS), no model call is made, so call counts equal upstream's.
+The forward of a candidate that no row will use is skipped: a call forwards only the leading
+candidates some live row can choose (one of ``decoders.forward_sizes``: s0 alone, about half, all
+K), and when every row finishes with its policy commit (end of generation or EOS), no model call
+is made, so call counts equal upstream's.
 ``run_python_loop`` runs the same ``step`` in a Python loop and is the test oracle for the
 compiled loop.
 
@@ -31,7 +33,7 @@ from models import ModelConfig
 from models.transformer import default_positions
 
 from .config import DecodeConfig
-from .decoders import choose, initial_stats, propose
+from .decoders import choose, forward_size_index, forward_sizes, initial_stats, propose
 from .predict import ForwardFn, Prediction, forwards_per_call, predict, predict_prefill, predict_window
 
 TRACE_COUNT = {"decode": 0}  # incremented each time the decode loop is traced (compile test)
@@ -156,32 +158,27 @@ def step(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeSta
     # A row is live if it still decodes after its policy commit; only live rows need a forward.
     _, _, _, done_after_s0 = loop.advance(proposal.s0, state.block, state.step + 1, state.done)
     live = ~done_after_s0
-    # 0: no row needs a forward; 1: no row can choose beyond s0 (PSD drafts all empty, no RPS
-    # pivot), so only s0 is forwarded; 2: all K candidates are forwarded in one call.
-    width = jnp.where(jnp.any(live), jnp.where(jnp.any(live & proposal.branching), 2, 1), 0)
     key, sub = jax.random.split(state.key)
     k = proposal.candidates.shape[1]
-
-    def broadcast(pred: Prediction) -> Prediction:
-        return jax.tree.map(lambda a: jnp.broadcast_to(a[:, None], (a.shape[0], k, *a.shape[1:])), pred)
+    sizes = forward_sizes(k)
+    # Branch 0: no row needs a forward; branch 1 + i: one call over the first sizes[i] candidates,
+    # the fewest that cover every live row's choosable ones (PSD levels, RPS branches).
+    branch = jnp.where(jnp.any(live), 1 + forward_size_index(proposal.needed, live, k), 0)
 
     def skip(_):
-        return broadcast(state.pred)
+        return _broadcast(state.pred, k)
 
-    def forward_first(_):
-        return broadcast(jax.tree.map(lambda a: a[:, 0], loop.call(proposal.candidates[:, :1], attention_mask, sub)))
+    def forward(size: int):
+        return lambda _: _pad_candidates(loop.call(proposal.candidates[:, :size], attention_mask, sub), k)
 
-    def forward_all(_):
-        return loop.call(proposal.candidates, attention_mask, sub)
-
-    preds = jax.lax.switch(width, [skip, forward_first, forward_all] if k > 1 else [skip, forward_all, forward_all], None)
+    preds = jax.lax.switch(branch, [skip] + [forward(size) for size in sizes], None)
     choice = choose(proposal, preds, live, state.step, dcfg, loop.mcfg.mask_id)
     canvas = jnp.take_along_axis(proposal.candidates, choice.index[:, None, None], axis=1)[:, 0]
     canvas = jnp.where(state.done[:, None], state.canvas, canvas)
     pred = jax.tree.map(lambda a: jnp.take_along_axis(a, _expand(choice.index, a), axis=1)[:, 0], preds)
     canvas, block, new_step, done = loop.advance(canvas, state.block, state.step + choice.steps, state.done)
-    calls = (width > 0).astype(jnp.int32)
-    sequences = jnp.where(width == 2, forwards_per_call(canvas.shape[0], dcfg), forwards_per_call(canvas.shape[0], dcfg) // k)
+    calls = (branch > 0).astype(jnp.int32)
+    sequences = forwards_per_call(canvas.shape[0], dcfg) // k * jnp.asarray((0,) + sizes)[branch]
     return DecodeState(
         canvas=canvas,
         pred=pred,
@@ -190,7 +187,7 @@ def step(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeSta
         done=done,
         row_nfe=state.row_nfe + live.astype(jnp.int32),
         nfe=state.nfe + calls,
-        sequence_forwards=state.sequence_forwards + calls * sequences,
+        sequence_forwards=state.sequence_forwards + sequences,
         iteration=state.iteration + 1,
         key=key,
         stats=jax.tree.map(jnp.add, state.stats, choice.stats),
@@ -249,17 +246,14 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
     _, block_after_s0, _, done_after_s0 = loop.advance(proposal.s0, state.block, state.step + 1, frozen)
     live = ~done_after_s0
     windowed = live & (block_after_s0 == state.block)  # rows whose forward is a window call
-    width = jnp.where(jnp.any(windowed), jnp.where(jnp.any(windowed & proposal.branching), 2, 1), 0)
     k = proposal.candidates.shape[1]
+    sizes = forward_sizes(k)
 
     shift = mcfg.logit_shift
     out_length = dcfg.block_length - shift
     start, _ = loop.block_span(state.block)
     pos = jnp.arange(n)[None, :]
     all_positions = default_positions(mcfg, attention_mask, batch, n)
-
-    def broadcast(p: Prediction, m: int) -> Prediction:
-        return jax.tree.map(lambda a: jnp.broadcast_to(a[:, None], (a.shape[0], m, *a.shape[1:])), p)
 
     def window_call(candidates: jax.Array, w: int) -> Prediction:
         """Forward candidates [B, M, N] as windows of w positions from each row's block start."""
@@ -284,28 +278,25 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
         # Window position j predicts canvas position start + j + shift (Dream: the block's first
         # position keeps the prediction of its block-start full forward, as Fast-dLLM does).
         place = lambda a, b, s: jax.lax.dynamic_update_slice_in_dim(a, b, s, axis=1)
-        return jax.tree.map(lambda a, b: jax.vmap(place)(a, b, start + shift), broadcast(pred, m), win)
+        return jax.tree.map(lambda a, b: jax.vmap(place)(a, b, start + shift), _broadcast(pred, m), win)
 
     # Static window lengths (dual: the block; prefix: buckets up to gen_length); the shortest one
     # covering every windowed row's rest of the canvas is used.
     lengths = loop.window_lengths
-    needed = jnp.max(jnp.where(windowed, n - start, 0))
-    bucket = jnp.sum(jnp.asarray(lengths) < needed)
+    reach = jnp.max(jnp.where(windowed, n - start, 0))
+    bucket = jnp.sum(jnp.asarray(lengths) < reach)
 
     def skip(_):
-        return broadcast(pred, k)
+        return _broadcast(pred, k)
 
-    def forward_first(w):
-        return lambda _: broadcast(jax.tree.map(lambda a: a[:, 0], window_call(proposal.candidates[:, :1], w)), k)
+    def forward(size: int, w: int):
+        return lambda _: _pad_candidates(window_call(proposal.candidates[:, :size], w), k)
 
-    def forward_all(w):
-        return lambda _: window_call(proposal.candidates, w)
-
-    # Branches: skip | (K > 1: s0 only, per length) | all K candidates, per length.
-    first = [forward_first(w) for w in lengths] if k > 1 else []
-    branches = [skip] + first + [forward_all(w) for w in lengths]
-    all_offset = 1 + len(first)
-    branch = jnp.where(width == 0, 0, jnp.where((width == 1) & (k > 1), 1 + bucket, all_offset + bucket))
+    # Branch 0: no window call; 1 + i * len(lengths) + j: the first sizes[i] candidates (as in
+    # ``step``) as windows of lengths[j].
+    branches = [skip] + [forward(size, w) for size in sizes for w in lengths]
+    size_index = forward_size_index(proposal.needed, windowed, k)
+    branch = jnp.where(jnp.any(windowed), 1 + size_index * len(lengths) + bucket, 0)
     preds = jax.lax.switch(branch, branches, None)
     choice = choose(proposal, preds, live, state.step, dcfg, mcfg.mask_id)
     canvas = jnp.take_along_axis(proposal.candidates, choice.index[:, None, None], axis=1)[:, 0]
@@ -313,10 +304,10 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
     new_pred = jax.tree.map(lambda a: jnp.take_along_axis(a, _expand(choice.index, a), axis=1)[:, 0], preds)
     canvas, block, new_step, done = loop.advance(canvas, state.block, state.step + jnp.where(frozen, 0, choice.steps), frozen)
     done = done & ~waiting
-    window_calls = (width > 0).astype(jnp.int32)
+    window_calls = (branch > 0).astype(jnp.int32)
     refresh_calls = any_refresh.astype(jnp.int32)
-    per_call = forwards_per_call(batch, dcfg)
-    sequences = refresh_calls * batch + window_calls * jnp.where(width == 2, per_call, per_call // k)
+    forwarded = jnp.where(window_calls > 0, jnp.asarray(sizes)[size_index], 0)
+    sequences = refresh_calls * batch + forwards_per_call(batch, dcfg) // k * forwarded
     return DecodeState(
         canvas=canvas,
         pred=new_pred,
@@ -332,6 +323,20 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
         cache=cache,
         stale=waiting | ((block != state.block) & ~done),
     )
+
+
+def _broadcast(pred: Prediction, k: int) -> Prediction:
+    """A Prediction [B, ...] repeated as the prediction of K candidates [B, K, ...]."""
+    return jax.tree.map(lambda a: jnp.broadcast_to(a[:, None], (a.shape[0], k, *a.shape[1:])), pred)
+
+
+def _pad_candidates(pred: Prediction, k: int) -> Prediction:
+    """Predictions of the first candidates [B, M, ...] -> [B, K, ...]; the M..K-1 slots repeat
+    candidate 0's (no row can choose them: they were not forwarded)."""
+    m = pred.token.shape[1]
+    if m == k:
+        return pred
+    return jax.tree.map(lambda a: jnp.concatenate([a, _broadcast(a[:, 0], k - m)], axis=1), pred)
 
 
 def _expand(index: jax.Array, a: jax.Array) -> jax.Array:

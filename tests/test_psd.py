@@ -26,6 +26,7 @@ from safetensors.numpy import load_file
 
 import psd_jax
 from psd_jax import DecodeConfig
+from psd_jax.decoders import forward_sizes
 from decode_driver import Driver, unpad
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -140,6 +141,21 @@ def test_depth_zero_is_the_base_policy_factor(run, prompts):
         assert p.stats["accepted_depth"] == [b.nfe - 1]
 
 
+def test_levels_past_the_block_are_not_forwarded(run, prompts):
+    """``fixed`` at 4 steps per block drafts at most 3 levels (the block's remaining steps), so
+    depth 7 decodes exactly as depth 3 and its calls forward at most 4 of its 8 candidates per
+    row (``forward_sizes(8)`` = 1, 4, 8), where forwarding all D + 1 would cost 8."""
+    settings = DecodeConfig(**LLADA, policy="fixed", steps=12, decoder="psd")
+    shallow = run("llada-tiny", prompts, settings.replace(depth=3))
+    deep = run("llada-tiny", prompts, settings.replace(depth=7))
+    assert max(g.stats["accepted_depth"][2] + g.stats["accepted_depth"][3] for g in deep) > 0  # drafts accepted
+    for d3, d7 in zip(shallow, deep):
+        assert d7.output_ids == d3.output_ids and d7.nfe == d3.nfe
+        assert d7.stats["accepted_depth"][:4] == d3.stats["accepted_depth"] and sum(d7.stats["accepted_depth"][4:]) == 0
+    calls = max(g.nfe for g in deep)
+    assert deep[0].sequence_forwards <= len(prompts) * (1 + 4 * (calls - 1))
+
+
 # ---------------------------------------------------------------------- strict is lossless
 
 
@@ -237,7 +253,7 @@ def test_tokens_acceptance_matches_verifier_argmax(driver, traj, models):
     states, mask = traj
     d, mask_id = TRAJ.depth, models["llada-tiny"].config.mask_id
     n = driver.loop.total_length
-    depths_seen, rejected_levels, multi_s0 = [], 0, 0
+    depths_seen, rejected_levels, multi_s0, call_sizes = [], 0, 0, set()
     for before, after in zip(states[:-1], states[1:]):
         canvas = np.asarray(before.canvas)
         token, conf = np.asarray(before.pred.token), np.asarray(before.pred.conf)
@@ -246,7 +262,6 @@ def test_tokens_acceptance_matches_verifier_argmax(driver, traj, models):
         delta = np.asarray(after.stats["accepted_depth"]) - np.asarray(before.stats["accepted_depth"])
         assert int(after.nfe) - int(before.nfe) == int(delta.sum() > 0)  # one model call per iteration
         forwarded = int(after.sequence_forwards) - int(before.sequence_forwards)
-        assert forwarded == 0 if delta.sum() == 0 else forwarded in (driver.batch, driver.batch * (d + 1))
         # S0 and the levels of every row; the canvases x, s_0, s_1, ..., s_D for the verifier.
         stack = np.repeat(canvas[:, None], d + 2, axis=1)
         levels = np.zeros((driver.batch, d + 1, n), bool)
@@ -266,6 +281,12 @@ def test_tokens_acceptance_matches_verifier_argmax(driver, traj, models):
                 idx = np.asarray(rest[(j - 1) * size: j * size], int)
                 levels[b, j, idx] = True
                 row[j + 1:, idx] = token[b, idx]
+        # The call forwards the leading candidates a live row can choose: s0 and the levels up to
+        # its first empty one, in the fewest of the engine's static sizes that cover every row.
+        live_rows = delta.sum(-1) > 0
+        most = max((1 + int(np.cumprod(levels[b, 1:].any(-1)).sum()) for b in np.flatnonzero(live_rows)), default=0)
+        assert forwarded == (0 if not most else driver.batch * min(s for s in forward_sizes(d + 1) if s >= most))
+        call_sizes.add(forwarded // driver.batch)
         # One forward per canvas: verifier[:, 0] = argmax F(x), verifier[:, j + 1] = argmax F(s_j)
         # ([MASK] excluded, temperature 0).
         verifier = np.stack([np.asarray(driver.call(jnp.asarray(stack[:, k:k + 1]), mask).token[:, 0]) for k in range(d + 2)], 1)
@@ -297,11 +318,9 @@ def test_tokens_acceptance_matches_verifier_argmax(driver, traj, models):
                 rejected_levels += 1
             depths_seen.append(j_star)
             multi_s0 += int(s0_sets[b].sum() > 1)
-            if delta[b].sum() and levels[b, 1].any():
-                # A live row with a draft: all D + 1 candidates went through the model.
-                assert forwarded == driver.batch * (d + 1)
-    # Not vacuous: multi-level acceptance, rejected levels and levels of several positions occurred.
-    assert max(depths_seen) >= 2 and rejected_levels > 0 and multi_s0 > 0
+    # Not vacuous: multi-level acceptance, rejected levels, levels of several positions, and calls
+    # of all and of only the first two candidates occurred.
+    assert max(depths_seen) >= 2 and rejected_levels > 0 and multi_s0 > 0 and {2, d + 1} <= call_sizes
 
 
 # ------------------------------------------------------------------------------------ stats

@@ -249,3 +249,23 @@ def test_training_rows_end_with_the_answer_padded_to_the_response_length(tok):
         assert list(row[-gen:]) == answer + [tok.eos_token_id] * (gen - len(answer))
         assert tok.decode(row[: -gen]).endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
     assert list(attn.sum(1)) == [len(encode_prompt(tok, d["question"], chat=True, source="test")) + gen for d in fits]
+
+
+def test_block_masking_matches_the_decoding_order():
+    """``mask_probabilities`` (default model training): in block form a row's earlier blocks are
+    clean, its own block masked at ratio t, later blocks fully masked, as the block decoder sees
+    the canvas; the iid form masks every response token at ratio t (LLaDA's SFT)."""
+    import jax.numpy as jnp
+
+    train_default = _train_default()
+    t = jnp.array([[0.25], [0.5], [0.75]])
+    block = jnp.array([[0], [1], [2]])
+    p = train_default.mask_probabilities(t, 12, 4, block)
+    assert p.tolist() == [
+        [0.25] * 4 + [1.0] * 8,
+        [0.0] * 4 + [0.5] * 4 + [1.0] * 4,
+        [0.0] * 8 + [0.75] * 4,
+    ]
+    assert train_default.mask_probabilities(t, 12, None, block).tolist() == [[0.25] * 12, [0.5] * 12, [0.75] * 12]
+    with pytest.raises(ValueError, match="block_length 5 does not divide gen_length 12"):
+        train_default.make_train_step(None, None, mask_id=0, gen_length=12, block_length=5)

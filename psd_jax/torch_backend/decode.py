@@ -12,13 +12,14 @@ token (the JAX engine is the spec):
 - a row is *live* when it still decodes after its policy commit; when no row is live the forward
   is skipped (so the last, unused forward of upstream's loop is never run), and ``row_nfe``
   counts a row's calls only while it is live;
-- when no live row can choose beyond ``s0`` (PSD drafts all empty, RPS found no pivot), only
-  ``s0`` is forwarded (``B`` sequences instead of ``B*K``), as the engine does;
+- a call forwards only the leading candidates some live row can choose (PSD levels up to the
+  first empty one, RPS branches that pass the ratio filter), rounded up to one of the engine's
+  ``forward_sizes`` (s0 alone, about half, all K), so the sequence counts equal the engine's;
 - ``nfe`` counts model calls (the initial forward included), ``sequence_forwards`` the sequences
   the model processed (``B*K`` per full call, doubled under classifier-free guidance).
 
-Host synchronisation: two reads per iteration (``any(live)``/``any(live & branching)`` in one, to
-size or skip the forward, and ``all(done)`` to stop), which an eager decoder's loop needs anyway.
+Host synchronisation: two reads per iteration (``any(live)`` and the live rows' most ``needed``
+candidates in one, to size or skip the forward, and ``all(done)`` to stop), which an eager decoder's loop needs anyway.
 
 Where this backend differs from the JAX one by construction: sampling (``temperature > 0``) and
 ``confidence="random"`` draw from ``torch.Generator`` instead of ``jax.random``, so those tokens
@@ -37,6 +38,7 @@ import torch.nn.functional as F
 from models import ModelConfig
 
 from ..config import DecodeConfig, DecodeConfigError
+from ..decoders import forward_sizes  # the engine's static call sizes
 from ..policies import step_counts  # the engine's own count tables (numpy)
 
 ENTROPY_EPS = 1e-10  # as psd_jax.predict (Dream's epsilon inside the entropy's log)
@@ -230,7 +232,7 @@ class Proposal:
     s0: torch.Tensor  # [B, N]
     valid: torch.Tensor  # [B, N]
     added: torch.Tensor  # [B, K, N]
-    branching: torch.Tensor  # [B] whether candidates 1.. can be chosen (else only s0 needs a forward)
+    needed: torch.Tensor  # [B] leading candidates the row can choose from (1: only s0)
     extra: dict
 
 
@@ -243,7 +245,7 @@ def propose(policy: Policy, pred: Prediction, canvas, valid, step) -> Proposal:
     if dcfg.decoder == "rps":
         return _rps_propose(dcfg, pred, s0, chosen, valid)
     no = torch.zeros_like(valid)
-    return Proposal(s0[:, None], s0, valid, no[:, None], no[:, 0], {})
+    return Proposal(s0[:, None], s0, valid, no[:, None], torch.ones_like(step), {})
 
 
 def choose(policy: Policy, proposal: Proposal, preds: Prediction, live, step, mask_id: int):
@@ -267,6 +269,11 @@ def initial_stats(dcfg: DecodeConfig, batch: int, device) -> dict:
     return {}
 
 
+def _leading_true(flags: torch.Tensor) -> torch.Tensor:
+    """[B, J] bool -> [B] long: how many leading entries are True."""
+    return torch.cumprod(flags.long(), dim=-1).sum(-1)
+
+
 def _psd_propose(policy: Policy, pred, s0, chosen, valid, step) -> Proposal:
     remaining = valid & ~chosen
     rank = ranks(pred.conf, remaining)
@@ -279,7 +286,8 @@ def _psd_propose(policy: Policy, pred, s0, chosen, valid, step) -> Proposal:
     drafts = torch.where(cumulative, pred.token[:, None, :], s0[:, None, :])
     candidates = torch.cat([s0[:, None], drafts], dim=1)
     added = torch.cat([torch.zeros_like(level[:, :1]), level], dim=1)
-    return Proposal(candidates, s0, valid, added, level.flatten(1).any(-1), {})
+    # Acceptance stops at the first empty level, so the levels after it are never chosen.
+    return Proposal(candidates, s0, valid, added, 1 + _leading_true(level.any(-1)), {})
 
 
 def _psd_choose(policy: Policy, proposal, preds, live, step, mask_id):
@@ -297,7 +305,7 @@ def _psd_choose(policy: Policy, proposal, preds, live, step, mask_id):
             preds.conf[:, :-1].reshape(b * d, n), valid_prev.reshape(b * d, n), steps.reshape(b * d)
         ).reshape(b, d, n)
         consistent &= (policy_choice == level).all(-1)
-    accepted = torch.cumprod(consistent.long(), dim=-1).sum(-1)
+    accepted = _leading_true(consistent)
     accepted = torch.where(live, accepted, 0)
     hist = F.one_hot(accepted, dcfg.depth + 1) * live[:, None]
     return accepted, 1 + accepted, {"accepted_depth": hist}
@@ -325,7 +333,7 @@ def _rps_propose(dcfg: DecodeConfig, pred, s0, chosen, valid) -> Proposal:
         "log_p": torch.log(pivot_p.clamp(min=1e-30)),
         "others": remaining & ~at_pivot,
     }
-    return Proposal(candidates, s0, valid, added, found, extra)
+    return Proposal(candidates, s0, valid, added, 1 + _leading_true(branch_ok), extra)
 
 
 def _rps_choose(dcfg: DecodeConfig, proposal, preds, live):
@@ -435,20 +443,19 @@ def generate(
         proposal = propose(policy, pred, canvas, valid, step)
         # A row is live if it still decodes after its policy commit; only live rows need a forward.
         live = ~blocks.advance(proposal.s0, block, step + 1, done)[3]
-        any_live, any_branching = torch.stack([live.any(), (live & proposal.branching).any()]).tolist()
+        any_live, most_needed = torch.stack([live.any().long(), torch.where(live, proposal.needed, 1).max()]).tolist()
         if not any_live:
             # Every row finishes with its policy commit: no model call (the engine's `skip`).
             canvas, block, step, done = blocks.advance(proposal.s0, block, step + 1, done)
             break
         k = proposal.candidates.shape[1]
-        if any_branching or k == 1:
-            preds = predictor(proposal.candidates, attention_mask, prompt_length, generator)
-            sequences = forwards_per_call(batch, dcfg)
-        else:
-            # No live row can choose beyond s0 (PSD drafts all empty, no RPS pivot): forward s0 only.
-            first = predictor(proposal.candidates[:, :1], attention_mask, prompt_length, generator)
-            preds = first.map(lambda a: a.expand(a.shape[0], k, *a.shape[2:]))
-            sequences = forwards_per_call(batch, dcfg) // k
+        # The leading candidates some live row can choose, in the engine's static sizes; the
+        # others repeat candidate 0's prediction (no row can choose them).
+        size = min(s for s in forward_sizes(k) if s >= most_needed)
+        preds = predictor(proposal.candidates[:, :size], attention_mask, prompt_length, generator)
+        if size < k:
+            preds = preds.map(lambda a: torch.cat([a, a[:, :1].expand(a.shape[0], k - size, *a.shape[2:])], dim=1))
+        sequences = forwards_per_call(batch, dcfg) // k * size
         index, steps, increments = choose(policy, proposal, preds, live, step, mcfg.mask_id)
         chosen = torch.where(done[:, None], canvas, proposal.candidates[rows, index])
         pred = preds.map(lambda a: a[rows, index])
