@@ -28,7 +28,7 @@ BASELINE = "fixed-1"
 # Settings of the matrix a default run leaves out, so that it fits 20 minutes on 2 CPU cores
 # (--all or --decoders runs them): depth 5 of PSD, which lies between depths 3 and 7 on every
 # base, and RPS on one token per step (9% more TPF than fixed-1, a sixth of the whole matrix's
-# time). Measured in docs/bench (all 28 settings, 500 problems): the rest takes 18 minutes.
+# time). Measured in docs/bench (all 28 settings, 500 problems): the rest takes 16 minutes.
 OPT_IN = ("psd-fixed-1-d5", "psd-fixed-2-d5", "psd-fixed-4-d5", "psd-threshold-0.9-d5", "psd-threshold-0.7-d5", "rps-fixed-1")
 
 
