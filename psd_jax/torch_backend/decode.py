@@ -19,7 +19,8 @@ token (the JAX engine is the spec):
   the model processed (``B*K`` per full call, doubled under classifier-free guidance).
 
 Host synchronisation: two reads per iteration (``any(live)`` and the live rows' most ``needed``
-candidates in one, to size or skip the forward, and ``all(done)`` to stop), which an eager decoder's loop needs anyway.
+candidates in one, to size or skip the forward, and ``all(done)`` to stop), which an eager
+decoder's loop needs anyway.
 
 Where this backend differs from the JAX one by construction: sampling (``temperature > 0``) and
 ``confidence="random"`` draw from ``torch.Generator`` instead of ``jax.random``, so those tokens
