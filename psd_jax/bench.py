@@ -43,6 +43,7 @@ class Row:
     sequence_forwards: int = 0
     seconds: float = 0.0
     compile_seconds: float = 0.0
+    correct_by_problem: list[int] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
@@ -58,6 +59,7 @@ class Row:
             "seconds": self.seconds,
             "compile_seconds": self.compile_seconds,
             "settings": self.settings,
+            "correct_by_problem": "".join(map(str, self.correct_by_problem)),
             **self.extra,
         }
 
@@ -99,7 +101,8 @@ def run_setting(lm: LoadedModel, name: str, settings: DecodeConfig, examples: li
         row.sequence_forwards += results[0].sequence_forwards
         for r, ex in zip(results, chunk):
             row.n += 1
-            row.correct += bool(is_correct(r.text or "", ex))
+            row.correct_by_problem.append(int(is_correct(r.text or "", ex)))
+            row.correct += row.correct_by_problem[-1]
             row.nfe += r.nfe
             row.tokens += r.tokens
             for key, value in r.stats.items():
@@ -107,6 +110,20 @@ def run_setting(lm: LoadedModel, name: str, settings: DecodeConfig, examples: li
         if progress is not None:
             progress.update(len(chunk))
     return row
+
+
+def paired_difference(correct_a: str, correct_b: str) -> dict:
+    """Accuracy of B minus A over the same problems (``correct_by_problem`` strings of two runs),
+    with the standard error of that paired difference and the discordant counts. Two settings
+    that agree on most problems differ far less by chance than their two accuracies' own errors
+    suggest, so this is the error to judge a small accuracy change by."""
+    if len(correct_a) != len(correct_b) or not correct_a:
+        raise InputError(f"the runs scored different problem counts ({len(correct_a)} and {len(correct_b)})")
+    a, b = (np.array([c == "1" for c in s], float) for s in (correct_a, correct_b))
+    d, n = b - a, len(a)
+    se = float(d.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+    return {"n": n, "accuracy_a": a.mean(), "accuracy_b": b.mean(), "difference": float(d.mean()),
+            "standard_error": se, "only_a": int(((a == 1) & (b == 0)).sum()), "only_b": int(((a == 0) & (b == 1)).sum())}
 
 
 def with_speedups(summaries: list[dict]) -> list[dict]:

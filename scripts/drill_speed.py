@@ -55,6 +55,8 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--unlisted", action="store_true",
+                        help="train on drills whose question does not list the expressions")
     add_model_args(parser)
     args = parser.parse_args()
 
@@ -68,27 +70,33 @@ def main() -> None:
     graphdef, params = nnx.split(model)
 
     # encode_batch would skip (and so misalign the result mask of) a drill that does not fit
-    held = [d for d in make_drills(260, seed=10**6) if fits(tok, d, DRILL_GEN_LENGTH)][:256]
-    ids, attn = encode_batch(tok, held, cfg.eos_id, cfg.pad_id, DRILL_GEN_LENGTH)
-    results = result_digit_mask(tok, held, ids.shape[1])
-    noisy = jnp.asarray(np.where(results, cfg.mask_id, ids))
-    predict = jax.jit(lambda p: nnx.merge(graphdef, p)(noisy, jnp.asarray(attn)).argmax(-1))
+    scorers = {}
+    for listed in (True, False):
+        held = [d for d in make_drills(260, seed=10**6, listed=listed) if fits(tok, d, DRILL_GEN_LENGTH)][:256]
+        ids, attn = encode_batch(tok, held, cfg.eos_id, cfg.pad_id, DRILL_GEN_LENGTH)
+        results = result_digit_mask(tok, held, ids.shape[1])
+        noisy, attn = jnp.asarray(np.where(results, cfg.mask_id, ids)), jnp.asarray(attn)
+        predict = jax.jit(lambda p, noisy=noisy, attn=attn: nnx.merge(graphdef, p)(noisy, attn).argmax(-1))
+        scorers["listed" if listed else "unlisted"] = (predict, ids, results)
 
-    print(f"model: {cfg.param_count():,} parameters; {int(results.sum())} result digits scored", flush=True)
+    def score(params) -> str:
+        return ", ".join(f"{name} {(np.asarray(predict(params)) == ids)[results].mean():.1%}"
+                         for name, (predict, ids, results) in scorers.items())
+
+    print(f"model: {cfg.param_count():,} parameters; {int(results.sum())} result digits scored per form", flush=True)
     if args.score:
-        print(f"{args.score}: result digits {(np.asarray(predict(params)) == ids)[results].mean():.1%}")
+        print(f"{args.score}: result digits {score(params)}")
         return
     optimizer = make_optimizer(args.lr, args.steps, warmup=min(100, args.steps // 4))
     opt_state = optimizer.init(params)
     train_step = make_train_step(graphdef, optimizer, cfg.mask_id, DRILL_GEN_LENGTH)
     key, start = jax.random.key(args.seed), time.time()
     for step in range(1, args.steps + 1):
-        batch_ids, batch_attn = encode_batch(tok, make_drills(args.batch, seed=args.seed * 10**6 + step), cfg.eos_id, cfg.pad_id, DRILL_GEN_LENGTH)
+        batch_ids, batch_attn = encode_batch(tok, make_drills(args.batch, seed=args.seed * 10**6 + step, listed=not args.unlisted), cfg.eos_id, cfg.pad_id, DRILL_GEN_LENGTH)
         key, sub = jax.random.split(key)
         params, opt_state, loss, _ = train_step(params, opt_state, batch_ids, batch_attn, sub)
         if step % args.every == 0:
-            accuracy = (np.asarray(predict(params)) == ids)[results].mean()
-            print(f"step {step} loss {float(loss):.3f} result digits {accuracy:.1%} {time.time() - start:.0f}s", flush=True)
+            print(f"step {step} loss {float(loss):.3f} result digits {score(params)} {time.time() - start:.0f}s", flush=True)
 
 
 if __name__ == "__main__":

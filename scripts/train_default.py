@@ -36,13 +36,14 @@ from convert.export import export_hf
 from models import DiffusionLM, ModelConfig
 from psd_jax import DecodeConfig
 from psd_jax.api import DECODE_DEFAULTS_FILE, LoadedModel
-from psd_jax.tasks import generate_problem, is_correct, load_jsonl, make_dataset, parse_steps
+from psd_jax.tasks import STEP_LINE, generate_problem, is_correct, load_jsonl, make_dataset
 from psd_jax.tokenizer import encode_prompt
 
 PROMPT_LENGTH = 96  # longest chat-templated prompt trained on (longer ones are skipped)
 PROMPT_BUCKET = 16  # training batches are padded to a multiple of this (less wasted compute)
 GEN_LENGTH = 48  # answers are at most 41 tokens + EOS
 DRILL_GEN_LENGTH = 32  # four drill lines + EOS fit (about 1 drill in 5,000 does not and is skipped)
+LABELLED_DRILL_GEN_LENGTH = 40  # four labelled lines + EOS: at most 36 tokens in 3,000 drills
 BLOCK_LENGTH = 16  # the decoding block size the shipped model is evaluated and benchmarked with
 
 
@@ -106,19 +107,25 @@ def encode_batch(tok, examples, eos_id: int, pad_id: int, gen_length: int = GEN_
     return ids, mask
 
 
-def make_drills(n: int, seed: int, lines: int = 4) -> list[dict]:
+def make_drills(n: int, seed: int, lines: int = 4, labelled: bool = False, listed: bool = True) -> list[dict]:
     """Calculator drills: ``lines`` unrelated lines of generated problems, the question listing
     their expressions, the answer working them out. Short rows that teach the lines' arithmetic
     (the part a word problem's loss teaches slowest) at a fraction of a word problem's cost. Each
-    line comes from a different problem, so the question never spells out a chain's results."""
+    line comes from a different problem, so the question never spells out a chain's results.
+    ``labelled``: the answer lines keep their problem's label word (``hens 5 * 4 = 20``), so they
+    look exactly like a word problem's lines. ``listed=False``: the question does not list the
+    expressions (only the answer's lines hold them), so a result can only be worked out from its
+    own line's operands, as in a word problem."""
     rng = random.Random(seed)
     drills = []
     for _ in range(n):
-        steps = [rng.choice(parse_steps(generate_problem(rng)["answer"])) for _ in range(lines)]
-        expressions = [f"{a} {op} {b}" for a, op, b, _ in steps]
+        chosen = [rng.choice([m for m in map(STEP_LINE.match, generate_problem(rng)["answer"].splitlines()) if m])
+                  for _ in range(lines)]
+        expressions = [f"{m[1]} {m[2]} {m[3]}" for m in chosen]
         drills.append({
-            "question": "Work out " + ", ".join(expressions[:-1]) + " and " + expressions[-1] + ".",
-            "answer": "\n".join(f"{e} = {c}" for e, (*_, c) in zip(expressions, steps)),
+            "question": ("Work out " + ", ".join(expressions[:-1]) + " and " + expressions[-1] + "."
+                         if listed else f"Work out {lines} calculator lines."),
+            "answer": "\n".join(m[0] if labelled else f"{e} = {m[4]}" for e, m in zip(expressions, chosen)),
         })
     return drills
 
@@ -223,6 +230,10 @@ def main() -> None:
     add_model_args(parser)
     parser.add_argument("--drill-every", type=int, default=3, help="every n-th batch is calculator drills (0: none)")
     parser.add_argument("--drill-batch", type=int, default=64)
+    parser.add_argument("--drill-labels", action="store_true",
+                        help="drill answer lines keep their problem's label word, like a word problem's lines")
+    parser.add_argument("--unlisted-drills", action="store_true",
+                        help="drill questions do not list the expressions (results only from their own line)")
     parser.add_argument("--masking", choices=["iid", "block"], default="iid",
                         help="iid: LLaDA's SFT form (the shipped recipe); block: one block per row masked at "
                              "ratio t, earlier blocks clean, later ones masked (the order the model is decoded in)")
@@ -244,7 +255,8 @@ def main() -> None:
     opt_state = optimizer.init(params)
     block_length = BLOCK_LENGTH if args.masking == "block" else None
     problem_step = make_train_step(graphdef, optimizer, cfg.mask_id, GEN_LENGTH, block_length)
-    drill_step = make_train_step(graphdef, optimizer, cfg.mask_id, DRILL_GEN_LENGTH, block_length)
+    drill_length = LABELLED_DRILL_GEN_LENGTH if args.drill_labels else DRILL_GEN_LENGTH
+    drill_step = make_train_step(graphdef, optimizer, cfg.mask_id, drill_length, block_length)
     settings = DecodeConfig(gen_length=GEN_LENGTH, block_length=BLOCK_LENGTH, steps=GEN_LENGTH)
 
     rng = random.Random(args.seed)
@@ -254,7 +266,9 @@ def main() -> None:
     step = 0
     problems = prefetch(lambda: encode_batch(tok, make_dataset(args.batch, rng.randrange(2**31), exclude=held_out), cfg.eos_id, cfg.pad_id))
     drill_rng = random.Random(args.seed + 1)  # its own stream: the two prefetch threads interleave
-    drills = prefetch(lambda: encode_batch(tok, make_drills(args.drill_batch, drill_rng.randrange(2**31)), cfg.eos_id, cfg.pad_id, DRILL_GEN_LENGTH))
+    drills = prefetch(lambda: encode_batch(tok, make_drills(args.drill_batch, drill_rng.randrange(2**31), labelled=args.drill_labels,
+                                                   listed=not args.unlisted_drills),
+                                       cfg.eos_id, cfg.pad_id, drill_length))
     while step < total_steps and time.time() - start < args.minutes * 60:
         use_drill = args.drill_every and step % args.drill_every == args.drill_every - 1
         ids, attn = next(drills if use_drill else problems)

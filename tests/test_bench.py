@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from psd_jax import bench
-from psd_jax.api import decode_lengths, load_model
+from psd_jax.api import InputError, decode_lengths, load_model
 from psd_jax.tasks import is_correct, load_jsonl
 
 
@@ -40,6 +41,7 @@ def test_bench_counts_match_a_direct_generate_call(run):
     row = rows["psd-fixed-4-d3"]
     assert row["n"] == 6
     assert row["accuracy"] == sum(is_correct(r.text, e) for r, e in zip(results, examples)) / 6
+    assert row["correct_by_problem"] == "".join(str(int(is_correct(r.text, e))) for r, e in zip(results, examples))
     assert row["nfe_per_prompt"] == sum(r.nfe for r in results) / 6
     assert row["tokens"] == sum(r.tokens for r in results)
     assert row["tpf"] == pytest.approx(row["tokens"] / sum(r.nfe for r in results))
@@ -60,3 +62,14 @@ def test_bench_default_run_is_the_matrix_without_the_opt_in_settings(capsys):
     assert len(listed) == len(matrix) == 28
     opt_in = [line.split()[0] for line in listed if line.endswith("(only with --all or --decoders)")]
     assert opt_in == sorted(bench.OPT_IN, key=list(matrix).index) and len(opt_in) == 6
+
+
+def test_paired_difference_counts_the_discordant_problems():
+    """B − A over the same problems, with the paired standard error sd(b_i − a_i) / sqrt(n)."""
+    p = bench.paired_difference("1100110", "1010111")
+    assert (p["n"], p["only_a"], p["only_b"]) == (7, 1, 2)
+    assert p["difference"] == pytest.approx(1 / 7)
+    d = np.array([0, -1, 1, 0, 0, 0, 1], float)
+    assert p["standard_error"] == pytest.approx(d.std(ddof=1) / np.sqrt(7))
+    with pytest.raises(InputError, match="different problem counts"):
+        bench.paired_difference("101", "10")

@@ -137,9 +137,10 @@ def _train_default():
     return module
 
 
-def test_training_drills_work_out_the_expressions_they_list():
+def test_training_drills_work_out_the_expressions_they_list(tok):
     """The calculator drills mixed into the default model's training: the question lists the
-    answer's expressions in order, and every line is right and within the task's range."""
+    answer's expressions in order, and every line is right and within the task's range; the
+    labelled form adds each line's label word, the unlisted form drops the question's list."""
     train_default = _train_default()
     drills = train_default.make_drills(300, seed=3)
     assert drills == train_default.make_drills(300, seed=3)
@@ -153,6 +154,16 @@ def test_training_drills_work_out_the_expressions_they_list():
         assert drill["question"] == f"Work out {', '.join(expressions[:3])} and {expressions[3]}."
         ops |= {op for _, op, _, _ in steps}
     assert ops == set("+-*/")
+    labelled = train_default.make_drills(300, seed=3, labelled=True)
+    for drill, plain in zip(labelled, drills):  # same lines, each with its problem's label word
+        assert drill["question"] == plain["question"]
+        pairs = list(zip(drill["answer"].splitlines(), plain["answer"].splitlines()))
+        assert all(line.split(" ", 1)[1] == bare and line.split(" ", 1)[0].isalpha() for line, bare in pairs), drill
+    fits = [d for d in labelled if len(tok(d["answer"], add_special_tokens=False)["input_ids"]) < train_default.LABELLED_DRILL_GEN_LENGTH]
+    assert len(fits) == len(labelled)
+    unlisted = train_default.make_drills(300, seed=3, listed=False)  # same lines, a question without them
+    assert [d["answer"] for d in unlisted] == [d["answer"] for d in drills]
+    assert {d["question"] for d in unlisted} == {"Work out 4 calculator lines."}
 
 
 def test_every_line_names_a_word_of_its_question():
