@@ -5,10 +5,10 @@ every response token (answer + EOS padding to ``gen_length``) is masked with pro
 ``t ~ U(eps, 1]``, and the cross-entropy on masked tokens is weighted by ``1/t`` (``--masking
 block``: one block per row instead, as the model is decoded; measured worse). Every third
 batch is calculator drills (``make_drills``, their own shorter response length) instead of word
-problems. The result is
-written in the real LLaDA Hugging Face layout (``config.json`` + ``model.safetensors`` with
-LLaDA-8B's tensor names) next to the tokenizer, so it loads through the same converter path as a
-real checkpoint.
+problems (``--unlisted-drills``, ``--drill-labels``: other drill forms, measured worse or no
+better). The result is written in the real LLaDA Hugging Face layout (``config.json`` +
+``model.safetensors`` with LLaDA-8B's tensor names) next to the tokenizer, so it loads through
+the same converter path as a real checkpoint.
 
     python scripts/train_default.py --out models/default
 
