@@ -135,13 +135,18 @@ def with_speedups(summaries: list[dict]) -> list[dict]:
     return summaries
 
 
+def _speedup(summary: dict, key: str) -> str:
+    """A speedup cell; "–" when the run had no ``fixed-1`` to measure it against."""
+    return f"{summary[key]:.2f}x" if key in summary else "–"
+
+
 def markdown_table(summaries: list[dict]) -> str:
     head = "| decoder | accuracy | NFE/prompt | TPF | TPF speedup | seq. forwards | tokens/s | speedup (tok/s) | compile s |\n"
     head += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
     lines = [
         f"| {s['name']} | {100 * s['accuracy']:.1f}% | {s['nfe_per_prompt']:.1f} | {s['tpf']:.2f} | "
-        f"{s.get('speedup_tpf', float('nan')):.2f}x | {s['sequence_forwards']} | {s['tokens_per_second']:.1f} | "
-        f"{s.get('speedup_tokens_per_second', float('nan')):.2f}x | {s['compile_seconds']:.1f} |"
+        f"{_speedup(s, 'speedup_tpf')} | {s['sequence_forwards']} | {s['tokens_per_second']:.1f} | "
+        f"{_speedup(s, 'speedup_tokens_per_second')} | {s['compile_seconds']:.1f} |"
         for s in summaries
     ]
     return head + "\n".join(lines) + "\n"

@@ -73,3 +73,10 @@ def test_paired_difference_counts_the_discordant_problems():
     assert p["standard_error"] == pytest.approx(d.std(ddof=1) / np.sqrt(7))
     with pytest.raises(InputError, match="different problem counts"):
         bench.paired_difference("101", "10")
+
+
+def test_table_without_the_baseline_leaves_speedups_blank():
+    """A run without ``fixed-1`` has nothing to measure speedups against: "–", not "nanx"."""
+    row = bench.Row("fixed-4", {}, n=2, correct=1, nfe=10, tokens=20, seconds=2.0).summary()
+    line = bench.markdown_table(bench.with_speedups([row])).splitlines()[2]
+    assert line == "| fixed-4 | 50.0% | 5.0 | 2.00 | – | 0 | 10.0 | – | 0.0 |"
