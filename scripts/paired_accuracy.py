@@ -25,10 +25,16 @@ def main() -> None:
     parser.add_argument("b", type=Path, help="bench.json of run B")
     args = parser.parse_args()
     runs = [json.loads(path.read_text()) for path in (args.a, args.b)]
-    if runs[0]["meta"]["data"] != runs[1]["meta"]["data"] or runs[0]["meta"]["n"] != runs[1]["meta"]["n"]:
-        sys.exit(f"error: the runs used different problems: {runs[0]['meta']['data']} ({runs[0]['meta']['n']}) "
-                 f"and {runs[1]['meta']['data']} ({runs[1]['meta']['n']})")
+    (a_meta, b_meta) = (run["meta"] for run in runs)
+    if a_meta["n"] != b_meta["n"]:
+        sys.exit(f"error: the runs scored different problem counts: {a_meta['data']} ({a_meta['n']}) "
+                 f"and {b_meta['data']} ({b_meta['n']})")
+    if Path(a_meta["data"]).name != Path(b_meta["data"]).name:
+        print(f"warning: different data files {a_meta['data']} and {b_meta['data']}: is problem i the same in both?")
     a_rows, b_rows = ({r["name"]: r for r in run["results"]} for run in runs)
+    for path, rows in zip((args.a, args.b), (a_rows, b_rows)):
+        if any("correct_by_problem" not in r for r in rows.values()):
+            sys.exit(f"error: {path} has no per-problem records (written before they existed); rerun that benchmark")
     print(f"A: {args.a}\nB: {args.b}\n")
     print("| decoder | A | B | B − A | paired s.e. | only A right | only B right |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
