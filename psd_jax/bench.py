@@ -36,20 +36,22 @@ OPT_IN = ("psd-fixed-1-d5", "psd-fixed-2-d5", "psd-fixed-4-d5", "psd-threshold-0
 class Row:
     name: str
     settings: dict
-    n: int = 0
-    correct: int = 0
     nfe: int = 0
     tokens: int = 0
     sequence_forwards: int = 0
     seconds: float = 0.0
     compile_seconds: float = 0.0
-    correct_by_problem: list[int] = field(default_factory=list)
+    correct_by_problem: list[int] = field(default_factory=list)  # 1/0 per problem, in order
     extra: dict = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.correct_by_problem)
 
     def summary(self) -> dict:
         return {
             "name": self.name,
-            "accuracy": self.correct / max(self.n, 1),
+            "accuracy": sum(self.correct_by_problem) / max(self.n, 1),
             "n": self.n,
             "nfe_per_prompt": self.nfe / max(self.n, 1),
             "tpf": self.tokens / max(self.nfe, 1),
@@ -100,9 +102,7 @@ def run_setting(lm: LoadedModel, name: str, settings: DecodeConfig, examples: li
         row.seconds += results[0].seconds
         row.sequence_forwards += results[0].sequence_forwards
         for r, ex in zip(results, chunk):
-            row.n += 1
             row.correct_by_problem.append(int(is_correct(r.text or "", ex)))
-            row.correct += row.correct_by_problem[-1]
             row.nfe += r.nfe
             row.tokens += r.tokens
             for key, value in r.stats.items():

@@ -83,7 +83,8 @@ def main() -> None:
         return ", ".join(f"{name} {(np.asarray(predict(params)) == ids)[results].mean():.1%}"
                          for name, (predict, ids, results) in scorers.items())
 
-    print(f"model: {cfg.param_count():,} parameters; {int(results.sum())} result digits scored per form", flush=True)
+    digits = ", ".join(f"{name} {int(results.sum())}" for name, (_, _, results) in scorers.items())
+    print(f"model: {cfg.param_count():,} parameters; result digits scored: {digits}", flush=True)
     if args.score:
         print(f"{args.score}: result digits {score(params)}")
         return

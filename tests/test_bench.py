@@ -77,6 +77,6 @@ def test_paired_difference_counts_the_discordant_problems():
 
 def test_table_without_the_baseline_leaves_speedups_blank():
     """A run without ``fixed-1`` has nothing to measure speedups against: "–", not "nanx"."""
-    row = bench.Row("fixed-4", {}, n=2, correct=1, nfe=10, tokens=20, seconds=2.0).summary()
+    row = bench.Row("fixed-4", {}, nfe=10, tokens=20, seconds=2.0, correct_by_problem=[1, 0]).summary()
     line = bench.markdown_table(bench.with_speedups([row])).splitlines()[2]
     assert line == "| fixed-4 | 50.0% | 5.0 | 2.00 | – | 0 | 10.0 | – | 0.0 |"
