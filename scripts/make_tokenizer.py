@@ -1,6 +1,6 @@
 """Build the small byte-level BPE tokenizer of the shipped default model.
 
-    python scripts/make_tokenizer.py --out models/default [--n 20000 --seed 0]
+    python scripts/make_tokenizer.py --out models/default [--n 20000 --seed 0] [--number-groups]
 
 Trains on ``psd_jax.tasks.make_dataset(n, seed)`` rendered as chat turns and
 writes tokenizer.json, tokenizer_config.json and special_tokens_map.json, which
@@ -8,7 +8,10 @@ writes tokenizer.json, tokenizer_config.json and special_tokens_map.json, which
 
 Design:
   * digits are always single tokens, never merged with anything (the
-    pre-tokenizer isolates every digit), so arithmetic is learnable;
+    pre-tokenizer isolates every digit), so arithmetic is learnable
+    (``--number-groups``: digit groups of up to three, as LLaMA-3's
+    pre-tokenizer splits numbers, which BPE merges into one token for every
+    number of the corpus; a model trained with it was no better, README);
   * a space before a number is attached to the preceding word or operator
     (``"12 + 7 = 19"`` -> ``1 2 " + " 7 " = " 1 9``), otherwise to the following
     word, as in GPT-2;
@@ -44,6 +47,7 @@ PAD_MULTIPLE = 64
 # Each digit alone; words and punctuation runs with an optional leading space,
 # and with the trailing space when a digit follows; remaining whitespace runs.
 SPLIT_PATTERN = r"[0-9]| ?[A-Za-z]+(?: (?=[0-9]))?| ?[^\sA-Za-z0-9]+(?: (?=[0-9]))?|\s+"
+NUMBER_GROUPS_PATTERN = "[0-9]{1,3}" + SPLIT_PATTERN.removeprefix("[0-9]")
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -71,11 +75,12 @@ def corpus(n: int, seed: int) -> list[str]:
     return texts
 
 
-def build(n: int = 20000, seed: int = 0, vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
+def build(n: int = 20000, seed: int = 0, vocab_size: int = VOCAB_SIZE,
+          number_groups: bool = False) -> PreTrainedTokenizerFast:
     """Train the BPE tokenizer and wrap it as a PreTrainedTokenizerFast."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+        pre_tokenizers.Split(Regex(NUMBER_GROUPS_PATTERN if number_groups else SPLIT_PATTERN), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
@@ -134,20 +139,22 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20000, help="problems in the training corpus")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocab-size", type=int, default=VOCAB_SIZE)
+    ap.add_argument("--number-groups", action="store_true",
+                    help="numbers split into digit groups of up to three (one token per number of the corpus)")
     args = ap.parse_args()
 
-    hf_tok = build(args.n, args.seed, args.vocab_size)
+    hf_tok = build(args.n, args.seed, args.vocab_size, args.number_groups)
     save(hf_tok, args.out)
 
-    # Check: exact round trip on the training corpus, digits are single tokens.
+    # Check: exact round trip on the training corpus, digits (or every number 0-20) are single tokens.
     from transformers import AutoTokenizer
 
     loaded = AutoTokenizer.from_pretrained(str(args.out))
     for text in corpus(min(args.n, 2000), args.seed):
         ids = loaded.encode(text, add_special_tokens=False)
         assert loaded.decode(ids) == text, text
-    for d in "0123456789":
-        assert len(loaded.encode(d, add_special_tokens=False)) == 1
+    for n in range(21 if args.number_groups else 10):
+        assert len(loaded.encode(str(n), add_special_tokens=False)) == 1, n
     print(f"wrote {args.out}: vocab size {len(loaded)} "
           f"(mask={loaded.mask_token_id}, eos=pad={loaded.eos_token_id}, bos={loaded.bos_token_id})")
 

@@ -6,7 +6,7 @@ every response token (answer + EOS padding to ``gen_length``) is masked with pro
 block``: one block per row instead, as the model is decoded; measured worse). Every third
 batch is calculator drills (``make_drills``, their own shorter response length) instead of word
 problems (``--unlisted-drills``, ``--drill-labels``: other drill forms, measured worse or no
-better). The result is written in the real LLaDA Hugging Face layout (``config.json`` +
+better; ``--chain-drills``: half of them chained, ``make_chain_drills``). The result is written in the real LLaDA Hugging Face layout (``config.json`` +
 ``model.safetensors`` with LLaDA-8B's tensor names) next to the tokenizer, so it loads through
 the same converter path as a real checkpoint.
 
@@ -36,7 +36,7 @@ from convert.export import export_hf
 from models import DiffusionLM, ModelConfig
 from psd_jax import DecodeConfig
 from psd_jax.api import DECODE_DEFAULTS_FILE, LoadedModel
-from psd_jax.tasks import STEP_LINE, generate_problem, is_correct, load_jsonl, make_dataset
+from psd_jax.tasks import MAX_VALUE, STEP_LINE, calculate, generate_problem, is_correct, load_jsonl, make_dataset
 from psd_jax.tokenizer import encode_prompt
 
 PROMPT_LENGTH = 96  # longest chat-templated prompt trained on (longer ones are skipped)
@@ -44,6 +44,7 @@ PROMPT_BUCKET = 16  # training batches are padded to a multiple of this (less wa
 GEN_LENGTH = 48  # answers are at most 41 tokens + EOS
 DRILL_GEN_LENGTH = 32  # four drill lines + EOS fit (about 1 drill in 5,000 does not and is skipped)
 LABELLED_DRILL_GEN_LENGTH = 40  # four labelled lines + EOS: at most 36 tokens in 3,000 drills
+CHAIN_DRILL_GEN_LENGTH = 40  # four chained lines + EOS: at most 36 tokens
 BLOCK_LENGTH = 16  # the decoding block size the shipped model is evaluated and benchmarked with
 
 
@@ -127,6 +128,31 @@ def make_drills(n: int, seed: int, lines: int = 4, labelled: bool = False, liste
                          if listed else f"Work out {lines} calculator lines."),
             "answer": "\n".join(m[0] if labelled else f"{e} = {m[4]}" for e, m in zip(expressions, chosen)),
         })
+    return drills
+
+
+def make_chain_drills(n: int, seed: int, lines: int = 4) -> list[dict]:
+    """Chained calculator drills: the question gives a start value and each line's operation and
+    second operand ("Start with 7, then + 5, - 3, * 2 and / 6."); the answer works the chain out
+    line by line, each line's first operand the previous line's result ("7 + 5 = 12", "12 - 3 =
+    9", ...). As in a word problem, a later line's first operand is only in the answer, so its
+    result cannot be read off the question (the listed drills' shortcut), and every value lies in
+    [1, MAX_VALUE]."""
+    rng = random.Random(seed)
+    drills = []
+    for _ in range(n):
+        value = rng.randint(1, MAX_VALUE)
+        start, steps, answer = value, [], []
+        for _ in range(lines):
+            choices = [(op, b) for op in "+-*/" for b in range(1, MAX_VALUE + 1)
+                       if (r := calculate(value, op, b)) is not None and 1 <= r <= MAX_VALUE and not (op in "*/" and b == 1)]
+            op, b = rng.choice(choices)
+            result = calculate(value, op, b)
+            steps.append(f"{op} {b}")
+            answer.append(f"{value} {op} {b} = {result}")
+            value = result
+        drills.append({"question": f"Start with {start}, then " + ", ".join(steps[:-1]) + " and " + steps[-1] + ".",
+                       "answer": "\n".join(answer)})
     return drills
 
 
@@ -234,6 +260,8 @@ def main() -> None:
                         help="drill answer lines keep their problem's label word, like a word problem's lines")
     parser.add_argument("--unlisted-drills", action="store_true",
                         help="drill questions do not list the expressions (results only from their own line)")
+    parser.add_argument("--chain-drills", action="store_true",
+                        help="half of every drill batch is chained drills (make_chain_drills), the other half listed")
     parser.add_argument("--masking", choices=["iid", "block"], default="iid",
                         help="iid: LLaDA's SFT form (the shipped recipe); block: one block per row masked at "
                              "ratio t, earlier blocks clean, later ones masked (the order the model is decoded in)")
@@ -255,7 +283,8 @@ def main() -> None:
     opt_state = optimizer.init(params)
     block_length = BLOCK_LENGTH if args.masking == "block" else None
     problem_step = make_train_step(graphdef, optimizer, cfg.mask_id, GEN_LENGTH, block_length)
-    drill_length = LABELLED_DRILL_GEN_LENGTH if args.drill_labels else DRILL_GEN_LENGTH
+    drill_length = (LABELLED_DRILL_GEN_LENGTH if args.drill_labels else
+                    CHAIN_DRILL_GEN_LENGTH if args.chain_drills else DRILL_GEN_LENGTH)
     drill_step = make_train_step(graphdef, optimizer, cfg.mask_id, drill_length, block_length)
     settings = DecodeConfig(gen_length=GEN_LENGTH, block_length=BLOCK_LENGTH, steps=GEN_LENGTH)
 
@@ -266,9 +295,14 @@ def main() -> None:
     step = 0
     problems = prefetch(lambda: encode_batch(tok, make_dataset(args.batch, rng.randrange(2**31), exclude=held_out), cfg.eos_id, cfg.pad_id))
     drill_rng = random.Random(args.seed + 1)  # its own stream: the two prefetch threads interleave
-    drills = prefetch(lambda: encode_batch(tok, make_drills(args.drill_batch, drill_rng.randrange(2**31), labelled=args.drill_labels,
-                                                   listed=not args.unlisted_drills),
-                                       cfg.eos_id, cfg.pad_id, drill_length))
+
+    def drill_batch() -> list[dict]:
+        chained = args.drill_batch // 2 if args.chain_drills else 0
+        seed = drill_rng.randrange(2**31)
+        return (make_drills(args.drill_batch - chained, seed, labelled=args.drill_labels, listed=not args.unlisted_drills)
+                + make_chain_drills(chained, seed))
+
+    drills = prefetch(lambda: encode_batch(tok, drill_batch(), cfg.eos_id, cfg.pad_id, drill_length))
     while step < total_steps and time.time() - start < args.minutes * 60:
         use_drill = args.drill_every and step % args.drill_every == args.drill_every - 1
         ids, attn = next(drills if use_drill else problems)

@@ -166,6 +166,26 @@ def test_training_drills_work_out_the_expressions_they_list(tok):
     assert {d["question"] for d in unlisted} == {"Work out 4 calculator lines."}
 
 
+def test_chain_drills_work_out_a_chain_the_question_does_not_spell_out(tok):
+    """Chained drills: the question gives the start value and each line's operation and second
+    operand; each line's first operand is the previous line's result (never in the question's
+    list), every line is right and within the task's range, and the answer fits its rows."""
+    train_default = _train_default()
+    drills = train_default.make_chain_drills(300, seed=5)
+    assert drills == train_default.make_chain_drills(300, seed=5)
+    ops = set()
+    for drill in drills:
+        steps = parse_steps(drill["answer"])
+        assert len(steps) == len(drill["answer"].splitlines()) == 4
+        assert all(_OPS[op](a, b) == c and 1 <= c <= MAX_VALUE for a, op, b, c in steps), drill
+        assert all(steps[k + 1][0] == steps[k][3] for k in range(3)), drill
+        listed = ", ".join(f"{op} {b}" for _, op, b, _ in steps[:3]) + f" and {steps[3][1]} {steps[3][2]}"
+        assert drill["question"] == f"Start with {steps[0][0]}, then {listed}."
+        ops |= {op for _, op, _, _ in steps}
+        assert len(tok(drill["answer"], add_special_tokens=False)["input_ids"]) < train_default.CHAIN_DRILL_GEN_LENGTH
+    assert ops == set("+-*/")
+
+
 def test_every_line_names_a_word_of_its_question():
     """Each calculator line starts with a word of the question (what the model matches on to find
     the line's number), and no word labels two lines of one answer."""
