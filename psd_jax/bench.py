@@ -66,23 +66,32 @@ class Row:
         }
 
 
-def decoder_matrix(gen_length: int, block_length: int, cache: str = "none") -> dict[str, DecodeConfig]:
-    """The default matrix: fixed 1/2/4 tokens per step, threshold 0.9/0.7, PSD on each, RPS."""
-    base = DecodeConfig(gen_length=gen_length, block_length=block_length, cache=cache)
+def decoder_settings(gen_length: int) -> dict[str, dict]:
+    """The matrix's setting names and their DecodeConfig fields (besides the lengths and cache):
+    fixed 1/2/4 tokens per step, threshold 0.9/0.7, PSD on each, RPS."""
     bases = {
-        "fixed-1": base.replace(steps=gen_length),
-        "fixed-2": base.replace(steps=gen_length // 2),
-        "fixed-4": base.replace(steps=gen_length // 4),
-        "threshold-0.9": base.replace(policy="threshold", threshold=0.9),
-        "threshold-0.7": base.replace(policy="threshold", threshold=0.7),
+        "fixed-1": {"steps": gen_length},
+        "fixed-2": {"steps": gen_length // 2},
+        "fixed-4": {"steps": gen_length // 4},
+        "threshold-0.9": {"policy": "threshold", "threshold": 0.9},
+        "threshold-0.7": {"policy": "threshold", "threshold": 0.7},
     }
     matrix = dict(bases)
-    for name, cfg in bases.items():
+    for name, fields in bases.items():
         for depth in (1, 3, 5, 7):
-            matrix[f"psd-{name}-d{depth}"] = cfg.replace(decoder="psd", depth=depth)
+            matrix[f"psd-{name}-d{depth}"] = {**fields, "decoder": "psd", "depth": depth}
     for name in ("fixed-1", "threshold-0.9", "threshold-0.7"):
-        matrix[f"rps-{name}"] = bases[name].replace(decoder="rps")
+        matrix[f"rps-{name}"] = {**bases[name], "decoder": "rps"}
     return matrix
+
+
+def decoder_matrix(gen_length: int, block_length: int, cache: str = "none",
+                   names: list[str] | None = None) -> dict[str, DecodeConfig]:
+    """DecodeConfigs of the named settings (default: all). Only the named ones are built, so a
+    setting the lengths do not allow (``fixed-2`` at block length 1) fails only when asked for."""
+    fields = decoder_settings(gen_length)
+    base = DecodeConfig(gen_length=gen_length, block_length=block_length, cache=cache)
+    return {name: base.replace(**fields[name]) for name in (fields if names is None else names)}
 
 
 def run_setting(lm: LoadedModel, name: str, settings: DecodeConfig, examples: list[dict], batch: int,
@@ -199,18 +208,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model_dir = Path(args.model) if args.model else default_model_path()
         args.gen_length, args.block_length = decode_lengths(model_dir, args.gen_length, args.block_length)
-        matrix = decoder_matrix(args.gen_length, args.block_length, args.cache)
+        known = list(decoder_settings(args.gen_length))
         if args.list:
-            print("\n".join(f"{name} (only with --all or --decoders)" if name in OPT_IN else name for name in matrix))
+            print("\n".join(f"{name} (only with --all or --decoders)" if name in OPT_IN else name for name in known))
             return 0
         if args.decoders:
             names = [n.strip() for n in args.decoders.split(",") if n.strip()]
-            unknown = [n for n in names if n not in matrix]
+            unknown = [n for n in names if n not in known]
             if unknown:
                 raise InputError(f"unknown decoder setting(s) {unknown}; see --list")
-            matrix = {n: matrix[n] for n in names}
-        elif not args.all:
-            matrix = {n: cfg for n, cfg in matrix.items() if n not in OPT_IN}
+        else:
+            names = [n for n in known if args.all or n not in OPT_IN]
+        matrix = decoder_matrix(args.gen_length, args.block_length, args.cache, names)
         data = Path(args.data) if args.data else model_dir / "test.jsonl"
         examples = load_jsonl(data)[: args.limit]
         lm = load_model(model_dir, dtype=args.dtype)

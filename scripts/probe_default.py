@@ -104,13 +104,15 @@ def teacher_forced(lm, examples: list[dict], gen_length: int) -> dict[str, dict[
 
 def generation(lm, examples: list[dict], gen_length: int, block_length: int) -> dict[str, int]:
     """Free generation at one token per step: exact answers, well-formed lines, lines with the gold
-    operands, arithmetically right lines; and the gold lines reached with every earlier line right,
+    operands, arithmetically right lines (also by operator, ``lines+``/``right+``, ...); and the gold
+    lines reached with every earlier line right,
     split by number size (``reached_small``/``right_small``: every number of the line below 10;
     ``reached_large``/``right_large``: some number of two digits)."""
     settings = DecodeConfig(gen_length=gen_length, block_length=block_length, steps=gen_length)
     out = lm.generate([ex["question"] for ex in examples], settings, chat=True, prompt_bucket=32)
     counts = dict.fromkeys(["problems", "correct", "lines", "gold_operands", "arithmetic_right",
-                            "reached_small", "right_small", "reached_large", "right_large"], 0)
+                            "reached_small", "right_small", "reached_large", "right_large",
+                            *(f"{kind}{op}" for kind in ("lines", "right") for op in "+-*/")], 0)
     counts["problems"] = len(examples)
     for ex, row in zip(examples, out):
         counts["correct"] += is_correct(row.text, ex)
@@ -122,6 +124,8 @@ def generation(lm, examples: list[dict], gen_length: int, block_length: int) -> 
             a, op, b, c = int(m[1]), m[2], int(m[3]), int(m[4])
             counts["lines"] += 1
             counts["arithmetic_right"] += calculate(a, op, b) == c
+            counts[f"lines{op}"] += 1
+            counts[f"right{op}"] += calculate(a, op, b) == c
             counts["gold_operands"] += i < len(gold) and (gold[i][1], gold[i][2], gold[i][3]) == (m[1], m[2], m[3])
         for i, g in enumerate(gold):
             size = "large" if max(int(g[1]), int(g[3]), int(g[4])) >= 10 else "small"
@@ -147,7 +151,8 @@ def main() -> None:
     print(f"one token per step: {g['correct']}/{g['problems']} correct; {g['lines']} calculator lines, "
           f"{g['gold_operands']} with the gold operands, {g['arithmetic_right']} arithmetically right; "
           f"gold lines reached with every earlier line right: {g['right_small']}/{g['reached_small']} right with "
-          f"one-digit numbers only, {g['right_large']}/{g['reached_large']} with a two-digit number")
+          f"one-digit numbers only, {g['right_large']}/{g['reached_large']} with a two-digit number; arithmetically "
+          "right by operator: " + ", ".join(f"{op} {g['right' + op]}/{g['lines' + op]}" for op in "+-*/"))
 
 
 if __name__ == "__main__":

@@ -64,6 +64,15 @@ def test_bench_default_run_is_the_matrix_without_the_opt_in_settings(capsys):
     assert opt_in == sorted(bench.OPT_IN, key=list(matrix).index) and len(opt_in) == 6
 
 
+def test_bench_builds_only_the_settings_asked_for(capsys):
+    """At block length 1, fixed-1 is a valid setting though fixed-2's 24 steps cannot cover 48
+    blocks: only a setting that is asked for is built, and a bad one fails early, naming why."""
+    matrix = bench.decoder_matrix(48, 1, "dual", ["fixed-1"])
+    assert list(matrix) == ["fixed-1"] and (matrix["fixed-1"].steps, matrix["fixed-1"].block_length) == (48, 1)
+    assert bench.main(["--block-length", "1", "--decoders", "fixed-2"]) == 2
+    assert "steps 24 is not divisible by the number of blocks 48" in capsys.readouterr().err
+
+
 def test_paired_difference_counts_the_discordant_problems():
     """B − A over the same problems, with the paired standard error sd(b_i − a_i) / sqrt(n)."""
     p = bench.paired_difference("1100110", "1010111")
