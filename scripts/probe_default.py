@@ -105,9 +105,9 @@ def teacher_forced(lm, examples: list[dict], gen_length: int) -> dict[str, dict[
 def generation(lm, examples: list[dict], gen_length: int, block_length: int) -> dict[str, int]:
     """Free generation at one token per step: exact answers, well-formed lines, lines with the gold
     operands, arithmetically right lines (also by operator, ``lines+``/``right+``, ...); and the gold
-    lines reached with every earlier line right,
-    split by number size (``reached_small``/``right_small``: every number of the line below 10;
-    ``reached_large``/``right_large``: some number of two digits)."""
+    lines reached with every earlier line right, split by number size (``reached_small`` /
+    ``right_small``: every number of the line below 10; ``reached_large`` / ``right_large``: some
+    number of two digits)."""
     settings = DecodeConfig(gen_length=gen_length, block_length=block_length, steps=gen_length)
     out = lm.generate([ex["question"] for ex in examples], settings, chat=True, prompt_bucket=32)
     counts = dict.fromkeys(["problems", "correct", "lines", "gold_operands", "arithmetic_right",

@@ -5,10 +5,10 @@ every response token (answer + EOS padding to ``gen_length``) is masked with pro
 ``t ~ U(eps, 1]``, and the cross-entropy on masked tokens is weighted by ``1/t`` (``--masking
 block``: one block per row instead, as the model is decoded; measured worse). Every third
 batch is calculator drills (``make_drills``, their own shorter response length) instead of word
-problems (``--unlisted-drills``, ``--drill-labels``: other drill forms, measured worse or no
-better; ``--chain-drills``: half of them chained, ``make_chain_drills``). The result is written in the real LLaDA Hugging Face layout (``config.json`` +
-``model.safetensors`` with LLaDA-8B's tensor names) next to the tokenizer, so it loads through
-the same converter path as a real checkpoint.
+problems (``--unlisted-drills``, ``--drill-labels``, ``--chain-drills``: other drill forms,
+measured worse or no better). The result is written in the real LLaDA Hugging Face layout
+(``config.json`` + ``model.safetensors`` with LLaDA-8B's tensor names) next to the tokenizer, so
+it loads through the same converter path as a real checkpoint.
 
     python scripts/train_default.py --out models/default
 
@@ -44,7 +44,7 @@ PROMPT_BUCKET = 16  # training batches are padded to a multiple of this (less wa
 GEN_LENGTH = 48  # answers are at most 41 tokens + EOS
 DRILL_GEN_LENGTH = 32  # four drill lines + EOS fit (about 1 drill in 5,000 does not and is skipped)
 LABELLED_DRILL_GEN_LENGTH = 40  # four labelled lines + EOS: at most 36 tokens in 3,000 drills
-CHAIN_DRILL_GEN_LENGTH = 40  # four chained lines + EOS: at most 36 tokens
+CHAIN_DRILL_GEN_LENGTH = 40  # four chained lines + EOS: at most 33 tokens in 3,000 drills
 BLOCK_LENGTH = 16  # the decoding block size the shipped model is evaluated and benchmarked with
 
 
@@ -137,7 +137,7 @@ def make_chain_drills(n: int, seed: int, lines: int = 4) -> list[dict]:
     line by line, each line's first operand the previous line's result ("7 + 5 = 12", "12 - 3 =
     9", ...). As in a word problem, a later line's first operand is only in the answer, so its
     result cannot be read off the question (the listed drills' shortcut), and every value lies in
-    [1, MAX_VALUE]."""
+    [1, MAX_VALUE]. Mixed half and half with listed drills they made the model worse (README)."""
     rng = random.Random(seed)
     drills = []
     for _ in range(n):
