@@ -110,7 +110,7 @@ def generation(lm, examples: list[dict], gen_length: int, block_length: int) -> 
     number of two digits)."""
     settings = DecodeConfig(gen_length=gen_length, block_length=block_length, steps=gen_length)
     out = lm.generate([ex["question"] for ex in examples], settings, chat=True, prompt_bucket=32)
-    counts = dict.fromkeys(["problems", "correct", "lines", "gold_operands", "arithmetic_right",
+    counts = dict.fromkeys(["problems", "correct", "gold_operands",
                             "reached_small", "right_small", "reached_large", "right_large",
                             *(f"{kind}{op}" for kind in ("lines", "right") for op in "+-*/")], 0)
     counts["problems"] = len(examples)
@@ -122,8 +122,6 @@ def generation(lm, examples: list[dict], gen_length: int, block_length: int) -> 
             if not m:
                 continue
             a, op, b, c = int(m[1]), m[2], int(m[3]), int(m[4])
-            counts["lines"] += 1
-            counts["arithmetic_right"] += calculate(a, op, b) == c
             counts[f"lines{op}"] += 1
             counts[f"right{op}"] += calculate(a, op, b) == c
             counts["gold_operands"] += i < len(gold) and (gold[i][1], gold[i][2], gold[i][3]) == (m[1], m[2], m[3])
@@ -134,6 +132,8 @@ def generation(lm, examples: list[dict], gen_length: int, block_length: int) -> 
             counts[f"right_{size}"] += right
             if not right:
                 break
+    counts["lines"] = sum(counts[f"lines{op}"] for op in "+-*/")
+    counts["arithmetic_right"] = sum(counts[f"right{op}"] for op in "+-*/")
     return counts
 
 

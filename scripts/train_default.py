@@ -108,6 +108,11 @@ def encode_batch(tok, examples, eos_id: int, pad_id: int, gen_length: int = GEN_
     return ids, mask
 
 
+def _spoken_list(items: list[str]) -> str:
+    """``a, b and c``: how a drill question lists its lines."""
+    return ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def make_drills(n: int, seed: int, lines: int = 4, labelled: bool = False, listed: bool = True) -> list[dict]:
     """Calculator drills: ``lines`` unrelated lines of generated problems, the question listing
     their expressions, the answer working them out. Short rows that teach the lines' arithmetic
@@ -124,8 +129,7 @@ def make_drills(n: int, seed: int, lines: int = 4, labelled: bool = False, liste
                   for _ in range(lines)]
         expressions = [f"{m[1]} {m[2]} {m[3]}" for m in chosen]
         drills.append({
-            "question": ("Work out " + ", ".join(expressions[:-1]) + " and " + expressions[-1] + "."
-                         if listed else f"Work out {lines} calculator lines."),
+            "question": f"Work out {_spoken_list(expressions)}." if listed else f"Work out {lines} calculator lines.",
             "answer": "\n".join(m[0] if labelled else f"{e} = {m[4]}" for e, m in zip(expressions, chosen)),
         })
     return drills
@@ -144,15 +148,13 @@ def make_chain_drills(n: int, seed: int, lines: int = 4) -> list[dict]:
         value = rng.randint(1, MAX_VALUE)
         start, steps, answer = value, [], []
         for _ in range(lines):
-            choices = [(op, b) for op in "+-*/" for b in range(1, MAX_VALUE + 1)
+            choices = [(op, b, r) for op in "+-*/" for b in range(1, MAX_VALUE + 1)
                        if (r := calculate(value, op, b)) is not None and 1 <= r <= MAX_VALUE and not (op in "*/" and b == 1)]
-            op, b = rng.choice(choices)
-            result = calculate(value, op, b)
+            op, b, result = rng.choice(choices)
             steps.append(f"{op} {b}")
             answer.append(f"{value} {op} {b} = {result}")
             value = result
-        drills.append({"question": f"Start with {start}, then " + ", ".join(steps[:-1]) + " and " + steps[-1] + ".",
-                       "answer": "\n".join(answer)})
+        drills.append({"question": f"Start with {start}, then {_spoken_list(steps)}.", "answer": "\n".join(answer)})
     return drills
 
 
