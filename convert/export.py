@@ -57,8 +57,10 @@ def export_hf(model: DiffusionLM, out_dir: str | Path, dtype=np.float32) -> Path
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {}
+    stacked = model.layer_weights()
     for key, target in expected_keys(model.config).items():
-        value = np.asarray(getattr(model, target.param)[...], dtype=np.float32)
+        source = stacked[target.param] if target.param in stacked else getattr(model, target.param)[...]
+        value = np.asarray(source, dtype=np.float32)
         if target.layer is not None:
             value = value[target.layer]
         tensors[key] = np.ascontiguousarray(value.T if target.transpose else value).astype(dtype)

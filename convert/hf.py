@@ -87,11 +87,16 @@ def stream_params(
     return {name: place(name, host) for name, host in iter_params(reader, cfg, dtype)}
 
 
-def model_from_params(cfg: ModelConfig, params: dict[str, jax.Array], dtype: jnp.dtype) -> DiffusionLM:
-    """A DiffusionLM whose parameters are ``params`` (no random initialisation is run)."""
-    model = nnx.eval_shape(lambda: DiffusionLM(cfg, dtype=dtype))
-    for name, value in params.items():
-        getattr(model, name).set_value(value)
+def model_from_params(
+    cfg: ModelConfig, params: dict[str, jax.Array], dtype: jnp.dtype, unroll_layers: bool = False
+) -> DiffusionLM:
+    """A DiffusionLM whose parameters are the stacked ``params`` (no random initialisation is run).
+
+    Consumes ``params``: with ``unroll_layers`` each stacked array is dropped once it is sliced, so
+    the host holds one parameter twice at most."""
+    model = nnx.eval_shape(lambda: DiffusionLM(cfg, dtype=dtype, unroll_layers=unroll_layers))
+    for name in list(params):
+        model.set_param(name, params.pop(name))
     return model
 
 
@@ -99,10 +104,11 @@ def load_hf_model(
     model_dir: str | Path,
     dtype: str | jnp.dtype = jnp.float32,
     shardings: dict[str, jax.sharding.Sharding] | None = None,
+    unroll_layers: bool = False,
 ) -> DiffusionLM:
     """Load a Hugging Face LLaDA/Dream directory straight into a Flax model (sharded if asked)."""
     place = None if shardings is None else (lambda name, host: jax.device_put(host, shardings[name]))
     cfg = load_config(model_dir)
     with SafetensorsDir(model_dir) as reader:
         params = stream_params(reader, cfg, jnp.dtype(dtype), place)
-    return model_from_params(cfg, params, jnp.dtype(dtype))
+    return model_from_params(cfg, params, jnp.dtype(dtype), unroll_layers)

@@ -74,6 +74,7 @@ def load_checkpoint(
     path: str | Path,
     dtype: str | jnp.dtype = jnp.float32,
     shardings: dict[str, jax.sharding.Sharding] | None = None,
+    unroll_layers: bool = False,
 ) -> DiffusionLM:
     """Restore a converted directory into a DiffusionLM of ``dtype``, parameter by parameter."""
     path = Path(path).resolve()
@@ -96,4 +97,4 @@ def load_checkpoint(
                 raise CheckpointError(f"{path}: parameter '{name}' has shape {tuple(meta.shape)}, expected {shape}")
             target = jax.ShapeDtypeStruct(shape, dtype, sharding=(shardings or {}).get(name))
             params[name] = ckpt.restore(item, {"value": target})["value"]
-    return model_from_params(cfg, params, dtype)
+    return model_from_params(cfg, params, dtype, unroll_layers)

@@ -3,7 +3,10 @@
 Both families are a Llama-style pre-norm block (RMSNorm, RoPE attention with GQA, SiLU-gated
 MLP) without a causal mask; Dream adds q/k/v biases. Layer weights are stacked on a leading
 layer axis and run with ``lax.scan``, so compile time does not grow with depth and every layer's
-weights can be sharded by one rule.
+weights can be sharded by one rule. ``unroll_layers=True`` keeps each layer's weights in arrays of
+their own and runs the layers as an unrolled loop instead: XLA:CPU copies a layer's weights out of
+the stacked arrays at every scan iteration (about a third of a forward of a 58M-parameter model,
+README "XLA against PyTorch"), while separate arrays are read in place.
 
 Numerics follow upstream: RMSNorm normalises in float32, casts back, then multiplies the weight;
 RoPE (rotate-half) is applied in float32; logits are returned in float32.
@@ -103,10 +106,18 @@ def default_positions(cfg: ModelConfig, attention_mask: jax.Array | None, batch:
 class DiffusionLM(nnx.Module):
     """Token ids [B, N] -> raw (unshifted) logits [B, N, V] in float32 (optionally of a suffix)."""
 
-    def __init__(self, config: ModelConfig, *, dtype: jnp.dtype = jnp.float32, rngs: nnx.Rngs | None = None):
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        dtype: jnp.dtype = jnp.float32,
+        rngs: nnx.Rngs | None = None,
+        unroll_layers: bool = False,
+    ):
         self.config = config
         self.dtype = jnp.dtype(dtype)
         rngs = rngs if rngs is not None else nnx.Rngs(0)
+        per_layer = {}
         for name, shape in param_shapes(config).items():
             if name.endswith("norm"):
                 value = jnp.ones(shape, self.dtype)
@@ -114,11 +125,50 @@ class DiffusionLM(nnx.Module):
                 value = jnp.zeros(shape, self.dtype)
             else:
                 value = (0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(self.dtype)
-            setattr(self, name, nnx.Param(value))
+            if unroll_layers and name not in TOP_PARAMS:
+                per_layer[name] = value
+            else:
+                setattr(self, name, nnx.Param(value))
+        # Unrolled: layers[i][name] is layer i's slice of the stacked parameter ``name``.
+        self.layers = (
+            nnx.List([nnx.Dict({name: nnx.Param(v[i]) for name, v in per_layer.items()}) for i in range(config.n_layers)])
+            if unroll_layers else None
+        )
+
+    @property
+    def unrolled(self) -> bool:
+        return self.layers is not None
+
+    def layer_param_names(self) -> list[str]:
+        return list(LAYER_PARAMS) + (list(BIAS_PARAMS) if self.config.qkv_bias else [])
 
     def layer_weights(self) -> dict[str, jax.Array]:
-        names = list(LAYER_PARAMS) + (list(BIAS_PARAMS) if self.config.qkv_bias else [])
-        return {name: getattr(self, name)[...] for name in names}
+        """Every layer parameter stacked on the layer axis [L, ...] (stacked on the fly if unrolled)."""
+        if self.unrolled:
+            return {name: jnp.stack([layer[name][...] for layer in self.layers]) for name in self.layer_param_names()}
+        return {name: getattr(self, name)[...] for name in self.layer_param_names()}
+
+    def set_param(self, name: str, value: jax.Array) -> None:
+        """Set a parameter from its stacked value (as ``param_shapes`` gives it), in either layout."""
+        if self.unrolled and name not in TOP_PARAMS:
+            for i, layer in enumerate(self.layers):
+                layer[name].set_value(value[i])
+        else:
+            getattr(self, name).set_value(value)
+
+    def _run_layers(self, block, x: jax.Array, per_layer_inputs: tuple = ()):
+        """``x, ys = block(x, (weights, *inputs))`` for each layer in turn; ys stacked on the layer axis.
+
+        ``per_layer_inputs`` are [L, ...] arrays (a KV cache) sliced per layer like the weights.
+        """
+        if not self.unrolled:
+            return jax.lax.scan(block, x, (self.layer_weights(), *per_layer_inputs))
+        ys = []
+        for i, layer in enumerate(self.layers):
+            weights = {name: param[...] for name, param in layer.items()}
+            x, y = block(x, (weights, *(a[i] for a in per_layer_inputs)))
+            ys.append(y)
+        return x, jax.tree.map(lambda *parts: jnp.stack(parts), *ys)
 
     def head_weight(self) -> jax.Array:
         return self.embed[...].T if self.config.tie_embeddings else self.lm_head[...]
@@ -158,7 +208,8 @@ class DiffusionLM(nnx.Module):
         sin, cos = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
         x = jnp.take(self.embed[...], tokens, axis=0).astype(self.dtype)
 
-        def block(h: jax.Array, w: dict[str, jax.Array]):
+        def block(h: jax.Array, layer: tuple[dict[str, jax.Array]]):
+            (w,) = layer
             q, k, v = self._project(rms_norm(h, w["attn_norm"], cfg.norm_eps), w, sin, cos)
             out = jax.nn.dot_product_attention(q, k, v, mask=key_mask)
             h = h + out.reshape(batch, length, cfg.n_heads * cfg.head_dim) @ w["wo"]
@@ -166,7 +217,7 @@ class DiffusionLM(nnx.Module):
             y = jax.nn.silu(y @ w["w_gate"]) * (y @ w["w_up"])
             return h + y @ w["w_down"], ((k, v) if collect_kv else None)
 
-        x, kv = jax.lax.scan(block, x, self.layer_weights())
+        x, kv = self._run_layers(block, x)
         logits = self._head(x[:, logits_from:])
         return (logits, *kv) if collect_kv else (logits, None, None)
 
@@ -203,7 +254,7 @@ class DiffusionLM(nnx.Module):
             y = jax.nn.silu(y @ w["w_gate"]) * (y @ w["w_up"])
             return h + y @ w["w_down"], None
 
-        x, _ = jax.lax.scan(block, x, (self.layer_weights(), cache_k, cache_v))
+        x, _ = self._run_layers(block, x, (cache_k, cache_v))
         logits = self._head(x[:, :out_length])
         return logits.reshape(batch, m, out_length, -1)
 

@@ -241,11 +241,20 @@ class LoadedModel(PromptIO):
         return results
 
 
-def load_model(path: str | Path | None = None, dtype: str = "float32", mesh: Mesh | str | None = None) -> LoadedModel:
+def load_model(
+    path: str | Path | None = None,
+    dtype: str = "float32",
+    mesh: Mesh | str | None = None,
+    unroll_layers: bool | None = None,
+) -> LoadedModel:
     """Load a Hugging Face directory or a converted (Orbax) checkpoint; ``None`` = the shipped model.
 
     With ``mesh`` (a ``jax.sharding.Mesh`` or a spec like ``"data=2,model=4"``) each parameter is
     placed straight into its shards as it is read, so no device ever holds the whole model.
+    ``unroll_layers`` (``None``: on the CPU backend only) keeps each layer's weights in arrays of
+    their own and unrolls the layer loop: faster on XLA:CPU, which copies a layer's weights out of
+    the stacked arrays at every ``lax.scan`` step; ``False`` (scan) compiles in time independent of
+    depth.
     """
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
@@ -255,10 +264,12 @@ def load_model(path: str | Path | None = None, dtype: str = "float32", mesh: Mes
     if isinstance(mesh, str):
         mesh = make_mesh(mesh)
     shardings = param_shardings(load_config(path), mesh) if mesh is not None else None
+    if unroll_layers is None:
+        unroll_layers = jax.default_backend() == "cpu"
     if is_orbax_dir(path):
-        model = load_checkpoint(path, DTYPES[dtype], shardings)
+        model = load_checkpoint(path, DTYPES[dtype], shardings, unroll_layers)
     elif (path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file():
-        model = load_hf_model(path, DTYPES[dtype], shardings)
+        model = load_hf_model(path, DTYPES[dtype], shardings, unroll_layers)
     else:
         raise CheckpointError(f"{path}: neither a Hugging Face safetensors directory nor a converted checkpoint")
     tokenizer = load_tokenizer(path, model.config.family)

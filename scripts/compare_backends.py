@@ -2,7 +2,10 @@
 
 For each decoder the same prompts, batches and settings go through every backend in one run:
 
-- ``jax``: ``psd_jax.load_model(...).generate`` (one compiled ``lax.while_loop``);
+- ``jax``: ``psd_jax.load_model(...).generate`` (one compiled ``lax.while_loop``; on a CPU the
+  layers unrolled over per-layer weight arrays, ``load_model``'s default there);
+- ``jax-scan`` (``--jax-scan``): the same with the layers run by ``lax.scan`` over stacked weights
+  (the default on GPU/TPU), to show what the layout is worth in the same run;
 - ``torch``: ``psd_jax.torch_backend`` eager (``torch.inference_mode``, one batched forward per
   iteration, Python loop over iterations);
 - ``torch.compile`` (``--compile``): the same with the forward + prediction ``torch.compile``d.
@@ -278,6 +281,8 @@ def run_model(label: str, path: Path, args, random_model: bool) -> dict:
 
     print(f"[{label}] loading {path}", file=sys.stderr)
     backends = {"jax": psd_jax.load_model(path, dtype=args.dtype)}
+    if args.jax_scan:
+        backends["jax-scan"] = psd_jax.load_model(path, dtype=args.dtype, unroll_layers=False)
     backends["torch"] = load_torch_model(path, args.dtype, device=args.torch_device)
     if args.compile:
         backends["torch.compile"] = load_torch_model(path, args.dtype, device=args.torch_device, compile=True)
@@ -337,6 +342,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int,
                    help="CPU threads for both backends: torch.set_num_threads and XLA's intra-op pool "
                         "(default: each library's default, all cores)")
+    p.add_argument("--jax-scan", action="store_true",
+                   help="also run JAX with the layers in a lax.scan over stacked weights (its GPU/TPU layout)")
     p.add_argument("--torch-device", help="default: cuda when available, else cpu")
     p.add_argument("--breakdown", action="store_true",
                    help="after each timed pass, replay its model calls as bare forwards (same count and shapes) "

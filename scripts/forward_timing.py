@@ -4,7 +4,7 @@
 Separates the frameworks' forward passes from everything the decoders add (README, "XLA against
 PyTorch"). XLA's thread count is fixed when its CPU client starts, so run one process per setting:
 
-    python scripts/forward_timing.py --backend jax [--batch 1 --length 64]
+    python scripts/forward_timing.py --backend jax [--batch 1 --length 64] [--scan-layers]
     XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \\
         python scripts/forward_timing.py --backend jax
     python scripts/forward_timing.py --backend torch --threads 1
@@ -35,14 +35,14 @@ def median_ms(call) -> float:
     return 1e3 * statistics.median(times)
 
 
-def time_jax(cfg: ModelConfig, batch: int, length: int) -> float:
+def time_jax(cfg: ModelConfig, batch: int, length: int, unroll_layers: bool) -> float:
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
     from models import DiffusionLM
 
-    graphdef, params = nnx.split(DiffusionLM(cfg, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(DiffusionLM(cfg, rngs=nnx.Rngs(0), unroll_layers=unroll_layers))
     forward = jax.jit(lambda p, ids, mask: nnx.merge(graphdef, p)(ids, mask))
     ids = jnp.ones((batch, length), jnp.int32)
     return median_ms(lambda: forward(params, ids, ids).block_until_ready())
@@ -75,13 +75,16 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--length", type=int, default=64)
     p.add_argument("--threads", type=int, help="torch.set_num_threads (torch only)")
+    p.add_argument("--scan-layers", action="store_true",
+                   help="jax: lax.scan over stacked layer weights (default: unrolled, load_model's CPU layout)")
     args = p.parse_args()
     cfg = random_llada_config(args)
     if args.backend == "jax":
-        ms = time_jax(cfg, args.batch, args.length)
+        ms = time_jax(cfg, args.batch, args.length, unroll_layers=not args.scan_layers)
     else:
         ms = time_torch(cfg, args.batch, args.length, args.threads)
-    print(f"{args.backend}: batch {args.batch} x {args.length} tokens, {cfg.param_count():,} parameters: "
+    layout = "" if args.backend == "torch" else (" (scan)" if args.scan_layers else " (unrolled)")
+    print(f"{args.backend}{layout}: batch {args.batch} x {args.length} tokens, {cfg.param_count():,} parameters: "
           f"median {ms:.1f} ms per forward")
 
 

@@ -40,7 +40,8 @@ def main(ckpt: str) -> None:
         out["reference"][name] = [[r.output_ids, r.nfe] for r in single.generate(PROMPTS, settings, prompt_bucket=16)]
     for mesh in MESHES:
         lm = load_model(ckpt, mesh=mesh)
-        split = sorted(name for name in lm.params if not lm.params[name][...].sharding.is_fully_replicated)
+        # Parameter names (a path's last key: the same in the stacked and the unrolled layout).
+        split = sorted({path[-1] for path, param in lm.params.flat_state() if not param[...].sharding.is_fully_replicated})
         out["meshes"][mesh] = {"split_params": split}
         for name, settings in {**DECODERS, **CACHED}.items():
             start = time.perf_counter()

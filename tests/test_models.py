@@ -66,7 +66,7 @@ def test_orbax_round_trip_gives_identical_logits(tmp_path, lms):
     out16 = tmp_path / "bf16"
     assert convert_main(["--hf-dir", str(GOLDENS / "llada-tiny"), "--out", str(out16)]) == 0
     lm16 = load_model(out16, dtype="bfloat16")
-    assert lm16.model.wq[...].dtype == jnp.bfloat16
+    assert lm16.model.layer_weights()["wq"].dtype == jnp.bfloat16
     assert lm16.logits(ids).dtype == jnp.float32
 
 
@@ -224,3 +224,46 @@ def test_dream_real_tokenizer_encodes_and_applies_chat_template():
 
 def test_dream_logit_shift_is_declared_by_the_model(lms):
     assert lms["dream-tiny"].config.logit_shift == 1 and lms["llada-tiny"].config.logit_shift == 0
+
+
+@pytest.mark.parametrize("name", ["llada-tiny-gqa", "dream-tiny"])
+def test_unrolled_layers_equal_scanned_layers(name):
+    """The two layer layouts are one model: the same logits, KV cache and window logits (to the
+    float32 tolerance of the goldens: XLA fuses the two graphs differently), decoded tokens and
+    call counts."""
+    from psd_jax import DecodeConfig
+
+    scanned, unrolled = (load_model(GOLDENS / name, unroll_layers=u) for u in (False, True))
+    assert (scanned.model.unrolled, unrolled.model.unrolled) == (False, True)
+    assert len(nnx.state(unrolled.model, nnx.Param)["layers"]) == scanned.config.n_layers
+    tokens = jax.random.randint(jax.random.key(1), (2, 24), 0, 400)
+    mask = jnp.ones_like(tokens).at[0, :3].set(0)
+    outs = [lm.model.prefill(tokens, mask) for lm in (scanned, unrolled)]
+    for a, b in zip(*outs):  # logits, keys [L, ...], values [L, ...]
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=LOGIT_ATOL)
+    _, keys, values = outs[0]
+    window = (tokens[:, None, 8:16], jnp.broadcast_to(jnp.arange(8, 16), (2, 1, 8)), keys, values,
+              jnp.ones((2, 24), bool).at[:, 8:16].set(False), jnp.ones((2, 8), bool), 8)
+    np.testing.assert_allclose(np.asarray(scanned.model.window(*window)), np.asarray(unrolled.model.window(*window)),
+                               rtol=0, atol=LOGIT_ATOL)
+    settings = DecodeConfig(gen_length=32, block_length=8, policy="threshold", threshold=0.7, decoder="psd", depth=3, cache="dual")
+    prompts = [[5, 9, 31, 7], [12, 4, 4, 8, 100, 3]]
+    a, b = scanned.generate(prompts, settings), unrolled.generate(prompts, settings)
+    assert [(g.output_ids, g.nfe) for g in a] == [(g.output_ids, g.nfe) for g in b]
+
+
+def test_unrolled_model_exports_the_weights_it_loaded(tmp_path):
+    from convert.export import export_hf
+
+    export_hf(load_model(GOLDENS / "llada-tiny-gqa", unroll_layers=True).model, tmp_path / "re-exported")
+    reloaded = load_file(str(tmp_path / "re-exported" / "model.safetensors"))
+    original = load_file(str(GOLDENS / "llada-tiny-gqa" / "model.safetensors"))
+    assert reloaded.keys() == original.keys()
+    for key, value in original.items():
+        np.testing.assert_array_equal(reloaded[key], value.astype(np.float32), err_msg=key)
+
+
+def test_cpu_loads_unrolled_by_default(lms):
+    """On the CPU backend load_model picks the unrolled layout unless told otherwise."""
+    assert jax.default_backend() == "cpu"
+    assert all(lm.model.unrolled for lm in lms.values())
