@@ -103,6 +103,12 @@ def default_positions(cfg: ModelConfig, attention_mask: jax.Array | None, batch:
     return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
 
 
+def default_unroll_layers() -> bool:
+    """The layer layout for the current backend: unrolled on CPU (XLA:CPU copies a layer's weights
+    out of stacked arrays at every scan step), ``lax.scan`` elsewhere (compile time independent of depth)."""
+    return jax.default_backend() == "cpu"
+
+
 class DiffusionLM(nnx.Module):
     """Token ids [B, N] -> raw (unshifted) logits [B, N, V] in float32 (optionally of a suffix)."""
 

@@ -24,6 +24,7 @@ from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE, CheckpointError
 from jax.sharding import Mesh
 
 from models import DiffusionLM, ModelConfig, load_config
+from models.transformer import default_unroll_layers
 
 from .config import DecodeConfig
 from .engine import DecodeOutput, decode
@@ -251,10 +252,9 @@ def load_model(
 
     With ``mesh`` (a ``jax.sharding.Mesh`` or a spec like ``"data=2,model=4"``) each parameter is
     placed straight into its shards as it is read, so no device ever holds the whole model.
-    ``unroll_layers`` (``None``: on the CPU backend only) keeps each layer's weights in arrays of
-    their own and unrolls the layer loop: faster on XLA:CPU, which copies a layer's weights out of
-    the stacked arrays at every ``lax.scan`` step; ``False`` (scan) compiles in time independent of
-    depth.
+    ``unroll_layers=True`` keeps each layer's weights in arrays of their own and unrolls the layer
+    loop, ``False`` runs them with ``lax.scan`` over stacked weights; ``None`` picks the backend's
+    layout (``models.transformer.default_unroll_layers``: unrolled on CPU only).
     """
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
@@ -265,7 +265,7 @@ def load_model(
         mesh = make_mesh(mesh)
     shardings = param_shardings(load_config(path), mesh) if mesh is not None else None
     if unroll_layers is None:
-        unroll_layers = jax.default_backend() == "cpu"
+        unroll_layers = default_unroll_layers()
     if is_orbax_dir(path):
         model = load_checkpoint(path, DTYPES[dtype], shardings, unroll_layers)
     elif (path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file():
