@@ -1,18 +1,23 @@
 """One forward of the same random LLaDA-shaped model in JAX (jitted ``DiffusionLM``) and in PyTorch
-(``TorchDiffusionLM``, ``inference_mode``): median wall time of 15 calls after a warm-up.
+(``TorchDiffusionLM``, ``inference_mode``): median wall time of 15 calls after a warm-up, the
+process's CPU time per call (how many cores it kept busy), and the forward's matmul rate.
 
 Separates the frameworks' forward passes from everything the decoders add (README, "XLA against
-PyTorch"). XLA's thread count is fixed when its CPU client starts, so run one process per setting:
+PyTorch"). ``--matmuls-only`` times just the forward's matrix products (every projection, MLP and
+head weight of the model, each a [rows, d_in] x [d_in, d_out] product on fresh inputs, one call):
+the floor that the backend's GEMM sets on its forward. One process per setting; pin to one core
+with ``taskset`` (XLA's ``--xla_cpu_multi_thread_eigen=false`` still keeps two cores busy, so it
+is not a one-core measurement):
 
-    python scripts/forward_timing.py --backend jax [--batch 1 --length 64] [--scan-layers]
-    XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \\
-        python scripts/forward_timing.py --backend jax
-    python scripts/forward_timing.py --backend torch --threads 1
+    python scripts/forward_timing.py --backend jax|torch [--batch 1 --length 64] [--scan-layers]
+    python scripts/forward_timing.py --backend jax|torch --matmuls-only
+    taskset -c 0 python scripts/forward_timing.py --backend jax|torch
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -21,46 +26,75 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from compare_backends import random_llada_config  # noqa: E402  (the comparison's model shape)
 from models import ModelConfig  # noqa: E402
+from models.transformer import param_shapes  # noqa: E402
 
 REPEATS = 15
 
 
-def median_ms(call) -> float:
+def time_call(call) -> tuple[float, float]:
+    """(median wall ms, mean process CPU ms) per call, after one warm-up call."""
     call()
     times = []
+    cpu_start = os.times()
     for _ in range(REPEATS):
         start = time.perf_counter()
         call()
         times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    cpu_end = os.times()
+    cpu = (cpu_end.user + cpu_end.system - cpu_start.user - cpu_start.system) / REPEATS
+    return 1e3 * statistics.median(times), 1e3 * cpu
 
 
-def time_jax(cfg: ModelConfig, batch: int, length: int, unroll_layers: bool) -> float:
+def matmul_shapes(cfg: ModelConfig) -> list[tuple[int, int]]:
+    """(d_in, d_out) of every weight matrix one forward multiplies by: per layer the attention
+    projections and the MLP, then the LM head (the embedding is a gather, not a product)."""
+    shapes = param_shapes(cfg)
+    per_layer = [shapes[name][1:] for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")]
+    return per_layer * cfg.n_layers + [(cfg.d_model, cfg.vocab_size)]
+
+
+def forward_flops(cfg: ModelConfig, rows: int) -> float:
+    """Multiply-adds x 2 of one forward's matrix products (attention scores excluded: under 2% here)."""
+    return 2.0 * rows * sum(d_in * d_out for d_in, d_out in matmul_shapes(cfg))
+
+
+def time_jax(cfg: ModelConfig, batch: int, length: int, unroll_layers: bool, matmuls_only: bool):
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
     from models import DiffusionLM
 
+    if matmuls_only:
+        keys = jax.random.split(jax.random.key(0), 2 * len(matmul_shapes(cfg)))
+        weights = [0.02 * jax.random.normal(k, s) for k, s in zip(keys, matmul_shapes(cfg))]
+        inputs = [jax.random.normal(k, (batch * length, s[0])) for k, s in zip(keys[len(weights):], matmul_shapes(cfg))]
+        products = jax.jit(lambda xs, ws: [x @ w for x, w in zip(xs, ws)])
+        return time_call(lambda: jax.block_until_ready(products(inputs, weights)))
     graphdef, params = nnx.split(DiffusionLM(cfg, rngs=nnx.Rngs(0), unroll_layers=unroll_layers))
     forward = jax.jit(lambda p, ids, mask: nnx.merge(graphdef, p)(ids, mask))
     ids = jnp.ones((batch, length), jnp.int32)
-    return median_ms(lambda: forward(params, ids, ids).block_until_ready())
+    return time_call(lambda: forward(params, ids, ids).block_until_ready())
 
 
-def time_torch(cfg: ModelConfig, batch: int, length: int, threads: int | None) -> float:
+def time_torch(cfg: ModelConfig, batch: int, length: int, threads: int | None, matmuls_only: bool):
     import torch
 
     from psd_jax.torch_backend.model import TorchDiffusionLM
 
     if threads:
         torch.set_num_threads(threads)
+    if matmuls_only:
+        weights = [0.02 * torch.randn(s) for s in matmul_shapes(cfg)]
+        inputs = [torch.randn(batch * length, s[0]) for s in matmul_shapes(cfg)]
+        with torch.inference_mode():
+            return time_call(lambda: [x @ w for x, w in zip(inputs, weights)])
     model = TorchDiffusionLM(cfg).to_empty(device="cpu")
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.02)
     ids = torch.ones((batch, length), dtype=torch.long)
     with torch.inference_mode():
-        return median_ms(lambda: model(ids, ids))
+        return time_call(lambda: model(ids, ids))
 
 
 def main() -> None:
@@ -77,15 +111,18 @@ def main() -> None:
     p.add_argument("--threads", type=int, help="torch.set_num_threads (torch only)")
     p.add_argument("--scan-layers", action="store_true",
                    help="jax: lax.scan over stacked layer weights (default: unrolled, load_model's CPU layout)")
+    p.add_argument("--matmuls-only", action="store_true",
+                   help="time only the forward's matrix products (same shapes and FLOPs), not the model")
     args = p.parse_args()
     cfg = random_llada_config(args)
     if args.backend == "jax":
-        ms = time_jax(cfg, args.batch, args.length, unroll_layers=not args.scan_layers)
+        ms, cpu_ms = time_jax(cfg, args.batch, args.length, not args.scan_layers, args.matmuls_only)
     else:
-        ms = time_torch(cfg, args.batch, args.length, args.threads)
-    layout = "" if args.backend == "torch" else (" (scan)" if args.scan_layers else " (unrolled)")
-    print(f"{args.backend}{layout}: batch {args.batch} x {args.length} tokens, {cfg.param_count():,} parameters: "
-          f"median {ms:.1f} ms per forward")
+        ms, cpu_ms = time_torch(cfg, args.batch, args.length, args.threads, args.matmuls_only)
+    what = "matmuls only" if args.matmuls_only else ("scan" if args.scan_layers and args.backend == "jax" else "forward")
+    gflops = forward_flops(cfg, args.batch * args.length) / ms / 1e6
+    print(f"{args.backend} ({what}): batch {args.batch} x {args.length} tokens, {cfg.param_count():,} parameters: "
+          f"median {ms:.1f} ms per call, {cpu_ms / ms:.2f} cores busy, {gflops:.0f} GFLOP/s of matmul work")
 
 
 if __name__ == "__main__":
