@@ -241,7 +241,9 @@ def make_train_step(graphdef, optimizer, mask_id: int, gen_length: int = GEN_LEN
 def data_parallel(enabled: bool, params, opt_state, batch_sizes: tuple[int, ...]):
     """(put_batch, params, opt_state): with ``enabled``, params and optimiser state replicated on
     a one-axis ``data`` mesh of all devices and every batch split along its rows over it (the
-    jitted step then all-reduces the gradients); otherwise batches go in as they are."""
+    jitted step then all-reduces the gradients); otherwise batches go in as they are. A batch
+    whose row count does not divide by the devices (``encode_batch`` skips the rare example that
+    does not fit, e.g. 63 of 64 drills) loses its last rows down to a multiple of them."""
     if not enabled:
         return (lambda batch: batch), params, opt_state
     devices = jax.devices()
@@ -254,7 +256,12 @@ def data_parallel(enabled: bool, params, opt_state, batch_sizes: tuple[int, ...]
     rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     print(f"data parallel over {len(devices)} devices", flush=True)
-    return (lambda batch: jax.device_put(batch, rows)), jax.device_put(params, replicated), jax.device_put(opt_state, replicated)
+
+    def put_batch(batch: tuple[np.ndarray, ...]) -> tuple[jax.Array, ...]:
+        keep = len(batch[0]) // len(devices) * len(devices)
+        return jax.device_put(tuple(array[:keep] for array in batch), rows)
+
+    return put_batch, jax.device_put(params, replicated), jax.device_put(opt_state, replicated)
 
 
 def on_one_device(tree):

@@ -56,10 +56,13 @@ def main() -> None:
 
 
 def put_batch_sharding() -> dict:
-    """How ``data_parallel`` places a batch: partition spec and the devices holding its rows."""
+    """How ``data_parallel`` places a batch: partition spec, the devices holding its rows, and
+    the rows kept of a full batch and of one row short (trimmed to a multiple of the devices)."""
     put_batch, _, _ = train_default.data_parallel(True, {}, {}, (BATCH,))
-    sharding = put_batch(np.zeros((BATCH, 4), np.int32)).sharding
-    return {"spec": list(sharding.spec), "devices": len(sharding.device_set)}
+    (batch,) = put_batch((np.zeros((BATCH, 4), np.int32),))
+    (uneven,) = put_batch((np.zeros((BATCH - 1, 4), np.int32),))
+    return {"spec": list(batch.sharding.spec), "devices": len(batch.sharding.device_set), "rows": batch.shape[0],
+            "uneven_rows": uneven.shape[0]}
 
 
 if __name__ == "__main__":
