@@ -66,9 +66,10 @@ def time_jax(cfg: ModelConfig, batch: int, length: int, unroll_layers: bool, mat
     from models import DiffusionLM
 
     if matmuls_only:
-        keys = jax.random.split(jax.random.key(0), 2 * len(matmul_shapes(cfg)))
-        weights = [0.02 * jax.random.normal(k, s) for k, s in zip(keys, matmul_shapes(cfg))]
-        inputs = [jax.random.normal(k, (batch * length, s[0])) for k, s in zip(keys[len(weights):], matmul_shapes(cfg))]
+        shapes = matmul_shapes(cfg)
+        w_keys, x_keys = jnp.split(jax.random.split(jax.random.key(0), 2 * len(shapes)), 2)
+        weights = [0.02 * jax.random.normal(k, s) for k, s in zip(w_keys, shapes)]
+        inputs = [jax.random.normal(k, (batch * length, s[0])) for k, s in zip(x_keys, shapes)]
         products = jax.jit(lambda xs, ws: [x @ w for x, w in zip(xs, ws)])
         return time_call(lambda: jax.block_until_ready(products(inputs, weights)))
     graphdef, params = nnx.split(DiffusionLM(cfg, rngs=nnx.Rngs(0), unroll_layers=unroll_layers))
@@ -85,8 +86,9 @@ def time_torch(cfg: ModelConfig, batch: int, length: int, threads: int | None, m
     if threads:
         torch.set_num_threads(threads)
     if matmuls_only:
-        weights = [0.02 * torch.randn(s) for s in matmul_shapes(cfg)]
-        inputs = [torch.randn(batch * length, s[0]) for s in matmul_shapes(cfg)]
+        shapes = matmul_shapes(cfg)
+        weights = [0.02 * torch.randn(s) for s in shapes]
+        inputs = [torch.randn(batch * length, s[0]) for s in shapes]
         with torch.inference_mode():
             return time_call(lambda: [x @ w for x, w in zip(inputs, weights)])
     model = TorchDiffusionLM(cfg).to_empty(device="cpu")

@@ -45,6 +45,7 @@ from models import DiffusionLM, ModelConfig
 from models.transformer import default_unroll_layers
 from psd_jax import DecodeConfig
 from psd_jax.api import DECODE_DEFAULTS_FILE, LoadedModel
+from psd_jax.sharding import make_mesh
 from psd_jax.tasks import MAX_VALUE, STEP_LINE, calculate, generate_problem, is_correct, load_jsonl, make_dataset
 from psd_jax.tokenizer import encode_prompt
 
@@ -255,7 +256,7 @@ def data_parallel(enabled: bool, params, opt_state, batch_sizes: tuple[int, ...]
                          "XLA_FLAGS=--xla_force_host_platform_device_count=2 on CPU")
     if any(size % len(devices) for size in batch_sizes):
         raise SystemExit(f"--data-parallel: batch sizes {batch_sizes} must divide by the {len(devices)} devices")
-    mesh = jax.sharding.Mesh(np.array(devices), ("data",))
+    mesh = make_mesh(f"data={len(devices)},model=1")  # the library's (data, model) mesh, all on data
     rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     print(f"data parallel over {len(devices)} devices", flush=True)
