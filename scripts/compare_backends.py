@@ -294,6 +294,8 @@ def run_model(label: str, path: Path, args, random_model: bool) -> dict:
         settings = decoder_settings(decoder, args)
         print(f"[{label}] {decoder}: {settings.decoder}/{settings.policy}, {len(prompts)} prompts", file=sys.stderr)
         results.append(measure(decoder, settings, backends, batches, args))
+        # Each decoder's rows as soon as they are measured, so a run cut short keeps what it finished.
+        print(markdown(f"[{label}] {decoder} done", results[-1:]), file=sys.stderr, flush=True)
     return {
         "label": label,
         "path": str(path),
@@ -345,6 +347,10 @@ def main(argv=None) -> int:
     p.add_argument("--jax-scan", action="store_true",
                    help="also run JAX with the layers in a lax.scan over stacked weights (its GPU/TPU layout)")
     p.add_argument("--torch-device", help="default: cuda when available, else cpu")
+    p.add_argument("--matmul-precision", default="float32", choices=["float32", "tf32"],
+                   help="float32 matrix products in both backends: true float32 (default; JAX's own GPU default "
+                        "is TF32 while torch's is float32, so leaving each at its default compares unlike work) "
+                        "or TF32 tensor cores in both. No effect on CPU or on bfloat16 weights")
     p.add_argument("--breakdown", action="store_true",
                    help="after each timed pass, replay its model calls as bare forwards (same count and shapes) "
                         "and report the share of decode time spent in the model")
@@ -363,6 +369,8 @@ def main(argv=None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    jax.config.update("jax_default_matmul_precision", {"float32": "highest", "tf32": "tensorfloat32"}[args.matmul_precision])
+    torch.set_float32_matmul_precision({"float32": "highest", "tf32": "high"}[args.matmul_precision])
     from psd_jax.api import DEFAULT_MODEL_DIR
 
     models: list[tuple[str, Path, bool]] = []
@@ -393,7 +401,8 @@ def main(argv=None) -> int:
         "jax": jax.__version__, "jax_devices": [str(d) for d in jax.devices()],
         "torch": torch.__version__, "torch_device": args.torch_device or ("cuda" if torch.cuda.is_available() else "cpu"),
         "cpu_count": os.cpu_count(), "platform": platform.platform(), "threads": args.threads,
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""), "matmul_precision": args.matmul_precision,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "gen_length": args.gen_length, "block_length": args.block_length,
     }
     report = {"meta": meta, "models": []}
@@ -403,7 +412,8 @@ def main(argv=None) -> int:
             res = run_model(label, path, args, random_model)
             report["models"].append(res)
             m = res["model"]
-            title = (f"{label}: {m['params'] / 1e6:.1f}M params, gen {args.gen_length}, block {args.block_length}, "
+            title = (f"{label}: {m['params'] / 1e6:.1f}M params, {args.dtype} (matmuls {args.matmul_precision}), "
+                     f"gen {args.gen_length}, block {args.block_length}, "
                      f"{res['prompts']} prompts x batch {args.batch}, median of {args.repeats}, "
                      f"torch threads {res['torch_threads']}")
             tables.append(markdown(title, res["results"]))
