@@ -210,3 +210,33 @@ def test_bf16_checkpoint_loads_the_bf16_values(tmp_path):
     f32, bf16 = load_hf_torch(src), load_hf_torch(dst)
     for (name, a), (_, b) in zip(f32.named_parameters(), bf16.named_parameters()):
         assert torch.equal(a.to(torch.bfloat16).to(torch.float32), b), name
+
+
+def test_compare_backends_reports_every_decoder_with_equal_float32_tokens(tmp_path):
+    """``scripts/compare_backends.py`` end to end on a toy random LLaDA: every decoder measured
+    through both backends, their float32 tokens and NFE equal, the matmul precision recorded, and
+    each decoder's rows printed as soon as it is done (a run cut short keeps them). Run in a
+    subprocess: the script sets both libraries' global float32 matmul precision."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "compare.json"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "compare_backends.py"
+    args = ["--no-default-model", "--random-llada", "--layers", "1", "--d-model", "64", "--heads", "4",
+            "--vocab", "256", "--gen-length", "16", "--block-length", "8", "--prompt-length", "8",
+            "--prompt-bucket", "8", "--prompts", "1", "--repeats", "1", "--no-compile", "--threads", "1",
+            "--out", str(out)]
+    run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["meta"]["matmul_precision"] == "float32"
+    results = report["models"][0]["results"]
+    assert [r["decoder"] for r in results] == ["fixed", "threshold", "psd", "rps"]
+    for r in results:
+        jax_row, torch_row = r["backends"]["jax"], r["backends"]["torch"]
+        assert torch_row["same_tokens_as_jax"] is True, r["decoder"]
+        assert torch_row["nfe_per_prompt"] == jax_row["nfe_per_prompt"] > 0, r["decoder"]
+        assert torch_row["sequence_forwards"] == jax_row["sequence_forwards"], r["decoder"]
+    assert [line.split("] ")[1] for line in run.stderr.splitlines() if line.endswith(" done**")] == [
+        "fixed done**", "threshold done**", "psd done**", "rps done**"]
