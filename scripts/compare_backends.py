@@ -412,7 +412,8 @@ def main(argv=None) -> int:
             res = run_model(label, path, args, random_model)
             report["models"].append(res)
             m = res["model"]
-            title = (f"{label}: {m['params'] / 1e6:.1f}M params, {args.dtype} (matmuls {args.matmul_precision}), "
+            precision = f" (matmuls {args.matmul_precision})" if args.dtype == "float32" else ""  # bf16: n/a
+            title = (f"{label}: {m['params'] / 1e6:.1f}M params, {args.dtype}{precision}, "
                      f"gen {args.gen_length}, block {args.block_length}, "
                      f"{res['prompts']} prompts x batch {args.batch}, median of {args.repeats}, "
                      f"torch threads {res['torch_threads']}")
