@@ -49,6 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 DECODERS = ("fixed", "threshold", "psd", "rps")
+# --matmul-precision: (jax_default_matmul_precision, torch.set_float32_matmul_precision) per choice.
+MATMUL_PRECISION = {"float32": ("highest", "highest"), "tf32": ("tensorfloat32", "high")}
 
 
 def decoder_settings(name: str, args):
@@ -347,7 +349,7 @@ def main(argv=None) -> int:
     p.add_argument("--jax-scan", action="store_true",
                    help="also run JAX with the layers in a lax.scan over stacked weights (its GPU/TPU layout)")
     p.add_argument("--torch-device", help="default: cuda when available, else cpu")
-    p.add_argument("--matmul-precision", default="float32", choices=["float32", "tf32"],
+    p.add_argument("--matmul-precision", default="float32", choices=list(MATMUL_PRECISION),
                    help="float32 matrix products in both backends: true float32 (default; JAX's own GPU default "
                         "is TF32 while torch's is float32, so leaving each at its default compares unlike work) "
                         "or TF32 tensor cores in both. No effect on CPU or on bfloat16 weights")
@@ -369,8 +371,9 @@ def main(argv=None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    jax.config.update("jax_default_matmul_precision", {"float32": "highest", "tf32": "tensorfloat32"}[args.matmul_precision])
-    torch.set_float32_matmul_precision({"float32": "highest", "tf32": "high"}[args.matmul_precision])
+    jax_precision, torch_precision = MATMUL_PRECISION[args.matmul_precision]
+    jax.config.update("jax_default_matmul_precision", jax_precision)
+    torch.set_float32_matmul_precision(torch_precision)
     from psd_jax.api import DEFAULT_MODEL_DIR
 
     models: list[tuple[str, Path, bool]] = []

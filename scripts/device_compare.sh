@@ -18,17 +18,17 @@ mkdir -p "$OUT"
 PY=${PY:-python3}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1  # JAX and torch share the GPU
 
-$PY - >"$LOGS/env.txt" 2>&1 <<'EOF'
+$PY - 2>&1 <<'EOF' | tee "$OUT/all.log"
 import platform, jax, flax, torch, transformers, numpy
 print("python", platform.python_version(), "jax", jax.__version__, "flax", flax.__version__, "torch", torch.__version__,
       "transformers", transformers.__version__, "numpy", numpy.__version__)
 print("jax devices", jax.devices())
 print("torch cuda", torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else "")
 EOF
-cat "$LOGS/env.txt" | tee "$OUT/all.log"
 
+TOY="--layers 2 --d-model 128 --heads 4 --vocab 512 --gen-length 32 --block-length 16"  # smoke test and TINY=1
 if [ -n "${TINY:-}" ]; then
-  BIG="--layers 2 --d-model 128 --heads 4 --vocab 512 --gen-length 32 --block-length 16 --prompts 2 --repeats 2"
+  BIG="$TOY --prompts 2 --repeats 2"
   SHIPPED="--gen-length 32 --block-length 16 --prompts 2 --repeats 2"
 else
   # 2 prompts: with 4, the bfloat16 (breakdown) and float32 steps ran out of their limits in
@@ -48,8 +48,7 @@ step() {  # step NAME SECONDS ARGS...: one compare_backends run with its own lim
 }
 
 smoke() {
-  timeout 150 $CMP --no-default-model --random-llada --layers 2 --d-model 128 --heads 4 --vocab 512 \
-    --gen-length 32 --block-length 16 --prompts 1 --repeats 1 --no-compile --decoders fixed,psd \
+  timeout 150 $CMP --no-default-model --random-llada $TOY --prompts 1 --repeats 1 --no-compile --decoders fixed,psd \
     >"$LOGS/smoke.log" 2>&1
 }
 if ! smoke; then
