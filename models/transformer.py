@@ -212,19 +212,19 @@ class DiffusionLM(nnx.Module):
         # Keys at pad positions are masked for every query; queries are never masked.
         key_mask = None if attention_mask is None else attention_mask.astype(bool)[:, None, None, :]
         sin, cos = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
-        x = jnp.take(self.embed[...], tokens, axis=0).astype(self.dtype)
+        # The residual stream is kept as rows [B*N, D]: every projection is then a 2-D matmul,
+        # whose backward transposes XLA:CPU emits about 3x faster than those of [B, N, D] dots.
+        x = jnp.take(self.embed[...], tokens.reshape(-1), axis=0).astype(self.dtype)
 
         def block(h: jax.Array, layer: tuple[dict[str, jax.Array]]):
             (w,) = layer
-            q, k, v = self._project(rms_norm(h, w["attn_norm"], cfg.norm_eps), w, sin, cos)
+            q, k, v = self._project(rms_norm(h, w["attn_norm"], cfg.norm_eps), w, sin, cos, (batch, length))
             out = jax.nn.dot_product_attention(q, k, v, mask=key_mask)
-            h = h + out.reshape(batch, length, cfg.n_heads * cfg.head_dim) @ w["wo"]
-            y = rms_norm(h, w["mlp_norm"], cfg.norm_eps)
-            y = jax.nn.silu(y @ w["w_gate"]) * (y @ w["w_up"])
-            return h + y @ w["w_down"], ((k, v) if collect_kv else None)
+            h = h + out.reshape(batch * length, cfg.n_heads * cfg.head_dim) @ w["wo"]
+            return self._mlp(h, w), ((k, v) if collect_kv else None)
 
         x, kv = self._run_layers(block, x)
-        logits = self._head(x[:, logits_from:])
+        logits = self._head(x.reshape(batch, length, -1)[:, logits_from:])
         return (logits, *kv) if collect_kv else (logits, None, None)
 
     def window(
@@ -248,30 +248,37 @@ class DiffusionLM(nnx.Module):
         batch, m, width = tokens.shape
         flat_pos = positions.reshape(batch * m, width)
         sin, cos = rope_tables(flat_pos, cfg.head_dim, cfg.rope_theta)
-        x = jnp.take(self.embed[...], tokens.reshape(batch * m, width), axis=0).astype(self.dtype)
+        x = jnp.take(self.embed[...], tokens.reshape(-1), axis=0).astype(self.dtype)  # rows, as in _full
 
         def block(h: jax.Array, layer):
             w, ck, cv = layer
-            q, k, v = self._project(rms_norm(h, w["attn_norm"], cfg.norm_eps), w, sin, cos)
+            q, k, v = self._project(rms_norm(h, w["attn_norm"], cfg.norm_eps), w, sin, cos, (batch * m, width))
             split = lambda a: a.reshape(batch, m, width, *a.shape[2:])
             out = cached_attention(split(q), split(k), split(v), ck, cv, cache_mask, window_mask)
-            h = h + out.reshape(batch * m, width, cfg.n_heads * cfg.head_dim) @ w["wo"]
-            y = rms_norm(h, w["mlp_norm"], cfg.norm_eps)
-            y = jax.nn.silu(y @ w["w_gate"]) * (y @ w["w_up"])
-            return h + y @ w["w_down"], None
+            h = h + out.reshape(batch * m * width, cfg.n_heads * cfg.head_dim) @ w["wo"]
+            return self._mlp(h, w), None
 
         x, _ = self._run_layers(block, x, (cache_k, cache_v))
-        logits = self._head(x[:, :out_length])
+        logits = self._head(x.reshape(batch * m, width, -1)[:, :out_length])
         return logits.reshape(batch, m, out_length, -1)
 
     def _head(self, x: jax.Array) -> jax.Array:
-        x = rms_norm(x, self.final_norm[...], self.config.norm_eps)
-        return jnp.einsum("bnd,dv->bnv", x, self.head_weight(), preferred_element_type=jnp.float32)
+        """Float32 logits [B, N, V] of hidden states [B, N, D] (projected as rows, as the layers)."""
+        batch, length, d = x.shape
+        x = rms_norm(x.reshape(batch * length, d), self.final_norm[...], self.config.norm_eps)
+        logits = jnp.einsum("nd,dv->nv", x, self.head_weight(), preferred_element_type=jnp.float32)
+        return logits.reshape(batch, length, -1)
 
-    def _project(self, x, w, sin, cos) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """q [B, N, H, hd], k and v [B, N, KV, hd]; RoPE applied to q and k."""
+    def _mlp(self, h: jax.Array, w: dict[str, jax.Array]) -> jax.Array:
+        """The residual rows [B*N, D] after the layer's SwiGLU feed-forward."""
+        y = rms_norm(h, w["mlp_norm"], self.config.norm_eps)
+        y = jax.nn.silu(y @ w["w_gate"]) * (y @ w["w_up"])
+        return h + y @ w["w_down"]
+
+    def _project(self, x, w, sin, cos, shape: tuple[int, int]) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """q [B, N, H, hd], k and v [B, N, KV, hd] of rows x [B*N, D]; RoPE applied to q and k."""
         cfg = self.config
-        batch, length, _ = x.shape
+        batch, length = shape
         q, k, v = x @ w["wq"], x @ w["wk"], x @ w["wv"]
         if cfg.qkv_bias:
             q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]

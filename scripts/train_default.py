@@ -223,7 +223,7 @@ def make_train_step(graphdef, optimizer, mask_id: int, gen_length: int = GEN_LEN
         p = mask_probabilities(t, gen_length, block_length, block)
         masked = jax.random.uniform(m_key, response.shape) < p
         noisy = ids.at[:, start:].set(jnp.where(masked, mask_id, response))
-        logits = nnx.merge(graphdef, params)(noisy, attn)[:, start:]
+        logits = nnx.merge(graphdef, params)(noisy, attn, logits_from=start)
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, response)
         if block_length is not None:  # only the row's own block is scored
             masked_in_block = masked & (jnp.arange(gen_length)[None] // block_length == block)
