@@ -18,7 +18,7 @@ it loads through the same converter path as a real checkpoint.
 training step's non-matmul work on one thread, so two devices with half a batch each keep both
 cores busier (same loss; gradients averaged over the whole batch).
 
-The defaults are the shipped model's recipe (5,200 steps; with ``--data-parallel`` on two forced
+The defaults are the shipped model's recipe (8,000 steps; with ``--data-parallel`` on two forced
 CPU devices, as above, under 60 minutes on 2 CPU cores; without it the same steps, slower, and
 the time budget may stop it early).
 """
@@ -292,7 +292,7 @@ def save(model: DiffusionLM, out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="models/default")
-    parser.add_argument("--steps", type=int, default=5200)
+    parser.add_argument("--steps", type=int, default=8000)
     parser.add_argument("--minutes", type=float, default=58.0, help="safety stop: training time budget")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3)
@@ -310,7 +310,7 @@ def main() -> None:
                              "ratio t, earlier blocks clean, later ones masked (the order the model is decoded in)")
     parser.add_argument("--data-parallel", action="store_true",
                         help="shard each batch over all JAX devices (see the module docstring)")
-    parser.add_argument("--eval-every", type=int, default=1300)
+    parser.add_argument("--eval-every", type=int, default=2000)
     parser.add_argument("--eval-n", type=int, default=64)
     args = parser.parse_args()
 
