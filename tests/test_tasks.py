@@ -306,6 +306,24 @@ def test_block_masking_matches_the_decoding_order():
         train_default.make_train_step(None, None, mask_id=0, gen_length=12, block_length=5)
 
 
+def test_training_loss_weights_masked_tokens_by_inverse_t_or_averages_each_row():
+    """``masked_loss``: LLaDA's SFT loss weights every masked token by 1/t and divides by the
+    scored positions and rows; ``row_mean`` averages each row's masked tokens instead (a row with
+    none masked counts 0). Hand-computed on two rows of four positions."""
+    import jax.numpy as jnp
+
+    train_default = _train_default()
+    ce = jnp.array([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]])
+    masked = jnp.array([[True, False, True, False], [False, False, False, True]])
+    t = jnp.array([[0.5], [0.25]])
+    inverse_t = train_default.masked_loss(ce, masked, t, 4, row_mean=False)
+    assert float(inverse_t) == pytest.approx(((1 + 3) / 0.5 + 8 / 0.25) / (2 * 4))
+    row_mean = train_default.masked_loss(ce, masked, t, 4, row_mean=True)
+    assert float(row_mean) == pytest.approx(((1 + 3) / 2 + 8 / 1) / 2)
+    none_masked = masked.at[1].set(False)
+    assert float(train_default.masked_loss(ce, none_masked, t, 4, row_mean=True)) == pytest.approx((1 + 3) / 2 / 2)
+
+
 def test_data_parallel_training_step_matches_one_device():
     """``train_default.py --data-parallel`` (batch rows split over 4 simulated CPU devices) takes
     the same optimiser steps as one device: equal losses and parameters after three AdamW steps to
