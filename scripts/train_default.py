@@ -2,8 +2,10 @@
 
 Masked diffusion objective in LLaDA's SFT form: the prompt (chat-templated question) is kept,
 every response token (answer + EOS padding to ``gen_length``) is masked with probability
-``t ~ U(eps, 1]``, and the cross-entropy on masked tokens is weighted by ``1/t`` (``--masking
-block``: one block per row instead, as the model is decoded; measured worse). Every third
+``t ~ U(eps, 1]``, and the cross-entropy on masked tokens is weighted by one over the row's masked
+ratio: its realised ratio (``--loss-weight row-mean``, the shipped recipe: each row's masked
+tokens averaged) or LLaDA's expected one, ``1/t`` (``--loss-weight inverse-t``, measured worse:
+README). ``--masking block``: one block per row instead, as the model is decoded; measured worse. Every third
 batch is calculator drills (``make_drills``, their own shorter response length) instead of word
 problems (``--unlisted-drills``, ``--drill-labels``, ``--chain-drills``: other drill forms,
 measured worse or no better). The result is written in the real LLaDA Hugging Face layout
@@ -323,9 +325,9 @@ def main() -> None:
     parser.add_argument("--masking", choices=["iid", "block"], default="iid",
                         help="iid: LLaDA's SFT form (the shipped recipe); block: one block per row masked at "
                              "ratio t, earlier blocks clean, later ones masked (the order the model is decoded in)")
-    parser.add_argument("--loss-weight", choices=["inverse-t", "row-mean"], default="inverse-t",
-                        help="inverse-t: masked tokens weighted 1/t (LLaDA's SFT loss, the shipped recipe); "
-                             "row-mean: each row's masked tokens averaged (lower variance)")
+    parser.add_argument("--loss-weight", choices=["row-mean", "inverse-t"], default="row-mean",
+                        help="row-mean (the shipped recipe): each row's masked tokens averaged, i.e. weighted by "
+                             "one over the row's realised masked ratio; inverse-t: weighted 1/t (LLaDA's expected ratio)")
     parser.add_argument("--data-parallel", action="store_true",
                         help="shard each batch over all JAX devices (see the module docstring)")
     parser.add_argument("--eval-every", type=int, default=2000)
