@@ -57,7 +57,7 @@ def main() -> None:
     graphdef, params = nnx.split(DiffusionLM(cfg, rngs=nnx.Rngs(args.seed), unroll_layers=default_unroll_layers()))
     optimizer = td.make_optimizer(3e-3, 1000, 100)
     opt_state = optimizer.init(params)
-    step = td.make_train_step(graphdef, optimizer, cfg.mask_id)
+    step = td.make_train_step(graphdef, optimizer, cfg.mask_id, row_mean=True)  # the shipped loss weight
     batch = td.encode_batch(tok, make_dataset(args.batch, random.Random(args.seed).randrange(2**31)), cfg.eos_id, cfg.pad_id)
     key = jax.random.key(args.seed)
     for _ in range(2):  # compile and warm up

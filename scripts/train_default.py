@@ -216,11 +216,12 @@ def make_train_step(graphdef, optimizer, mask_id: int, gen_length: int = GEN_LEN
                     block_length: int | None = None, eps: float = 1e-3, row_mean: bool = False):
     """One jitted AdamW step on a batch whose last ``gen_length`` tokens are the response.
 
-    ``block_length=None`` (the shipped recipe): LLaDA's SFT loss over the whole response. With
+    ``block_length=None`` (the shipped recipe): the SFT loss over the whole response. With
     ``block_length`` the loss is the masked tokens of one random block per row, weighted by ``1/t``
     (``mask_probabilities``), so that a line's result is mostly predicted with its operands in
     view, as when decoding. Measured worse (README: 18.4% against 37.0% held-out accuracy).
-    ``row_mean``: each row's masked tokens averaged instead of weighted by ``1/t`` (``masked_loss``).
+    ``row_mean`` (the shipped recipe; ``main`` sets it from ``--loss-weight``): each row's masked
+    tokens averaged instead of weighted by ``1/t`` (``masked_loss``).
     """
     n_blocks = 1 if block_length is None else gen_length // block_length
     if block_length is not None and gen_length % block_length:
