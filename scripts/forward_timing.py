@@ -58,40 +58,44 @@ def forward_flops(cfg: ModelConfig, rows: int) -> float:
     return 2.0 * rows * sum(d_in * d_out for d_in, d_out in matmul_shapes(cfg))
 
 
-def time_jax(cfg: ModelConfig, batch: int, length: int, unroll_layers: bool, matmuls_only: bool):
+def time_jax(cfg: ModelConfig, batch: int, length: int, unroll_layers: bool, matmuls_only: bool, dtype: str):
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
     from models import DiffusionLM
+    from models.transformer import matmul
 
     if matmuls_only:
         shapes = matmul_shapes(cfg)
         w_keys, x_keys = jnp.split(jax.random.split(jax.random.key(0), 2 * len(shapes)), 2)
-        weights = [0.02 * jax.random.normal(k, s) for k, s in zip(w_keys, shapes)]
-        inputs = [jax.random.normal(k, (batch * length, s[0])) for k, s in zip(x_keys, shapes)]
-        products = jax.jit(lambda xs, ws: [x @ w for x, w in zip(xs, ws)])
+        weights = [(0.02 * jax.random.normal(k, s)).astype(dtype) for k, s in zip(w_keys, shapes)]
+        inputs = [jax.random.normal(k, (batch * length, s[0])).astype(dtype) for k, s in zip(x_keys, shapes)]
+        # The head's product is a float32-out einsum in the model; the layers' go through ``matmul``.
+        products = jax.jit(lambda xs, ws: [matmul(x, w) for x, w in zip(xs, ws)])
         return time_call(lambda: jax.block_until_ready(products(inputs, weights)))
-    graphdef, params = nnx.split(DiffusionLM(cfg, rngs=nnx.Rngs(0), unroll_layers=unroll_layers))
+    model = DiffusionLM(cfg, dtype=jnp.dtype(dtype), rngs=nnx.Rngs(0), unroll_layers=unroll_layers)
+    graphdef, params = nnx.split(model)
     forward = jax.jit(lambda p, ids, mask: nnx.merge(graphdef, p)(ids, mask))
     ids = jnp.ones((batch, length), jnp.int32)
     return time_call(lambda: forward(params, ids, ids).block_until_ready())
 
 
-def time_torch(cfg: ModelConfig, batch: int, length: int, threads: int | None, matmuls_only: bool):
+def time_torch(cfg: ModelConfig, batch: int, length: int, threads: int | None, matmuls_only: bool, dtype: str):
     import torch
 
     from psd_jax.torch_backend.model import TorchDiffusionLM
 
     if threads:
         torch.set_num_threads(threads)
+    torch_dtype = getattr(torch, dtype)
     if matmuls_only:
         shapes = matmul_shapes(cfg)
-        weights = [0.02 * torch.randn(s) for s in shapes]
-        inputs = [torch.randn(batch * length, s[0]) for s in shapes]
+        weights = [(0.02 * torch.randn(s)).to(torch_dtype) for s in shapes]
+        inputs = [torch.randn(batch * length, s[0]).to(torch_dtype) for s in shapes]
         with torch.inference_mode():
             return time_call(lambda: [x @ w for x, w in zip(inputs, weights)])
-    model = TorchDiffusionLM(cfg).to_empty(device="cpu")
+    model = TorchDiffusionLM(cfg, torch_dtype).to_empty(device="cpu")
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.02)
     ids = torch.ones((batch, length), dtype=torch.long)
@@ -111,6 +115,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--length", type=int, default=64)
     p.add_argument("--threads", type=int, help="torch.set_num_threads (torch only)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="weights and activations (logits and softmax stay float32 in both backends)")
     p.add_argument("--scan-layers", action="store_true",
                    help="jax: lax.scan over stacked layer weights (default: unrolled, load_model's CPU layout)")
     p.add_argument("--matmuls-only", action="store_true",
@@ -118,12 +124,12 @@ def main() -> None:
     args = p.parse_args()
     cfg = random_llada_config(args)
     if args.backend == "jax":
-        ms, cpu_ms = time_jax(cfg, args.batch, args.length, not args.scan_layers, args.matmuls_only)
+        ms, cpu_ms = time_jax(cfg, args.batch, args.length, not args.scan_layers, args.matmuls_only, args.dtype)
     else:
-        ms, cpu_ms = time_torch(cfg, args.batch, args.length, args.threads, args.matmuls_only)
+        ms, cpu_ms = time_torch(cfg, args.batch, args.length, args.threads, args.matmuls_only, args.dtype)
     what = "matmuls only" if args.matmuls_only else ("scan" if args.scan_layers and args.backend == "jax" else "forward")
     gflops = forward_flops(cfg, args.batch * args.length) / ms / 1e6
-    print(f"{args.backend} ({what}): batch {args.batch} x {args.length} tokens, {cfg.param_count():,} parameters: "
+    print(f"{args.backend} ({what}, {args.dtype}): batch {args.batch} x {args.length} tokens, {cfg.param_count():,} parameters: "
           f"median {ms:.1f} ms per call, {cpu_ms / ms:.2f} cores busy, {gflops:.0f} GFLOP/s of matmul work")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import struct
 
@@ -17,6 +18,7 @@ from conftest import GOLDENS, HF_CONFIGS
 from convert import CheckpointError, expected_keys, load_hf_model
 from convert.__main__ import main as convert_main
 from models import ConfigError, DiffusionLM, config_from_dict, param_shapes
+from models.transformer import matmul
 from psd_jax import load_model
 
 LOGIT_ATOL = 1e-4  # float32 parity with upstream PyTorch
@@ -38,6 +40,33 @@ def test_padded_forward_matches_upstream_at_non_pad_positions(lms, cases, name):
     logits = np.asarray(lms[name].logits(ids, mask))
     keep = mask.astype(bool)
     np.testing.assert_allclose(logits[keep], cases[f"{name}.forward_padded.logits"][keep], rtol=0, atol=LOGIT_ATOL)
+
+
+def test_bfloat16_matmul_accumulates_in_float32_and_rounds_once():
+    """The layers' bfloat16 products: float32 sums of exact products, one rounding (as torch's)."""
+    kx, kw = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(kx, (24, 512)).astype(jnp.bfloat16)
+    w = jax.random.normal(kw, (512, 40)).astype(jnp.bfloat16)
+    got = np.asarray(jax.jit(matmul)(x, w).astype(jnp.float32))
+    exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+    reference = np.asarray(jnp.asarray(exact, jnp.float32).astype(jnp.bfloat16).astype(jnp.float32))
+    # Summation order may move a float32 sum across a rounding boundary: at most one bfloat16 step.
+    ulp = 2.0 ** (np.floor(np.log2(np.abs(reference))) - 7)
+    assert np.all(np.abs(got - reference) <= ulp)
+    assert np.mean(got == reference) > 0.95
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="an XLA:CPU lowering property")
+def test_bfloat16_matmul_on_cpu_does_not_upcast_its_operands():
+    """XLA:CPU rewrites a bfloat16-out dot as a float32 dot on converted operands (about 4x slower);
+    ``matmul`` asks for a float32 result instead, which its bfloat16 GEMM serves directly."""
+    x, w = jnp.ones((8, 64), jnp.bfloat16), jnp.ones((64, 32), jnp.bfloat16)
+    upcast = r"= f32\[(8,64|64,32)\]\S* convert\("
+    plain_hlo = jax.jit(lambda x, w: x @ w).lower(x, w).compile().as_text()
+    assert re.search(upcast, plain_hlo), "the plain product no longer upcasts: drop the workaround"
+    hlo = jax.jit(matmul).lower(x, w).compile().as_text()
+    assert re.search(r"bf16\[8,64\]\S* parameter", hlo) and " dot(" in hlo
+    assert not re.search(upcast, hlo)
 
 
 @pytest.mark.parametrize(
