@@ -18,7 +18,7 @@ from conftest import GOLDENS, HF_CONFIGS
 from convert import CheckpointError, expected_keys, load_hf_model
 from convert.__main__ import main as convert_main
 from models import ConfigError, DiffusionLM, config_from_dict, param_shapes
-from models.transformer import matmul
+from models.transformer import attention, matmul
 from psd_jax import load_model
 
 LOGIT_ATOL = 1e-4  # float32 parity with upstream PyTorch
@@ -67,6 +67,18 @@ def test_bfloat16_matmul_on_cpu_does_not_upcast_its_operands():
     hlo = jax.jit(matmul).lower(x, w).compile().as_text()
     assert re.search(r"bf16\[8,64\]\S* parameter", hlo) and " dot(" in hlo
     assert not re.search(upcast, hlo)
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (8, 2)])
+def test_attention_matches_jax_dot_product_attention(heads, kv_heads):
+    """The per-head attention (CPU) against the library's, with padded keys and grouped kv heads."""
+    kq, kk, kv_ = jax.random.split(jax.random.key(1), 3)
+    q = jax.random.normal(kq, (3, 20, heads, 16))
+    k, v = jax.random.normal(kk, (3, 20, kv_heads, 16)), jax.random.normal(kv_, (3, 20, kv_heads, 16))
+    key_mask = (jnp.arange(20)[None, :] < jnp.array([[20], [13], [5]]))[:, None, None, :]
+    want = jax.nn.dot_product_attention(q, k, v, mask=key_mask)
+    np.testing.assert_allclose(attention(q, k, v, key_mask), want, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(attention(q, k, v, None), jax.nn.dot_product_attention(q, k, v), rtol=0, atol=2e-6)
 
 
 @pytest.mark.parametrize(
