@@ -348,7 +348,35 @@ def cached_attention(q, k, v, cache_k, cache_v, cache_mask, window_mask) -> jax.
     q [B, M, W, H, hd]; k, v [B, M, W, KV, hd]; cache_k, cache_v [B, N, KV, hd]; cache_mask
     [B, N]; window_mask [B, W]. The M windows of a row share its cache, which is never copied.
     Returns [B, M, W, H, hd]. Softmax in float32; head h uses kv head h // (H / KV) (as GQA).
+    On CPU one set of products per head, as ``attention`` (and for the same reason).
     """
+    if jax.default_backend() == "cpu":
+        return cached_attention_per_head(q, k, v, cache_k, cache_v, cache_mask, window_mask)
+    return cached_attention_grouped(q, k, v, cache_k, cache_v, cache_mask, window_mask)
+
+
+def cached_attention_per_head(q, k, v, cache_k, cache_v, cache_mask, window_mask) -> jax.Array:
+    """``cached_attention`` as [B, M*W, hd]-by-[B, N, hd] products per head (XLA:CPU's fast form);
+    the value products return float32, rounded once (``matmul``'s reason)."""
+    heads, hd = q.shape[3], q.shape[4]
+    group, n = heads // k.shape[3], cache_k.shape[1]
+    low = jnp.finfo(jnp.float32).min
+    outs = []
+    for h in range(heads):
+        qh, g = q[:, :, :, h], h // group
+        s_cache = jnp.einsum("bmwd,bnd->bmwn", qh, cache_k[:, :, g], preferred_element_type=jnp.float32)
+        s_win = jnp.einsum("bmwd,bmud->bmwu", qh, k[:, :, :, g], preferred_element_type=jnp.float32)
+        s_cache = jnp.where(cache_mask[:, None, None, :], s_cache / (hd ** 0.5), low)
+        s_win = jnp.where(window_mask[:, None, None, :], s_win / (hd ** 0.5), low)
+        probs = jax.nn.softmax(jnp.concatenate([s_cache, s_win], axis=-1), axis=-1).astype(v.dtype)
+        out = jnp.einsum("bmwn,bnd->bmwd", probs[..., :n], cache_v[:, :, g], preferred_element_type=jnp.float32)
+        out += jnp.einsum("bmwu,bmud->bmwd", probs[..., n:], v[:, :, :, g], preferred_element_type=jnp.float32)
+        outs.append(out.astype(v.dtype))
+    return jnp.stack(outs, axis=3)
+
+
+def cached_attention_grouped(q, k, v, cache_k, cache_v, cache_mask, window_mask) -> jax.Array:
+    """``cached_attention`` as head-batched products over [KV, H / KV] groups (GPU/TPU)."""
     batch, m, width, heads, hd = q.shape
     kv_heads = k.shape[3]
     n = cache_k.shape[1]

@@ -18,7 +18,14 @@ from conftest import GOLDENS, HF_CONFIGS
 from convert import CheckpointError, expected_keys, load_hf_model
 from convert.__main__ import main as convert_main
 from models import ConfigError, DiffusionLM, config_from_dict, param_shapes
-from models.transformer import attention, matmul, rope_tables, swiglu
+from models.transformer import (
+    attention,
+    cached_attention_grouped,
+    cached_attention_per_head,
+    matmul,
+    rope_tables,
+    swiglu,
+)
 from psd_jax import load_model
 
 LOGIT_ATOL = 1e-4  # float32 parity with upstream PyTorch
@@ -111,6 +118,21 @@ def test_attention_matches_jax_dot_product_attention(heads, kv_heads):
     want = jax.nn.dot_product_attention(q, k, v, mask=key_mask)
     np.testing.assert_allclose(attention(q, k, v, key_mask), want, rtol=0, atol=2e-6)
     np.testing.assert_allclose(attention(q, k, v, None), jax.nn.dot_product_attention(q, k, v), rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (8, 2)])
+def test_cached_attention_per_head_matches_grouped(heads, kv_heads):
+    """The CPU per-head cache attention against the head-batched form, with masked cache keys,
+    masked window keys, several windows per row and grouped kv heads."""
+    keys = jax.random.split(jax.random.key(3), 5)
+    b, m, w, n, hd = 2, 3, 4, 10, 16
+    q = jax.random.normal(keys[0], (b, m, w, heads, hd))
+    k, v = (jax.random.normal(key, (b, m, w, kv_heads, hd)) for key in keys[1:3])
+    cache_k, cache_v = (jax.random.normal(key, (b, n, kv_heads, hd)) for key in keys[3:5])
+    cache_mask = jnp.arange(n)[None, :] < jnp.array([[10], [6]])
+    window_mask = jnp.array([[True, True, False, True], [True, True, True, True]])
+    args = (q, k, v, cache_k, cache_v, cache_mask, window_mask)
+    np.testing.assert_allclose(cached_attention_per_head(*args), cached_attention_grouped(*args), rtol=0, atol=2e-6)
 
 
 @pytest.mark.parametrize(
