@@ -9,7 +9,8 @@ the stacked arrays at every scan iteration (about a third of a forward of a 58M-
 README "XLA against PyTorch"), while separate arrays are read in place.
 
 Numerics follow upstream: RMSNorm normalises in float32, casts back, then multiplies the weight;
-RoPE (rotate-half) is applied in float32; logits are returned in float32.
+RoPE (rotate-half) is applied in float32; the MLP's SiLU is evaluated in float32 and rounded once;
+logits are returned in float32.
 """
 
 from __future__ import annotations

@@ -24,11 +24,11 @@ loaders, so both run identical float32 weights.
 
 Runs unchanged on a GPU: JAX uses its default backend, torch uses CUDA when available.
 
-Example (the CPU measurement reported with the issue, about 10 minutes on 2 shared cores)::
+Example (the README's CPU measurement at the issue's size, about 25 minutes per dtype on 2 cores)::
 
-    nice -n 19 python scripts/compare_backends.py --no-default-model --random-llada \\
-        --layers 4 --d-model 1024 --gen-length 32 --block-length 16 --prompts 1 --repeats 5 \\
-        --no-compile --threads 1 --breakdown --out compare.json
+    python scripts/compare_backends.py --no-default-model --random-llada --layers 8 --d-model 1024 \\
+        --gen-length 256 --block-length 32 --prompts 1 --repeats 3 --no-compile --dtype bfloat16 \\
+        --out compare.json
 """
 
 from __future__ import annotations
