@@ -2,9 +2,9 @@
 the forms they replaced, compiled side by side in one process and called alternately (so drift in
 the machine's speed hits both alike), on the random LLaDA-shaped model of ``compare_backends.py``.
 
-- ``full``: one forward of [1, N] tokens. ``before`` evaluates the RoPE tables inline (XLA then
-  fuses sin/cos into every head's RoPE) and takes ``jax.nn.silu`` in the layer dtype; ``rope only``
-  has just the first fix.
+- ``full``: one forward of [1, N] tokens. ``before`` returns the RoPE tables without the identity
+  gather (XLA then fuses sin/cos into every head's RoPE) and takes ``jax.nn.silu`` in the layer
+  dtype; ``rope only`` has just the first fix.
 - ``window``: one KV-cache window forward (``DiffusionLM.window``, M windows of W positions over a
   cache of N) with the head-batched cache attention (``cached_attention_grouped``, the GPU/TPU form)
   against the per-head one used on CPU.
@@ -30,14 +30,6 @@ from flax import nnx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import models.transformer as T  # noqa: E402
 from compare_backends import random_llada_config  # noqa: E402
-
-
-def inline_rope_tables(positions: jax.Array, head_dim: int, theta: float):
-    """The RoPE tables as computed before the fix: plain sin/cos, free for XLA to fuse anywhere."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
-    angles = jnp.concatenate([freqs, freqs], axis=-1)
-    return jnp.sin(angles), jnp.cos(angles)
 
 
 def layer_dtype_swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
@@ -88,7 +80,7 @@ def main() -> None:
     ids = jnp.ones((1, args.length), jnp.int32)
     if args.what == "full":
         forms = {
-            "before": {"rope_tables": inline_rope_tables, "swiglu": layer_dtype_swiglu},
+            "before": {"_materialized": lambda table: table, "swiglu": layer_dtype_swiglu},
             "rope only": {"swiglu": layer_dtype_swiglu},
             "now": {},
         }
