@@ -125,8 +125,8 @@ def default_positions(cfg: ModelConfig, attention_mask: jax.Array | None, batch:
 
 def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
     """``x @ w`` in ``x``'s dtype. On CPU a bfloat16 product asks XLA for a float32 result, cast back:
-    XLA:CPU then runs one bfloat16 GEMM (YNNPACK; AMX tiles where the CPU has them, about 800
-    GFLOP/s on a 2-core Xeon) where a bfloat16-out ``dot`` is rewritten as a float32 one on converted
+    XLA:CPU then runs one bfloat16 GEMM (YNNPACK's bfloat16 kernel, about 800 GFLOP/s on a
+    2-core Xeon) where a bfloat16-out ``dot`` is rewritten as a float32 one on converted
     operands (about 200 GFLOP/s). Same arithmetic either way: exact products accumulated in float32,
     rounded once. Other backends keep the plain product (their bfloat16 GEMMs accumulate in float32)."""
     if x.dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
