@@ -18,6 +18,13 @@ Design:
   * byte-level, so ``decode(encode(text)) == text`` for any text;
   * special tokens use the names of LLaDA-8B-Instruct; the vocabulary is padded
     with unused ``<|reserved_i|>`` tokens to a multiple of 64.
+
+Provenance: the shipped ``models/default/tokenizer.json`` is what this script wrote at commit
+ba41fce, byte for byte (``git worktree add /tmp/t ba41fce && cd /tmp/t && python
+scripts/make_tokenizer.py --out DIR``; checked in session 16). The corpus generator changed
+since (numbers up to 20, drills), so today's script writes the same vocabulary size with a
+different merge order; the shipped model was trained on the shipped file, so keep it. The script
+is deterministic: two runs write identical files.
 """
 
 from __future__ import annotations
