@@ -5,7 +5,7 @@ trades compile time, which grows with depth, for faster forwards; this measures 
 the real LLaDA-8B / Dream-7B configs without any weights (``nnx.eval_shape`` and
 ``ShapeDtypeStruct`` only), so it runs on this repository's CPU.
 
-    python scripts/compile_time.py --model llada|dream --layout unrolled|scan \\
+    python scripts/compile_time.py --model LLaDA-8B|Dream-7B --layout unrolled|scan \\
         --decoder fixed|threshold|psd|rps [--gen-length 256] [--block-length 32] [--prompt-length 64]
 """
 
@@ -16,15 +16,13 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-HF = REPO.parent / "shared" / "hf-configs"
-MODELS = {"llada": HF / "LLaDA-8B-Instruct", "dream": HF / "Dream-v0-Instruct-7B"}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from memory_table import MODELS  # noqa: E402  (the real configs in ../shared/hf-configs)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=list(MODELS), default="llada")
+    p.add_argument("--model", choices=list(MODELS), default="LLaDA-8B")
     p.add_argument("--layout", choices=["unrolled", "scan"], default="unrolled")
     p.add_argument("--decoder", choices=["fixed", "threshold", "psd", "rps"], default="threshold")
     p.add_argument("--gen-length", type=int, default=256)

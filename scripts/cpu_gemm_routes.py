@@ -17,7 +17,7 @@ report also names the oneDNN kernels that ran (``none``: no oneDNN call, e.g. YN
 torch's AMX brgemm against XLA's float32 ones. Rounds alternate the routes, because this machine's
 speed drifts between minutes; the table gives each cell's median over rounds.
 
-    python scripts/cpu_gemm_routes.py [--rounds 2] [--calls 15]
+    python scripts/cpu_gemm_routes.py [--rounds 2]
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 SIZES = (32, 128, 288)
 ROUTES = {
@@ -40,19 +39,11 @@ ROUTES = {
 }
 
 
-def _time_calls(call, calls: int) -> float:
-    call()
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def worker(route: str, dtype: str, calls: int) -> None:
-    """Print one line per M: ``M ms_per_product``."""
+def worker(route: str, dtype: str) -> None:
+    """Print one line per M: ``M ms_per_product`` (median of ``forward_timing.time_call``'s calls)."""
     import numpy as np
+
+    from forward_timing import time_call
 
     rng = np.random.default_rng(0)
     weights = [rng.standard_normal((1024, 2688)).astype(np.float32) * 0.03 for _ in range(16)]
@@ -65,7 +56,7 @@ def worker(route: str, dtype: str, calls: int) -> None:
         with torch.inference_mode():
             for m in SIZES:
                 x = torch.tensor(inputs[m], dtype=dt)
-                print(m, _time_calls(lambda: [x @ w for w in ws], calls) / 16 * 1e3, flush=True)
+                print(m, time_call(lambda: [x @ w for w in ws])[0] / 16, flush=True)
         return
     import jax
     import jax.numpy as jnp
@@ -77,7 +68,7 @@ def worker(route: str, dtype: str, calls: int) -> None:
     products = jax.jit(lambda x, ws: [jnp.dot(x, w, preferred_element_type=jnp.float32).astype(dt) for w in ws])
     for m in SIZES:
         x = jnp.asarray(inputs[m], dt)
-        print(m, _time_calls(lambda: jax.block_until_ready(products(x, ws)), calls) / 16 * 1e3, flush=True)
+        print(m, time_call(lambda: jax.block_until_ready(products(x, ws)))[0] / 16, flush=True)
 
 
 def onednn_kernels(stderr: str) -> str:
@@ -94,11 +85,11 @@ def onednn_kernels(stderr: str) -> str:
     return "; ".join(k for k, _ in seen.most_common(2)) or "none"
 
 
-def run(route: str, dtype: str, calls: int) -> tuple[dict[int, float], str]:
+def run(route: str, dtype: str) -> tuple[dict[int, float], str]:
     env = dict(os.environ, ONEDNN_VERBOSE="1")
     if ROUTES[route]:
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {ROUTES[route]}".strip()
-    proc = subprocess.run([sys.executable, __file__, "--worker", route, "--dtype", dtype, "--calls", str(calls)],
+    proc = subprocess.run([sys.executable, __file__, "--worker", route, "--dtype", dtype],
                           env=env, capture_output=True, text=True, check=True)
     times = {}
     for line in proc.stdout.splitlines():
@@ -112,20 +103,19 @@ def run(route: str, dtype: str, calls: int) -> tuple[dict[int, float], str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--calls", type=int, default=15, help="timed calls per product set (the median is kept)")
     p.add_argument("--dtypes", default="bfloat16,float32")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--dtype", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        worker(args.worker, args.dtype, args.calls)
+        worker(args.worker, args.dtype)
         return 0
     cells: dict[tuple[str, str], list[dict[int, float]]] = collections.defaultdict(list)
     kernels: dict[tuple[str, str], str] = {}
     for rnd in range(args.rounds):
         for dtype in args.dtypes.split(","):
             for route in ROUTES:
-                times, kernels[dtype, route] = run(route, dtype, args.calls)
+                times, kernels[dtype, route] = run(route, dtype)
                 cells[dtype, route].append(times)
                 print(f"round {rnd + 1} {dtype} {route}: " + ", ".join(f"M={m} {t:.3f} ms" for m, t in times.items()),
                       file=sys.stderr, flush=True)
