@@ -22,7 +22,7 @@ import numpy as np
 
 from .api import InputError, LoadedModel, decode_lengths, default_model_path, load_model
 from .config import CACHES, DecodeConfig, DecodeConfigError
-from .tasks import is_correct, load_jsonl
+from .scoring import is_correct, load_jsonl
 
 BASELINE = "fixed-1"
 # Settings of the matrix a default run leaves out, so that it fits 20 minutes on 2 CPU cores

@@ -6,7 +6,7 @@ trained model does. EOS early stop is off, so every run decodes all ``gen_length
 Each setting is compiled ahead of time (compile time reported separately) and timed over
 ``--repeats`` runs; the median is reported.
 
-    python scripts/bench_cache.py --gen-lengths 256,512 --batches 1,4 --policies fixed,threshold
+    python -m scripts.bench_cache --gen-lengths 256,512 --batches 1,4 --policies fixed,threshold
 """
 
 from __future__ import annotations

@@ -24,9 +24,11 @@ loaders, so both run identical float32 weights.
 
 Runs unchanged on a GPU: JAX uses its default backend, torch uses CUDA when available.
 
-Example (the README's CPU measurement at the issue's size, about 25 minutes per dtype on 2 cores)::
+Run from the repository root (``python scripts/compare_backends.py`` works too where psd-jax is
+installed). Example (the CPU measurement of docs/xla-vs-pytorch.md, an 8-layer d_model-1024 random
+LLaDA, about 25 minutes per dtype on 2 cores)::
 
-    python scripts/compare_backends.py --no-default-model --random-llada --layers 8 --d-model 1024 \\
+    python -m scripts.compare_backends --no-default-model --random-llada --layers 8 --d-model 1024 \\
         --gen-length 256 --block-length 32 --prompts 1 --repeats 3 --no-compile --dtype bfloat16 \\
         --out compare.json
 """
@@ -44,9 +46,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 DECODERS = ("fixed", "threshold", "psd", "rps")
 # --matmul-precision: (jax_default_matmul_precision, torch.set_float32_matmul_precision) per choice.
@@ -113,7 +112,7 @@ def prompts_for(path: Path, lm, args, random_model: bool) -> tuple[list, bool]:
         special = {lm.config.mask_id, lm.config.eos_id, lm.config.pad_id}
         vocab = [t for t in range(min(lm.config.vocab_size, 4096)) if t not in special]
         return [rng.choice(vocab, size=args.prompt_length).tolist() for _ in range(n)], False
-    from psd_jax.tasks import load_jsonl
+    from psd_jax.scoring import load_jsonl
 
     chat = bool(getattr(lm.tokenizer, "chat_template", None))
     questions = [ex["question"] for ex in load_jsonl(path / "test.jsonl")[:n]]

@@ -5,7 +5,7 @@ trades compile time, which grows with depth, for faster forwards; this measures 
 the real LLaDA-8B / Dream-7B configs without any weights (``nnx.eval_shape`` and
 ``ShapeDtypeStruct`` only), so it runs on this repository's CPU.
 
-    python scripts/compile_time.py --model LLaDA-8B|Dream-7B --layout unrolled|scan \\
+    python -m scripts.compile_time --model LLaDA-8B|Dream-7B --layout unrolled|scan \\
         --decoder fixed|threshold|psd|rps [--gen-length 256] [--block-length 32] [--prompt-length 64]
 """
 
@@ -14,10 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from memory_table import MODELS  # noqa: E402  (the real configs in ../shared/hf-configs)
+from scripts.memory_table import MODELS  # the real configs in ../shared/hf-configs
 
 
 def main(argv=None) -> int:

@@ -10,7 +10,7 @@ child process whose own peak RSS comes from ``os.wait4``; the child is made the 
 first choice and a watchdog kills it if the machine runs low on memory. The checkpoint and the
 converter's output are always deleted.
 
-    python scripts/convert_peak_memory.py [--hf-config-dir DIR] [--n-layers N] [--golden DIR] [--json PATH]
+    python -m scripts.convert_peak_memory [--hf-config-dir DIR] [--n-layers N] [--golden DIR] [--json PATH]
 """
 
 from __future__ import annotations
@@ -30,12 +30,11 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from convert.keys import expected_keys
+from convert.orbax_io import SIDE_FILES
+from models import config_from_dict
 
-from convert.keys import expected_keys  # noqa: E402
-from convert.orbax_io import SIDE_FILES  # noqa: E402
-from models import config_from_dict  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 DEFAULT_HF = REPO.parent / "shared" / "hf-configs" / "LLaDA-8B-Instruct"
 INDEX = "model.safetensors.index.json"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The GPU measurement of issue #7 as one prepared run (for a lent accelerator machine whose time is
-# short): versions, a smoke test, then scripts/compare_backends.py on the issue's larger random
-# LLaDA-shaped model (bf16 and float32, eager torch) plus torch.compile and the shipped model.
+# The GPU comparison of docs/xla-vs-pytorch.md as one prepared run (for an accelerator machine whose
+# time is short): versions, a smoke test, then scripts/compare_backends.py on the larger random
+# LLaDA-shaped model (8 layers, d_model 1024; bf16 and float32, eager torch) plus torch.compile and
+# the shipped model. Run it from the repository root (it runs python -m scripts.compare_backends).
 # Every step has its own time limit and log, so one slow or failing step does not lose the others.
 # Results: $OUT/<step>.json per finished step and $OUT/all.log (every step's log and table, appended as
 # each step ends, so that a run cut short keeps what it finished); the tables are printed at the end.
@@ -31,12 +32,12 @@ if [ -n "${TINY:-}" ]; then
   BIG="$TOY --prompts 2 --repeats 2"
   SHIPPED="--gen-length 32 --block-length 16 --prompts 2 --repeats 2"
 else
-  # 2 prompts: with 4, the bfloat16 (breakdown) and float32 steps ran out of their limits in
-  # session 12 on an H200 (true-float32 compiles take 23-44 s per decoder there).
+  # 2 prompts: with 4, the bfloat16 (breakdown) and float32 steps run out of their limits on an
+  # H200 (true-float32 compiles take 23-44 s per decoder there).
   BIG="--layers 8 --d-model 1024 --gen-length 256 --block-length 32 --prompts 2 --repeats 3"
   SHIPPED="--gen-length 64 --block-length 32 --prompts 16 --batch 8 --repeats 3"
 fi
-CMP="$PY scripts/compare_backends.py"
+CMP="$PY -m scripts.compare_backends"  # from the repository root: no install needed
 BIG="$BIG --random-dir $LOGS/random"  # one random model written once, shared by the steps
 
 step() {  # step NAME SECONDS ARGS...: one compare_backends run with its own limit and log

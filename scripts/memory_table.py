@@ -16,7 +16,7 @@ guessed and no weight is materialised (only ``ShapeDtypeStruct`` / ``eval_shape`
 
 Runs itself in a subprocess with 8 simulated CPU devices. Prints Markdown, writes ``--json``.
 
-    python scripts/memory_table.py [--json PATH] [--decode] [--batches 1,8,32] [--gens 256,1024]
+    python -m scripts.memory_table [--json PATH] [--decode] [--batches 1,8,32] [--gens 256,1024]
 """
 
 from __future__ import annotations

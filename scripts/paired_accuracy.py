@@ -5,7 +5,7 @@ models) over the same jsonl record which problems each setting got right; this p
 setting both ran, the accuracy difference B − A, the standard error of that paired difference and
 the problems only A or only B answered:
 
-    python scripts/paired_accuracy.py runs/none/bench.json runs/dual/bench.json
+    python -m scripts.paired_accuracy runs/none/bench.json runs/dual/bench.json
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from psd_jax.bench import paired_difference  # noqa: E402
+from psd_jax.bench import paired_difference
 
 
 def main() -> None:

@@ -1,28 +1,21 @@
 """Run in a subprocess with 4 simulated CPU devices: a few training steps of the default model's
-recipe on a tiny model, once unsharded and once with ``train_default.data_parallel`` (every batch
-split over the devices); print the losses and the largest parameter difference as JSON.
+recipe on a tiny model, once unsharded and once with ``scripts.default_model.train.data_parallel``
+(every batch split over the devices); print the losses and the largest parameter difference as JSON.
 
-Usage: XLA_FLAGS=--xla_force_host_platform_device_count=4 python tests/data_parallel_train.py
+Usage, from the repository root (``scripts`` is imported from there):
+    PYTHONPATH=. XLA_FLAGS=--xla_force_host_platform_device_count=4 python tests/data_parallel_train.py
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import jax
 import numpy as np
 from flax import nnx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from models import DiffusionLM, ModelConfig  # noqa: E402
-
-spec = importlib.util.spec_from_file_location("train_default", ROOT / "scripts" / "train_default.py")
-train_default = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(train_default)
+from models import DiffusionLM, ModelConfig
+from scripts.default_model import train as train_default
 
 CFG = ModelConfig(family="llada", vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, mlp_hidden=64,
                   rope_theta=10000.0, norm_eps=1e-5, max_length=64, mask_id=62, eos_id=63, pad_id=63)

@@ -9,7 +9,7 @@ import pytest
 
 from psd_jax import bench
 from psd_jax.api import InputError, decode_lengths, load_model
-from psd_jax.tasks import is_correct, load_jsonl
+from psd_jax.scoring import is_correct, load_jsonl
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from models import load_config
 from psd_jax import DecodeConfig, load_model
 from psd_jax.api import decode_defaults
 from psd_jax.generate import main as generate_main
-from psd_jax.tasks import load_jsonl
+from psd_jax.scoring import load_jsonl
 
 DEFAULT = Path(__file__).resolve().parents[1] / "models" / "default"
 MAX_CHECKPOINT_BYTES = 25 * 2**20  # the budget for a committed checkpoint

@@ -1,8 +1,8 @@
-"""Tests for psd_jax.tasks and the shipped default tokenizer / test set."""
+"""Answer scoring (``psd_jax.scoring``) and the default model's own tools (``scripts.default_model``):
+its problem generator, training recipe, and the shipped tokenizer and held-out set."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -14,19 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from psd_jax.tasks import (
-    MAX_VALUE,
-    TEMPLATES,
-    extract_answer,
-    generate_problem,
-    gold_answer,
-    is_correct,
-    load_jsonl,
-    make_dataset,
-    normalize_number,
-    parse_steps,
-)
+from psd_jax.scoring import extract_answer, gold_answer, is_correct, load_jsonl, normalize_number
 from psd_jax.tokenizer import encode_prompt
+from scripts.default_model import train as train_default
+from scripts.default_model.tasks import MAX_VALUE, TEMPLATES, generate_problem, make_dataset, parse_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "models" / "default"
@@ -133,19 +124,10 @@ def test_generated_arithmetic_is_correct():
     assert n_steps == {2, 3, 4}
 
 
-def _train_default():
-    """``scripts/train_default.py`` as a module (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("train_default", ROOT / "scripts" / "train_default.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_training_drills_work_out_the_expressions_they_list(tok):
     """The calculator drills mixed into the default model's training: the question lists the
     answer's expressions in order, and every line is right and within the task's range; the
     labelled form adds each line's label word, the unlisted form drops the question's list."""
-    train_default = _train_default()
     drills = train_default.make_drills(300, seed=3)
     assert drills == train_default.make_drills(300, seed=3)
     ops = set()
@@ -174,7 +156,6 @@ def test_chain_drills_work_out_a_chain_the_question_does_not_spell_out(tok):
     """Chained drills: the question gives the start value and each line's operation and second
     operand; each line's first operand is the previous line's result (never in the question's
     list), every line is right and within the task's range, and the answer fits its rows."""
-    train_default = _train_default()
     drills = train_default.make_chain_drills(300, seed=5)
     assert drills == train_default.make_chain_drills(300, seed=5)
     ops = set()
@@ -273,7 +254,6 @@ def test_training_rows_end_with_the_answer_padded_to_the_response_length(tok):
     """``encode_batch`` (default model training): the last ``gen_length`` tokens of every row are
     the answer and EOS padding, left of them the chat-templated prompt; a drill batch uses the
     shorter drill response length, which fits all but rare drills (skipped, not truncated)."""
-    train_default = _train_default()
     drills = train_default.make_drills(200, seed=5)
     gen = train_default.DRILL_GEN_LENGTH
     ids, attn = train_default.encode_batch(tok, drills, tok.eos_token_id, tok.pad_token_id, gen)
@@ -292,7 +272,6 @@ def test_block_masking_matches_the_decoding_order():
     the canvas; the iid form masks every response token at ratio t (LLaDA's SFT)."""
     import jax.numpy as jnp
 
-    train_default = _train_default()
     t = jnp.array([[0.25], [0.5], [0.75]])
     block = jnp.array([[0], [1], [2]])
     p = train_default.mask_probabilities(t, 12, 4, block)
@@ -312,7 +291,6 @@ def test_training_loss_weights_masked_tokens_by_inverse_t_or_averages_each_row()
     none masked counts 0). Hand-computed on two rows of four positions."""
     import jax.numpy as jnp
 
-    train_default = _train_default()
     ce = jnp.array([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]])
     masked = jnp.array([[True, False, True, False], [False, False, False, True]])
     t = jnp.array([[0.5], [0.25]])
@@ -325,11 +303,12 @@ def test_training_loss_weights_masked_tokens_by_inverse_t_or_averages_each_row()
 
 
 def test_data_parallel_training_step_matches_one_device():
-    """``train_default.py --data-parallel`` (batch rows split over 4 simulated CPU devices) takes
+    """``scripts.default_model.train --data-parallel`` (batch rows split over 4 simulated CPU devices) takes
     the same optimiser steps as one device: equal losses and parameters after three AdamW steps to
     float32 reduction-order tolerance (1e-5); a batch one row short of dividing by the devices
     (a skipped drill) is trimmed, not an error."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))  # scripts.*
     script = Path(__file__).with_name("data_parallel_train.py")
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

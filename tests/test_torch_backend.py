@@ -170,7 +170,7 @@ DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "default"
 @pytest.mark.parametrize("decoder", ["psd", "rps"])
 def test_shipped_default_model_torch_equals_jax(decoder):
     """The shipped model, chat prompts from its held-out set: same tokens and calls."""
-    from psd_jax.tasks import load_jsonl
+    from psd_jax.scoring import load_jsonl
 
     jax_lm, torch_lm = psd_jax.load_model(DEFAULT_MODEL), load_torch_model(DEFAULT_MODEL, device="cpu")
     chat = bool(getattr(jax_lm.tokenizer, "chat_template", None))

@@ -1,8 +1,8 @@
 """Write synthetic GSM8K-style problems as jsonl ({"question", "answer"} per line).
 
-    python scripts/make_dataset.py --out models/default/test.jsonl --n 500 --seed 12345
+    python -m scripts.default_model.make_dataset --out models/default/test.jsonl --n 500 --seed 12345
 
-The shipped held-out set uses seed 12345 (psd_jax.tasks.TEST_SEED) with unique
+The shipped held-out set uses seed 12345 (``tasks.TEST_SEED``) with unique
 questions; train with other seeds and pass the test questions as ``exclude``
 (``--exclude models/default/test.jsonl`` here, or ``make_dataset(..., exclude=...)``).
 """
@@ -10,11 +10,10 @@ questions; train with other seeds and pass the test questions as ``exclude``
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from psd_jax.tasks import MAX_VALUE, TEST_SEED, load_jsonl, make_dataset, save_jsonl  # noqa: E402
+from psd_jax.scoring import load_jsonl
+from scripts.default_model.tasks import MAX_VALUE, TEST_SEED, make_dataset, save_jsonl
 
 
 def main() -> None:

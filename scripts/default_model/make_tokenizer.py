@@ -1,8 +1,8 @@
 """Build the small byte-level BPE tokenizer of the shipped default model.
 
-    python scripts/make_tokenizer.py --out models/default [--n 20000 --seed 0] [--number-groups]
+    python -m scripts.default_model.make_tokenizer --out models/default [--n 20000 --seed 0] [--number-groups]
 
-Trains on ``psd_jax.tasks.make_dataset(n, seed)`` rendered as chat turns and
+Trains on ``scripts.default_model.tasks.make_dataset(n, seed)`` rendered as chat turns and
 writes tokenizer.json, tokenizer_config.json and special_tokens_map.json, which
 ``transformers.AutoTokenizer.from_pretrained(out)`` loads.
 
@@ -11,7 +11,7 @@ Design:
     pre-tokenizer isolates every digit), so arithmetic is learnable
     (``--number-groups``: digit groups of up to three, as LLaMA-3's
     pre-tokenizer splits numbers, which BPE merges into one token for every
-    number of the corpus; a model trained with it was no better, README);
+    number of the corpus; a model trained with it was no better, docs/default-model.md);
   * a space before a number is attached to the preceding word or operator
     (``"12 + 7 = 19"`` -> ``1 2 " + " 7 " = " 1 9``), otherwise to the following
     word, as in GPT-2;
@@ -19,9 +19,9 @@ Design:
   * special tokens use the names of LLaDA-8B-Instruct; the vocabulary is padded
     with unused ``<|reserved_i|>`` tokens to a multiple of 64.
 
-Provenance: the shipped ``models/default/tokenizer.json`` is what this script wrote at commit
-ba41fce, byte for byte (``git worktree add /tmp/t ba41fce && cd /tmp/t && python
-scripts/make_tokenizer.py --out DIR``; checked in session 16). The corpus generator changed
+Provenance: the shipped ``models/default/tokenizer.json`` is what this script (then
+``scripts/make_tokenizer.py``) wrote at commit ba41fce, byte for byte (``git worktree add /tmp/t
+ba41fce && cd /tmp/t && python scripts/make_tokenizer.py --out DIR``). The corpus generator changed
 since (numbers up to 20, drills), so today's script writes the same vocabulary size with a
 different merge order; the shipped model was trained on the shipped file, so keep it. The script
 is deterministic: two runs write identical files.
@@ -31,14 +31,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from psd_jax.tasks import make_dataset  # noqa: E402
+from scripts.default_model.tasks import make_dataset
 
 EOS = "<|endoftext|>"  # also the pad token
 BOS = "<|startoftext|>"

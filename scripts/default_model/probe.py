@@ -11,23 +11,22 @@ Two probes on the first N held-out problems of a model directory:
 * generation at one token per step: exact answers, well-formed calculator lines, lines whose
   operands equal the gold line's, lines that are arithmetically right.
 
-    python scripts/probe_default.py [--model models/default] [--n 100]
+    python -m scripts.default_model.probe [--model models/default] [--n 100]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from psd_jax import DecodeConfig, load_model  # noqa: E402
-from psd_jax.api import decode_lengths  # noqa: E402
-from psd_jax.tasks import STEP_LINE as LINE, calculate, is_correct, load_jsonl  # noqa: E402
-from psd_jax.tokenizer import encode_prompt  # noqa: E402
+from psd_jax import DecodeConfig, load_model
+from psd_jax.api import decode_lengths
+from psd_jax.scoring import is_correct, load_jsonl
+from psd_jax.tokenizer import encode_prompt
+from scripts.default_model.tasks import STEP_LINE as LINE, calculate
 
 GROUPS = {"operand1": 1, "operand2": 3, "result": 4}  # LINE's group of each probed number
 KINDS = ("operand1", "operand2", "result", "all_digits", "all")

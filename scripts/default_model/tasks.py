@@ -1,4 +1,4 @@
-"""Synthetic GSM8K-style arithmetic word problems and GSM8K answer scoring.
+"""The default model's task: synthetic GSM8K-style arithmetic word problems.
 
 Each generated problem is a short story (one of several templates) whose answer
 is a chain of 2-4 dependent calculator lines followed by a GSM8K final line::
@@ -17,7 +17,10 @@ the model finds an operand by matching that word, not by counting numbers.
 Numbers are kept small (every number of a question and every result in
 [1, MAX_VALUE] = [1, 20]) so that a tiny model can learn the arithmetic in an
 hour of CPU training: with results up to 50 the shipped model of that time got
-41% of result digits right and 8% of problems.
+41% of result digits right and 8% of problems (docs/default-model.md).
+Answers are scored with ``psd_jax.scoring`` (GSM8K's conventions); this module
+only makes problems, and is what ``make_dataset``, ``make_tokenizer`` and
+``train`` of this package build the shipped model's files from.
 """
 
 from __future__ import annotations
@@ -38,81 +41,11 @@ __all__ = [
     "STEP_LINE",
     "TEST_SEED",
     "calculate",
-    "extract_answer",
     "generate_problem",
-    "gold_answer",
-    "is_correct",
-    "load_jsonl",
     "make_dataset",
-    "normalize_number",
     "parse_steps",
     "save_jsonl",
 ]
-
-
-# --------------------------------------------------------------------------- #
-# Answer extraction / scoring (GSM8K conventions)
-# --------------------------------------------------------------------------- #
-
-_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?|-?\.\d+")
-
-
-def normalize_number(text: str) -> str | None:
-    """Canonical string for a number: strip ``$``, commas, spaces and a trailing
-    period; ``"1,234"`` -> ``"1234"``, ``"72.0"`` -> ``"72"``, ``"3.50"`` -> ``"3.5"``.
-    Returns None if ``text`` is not a number."""
-    s = text.strip().replace(",", "").replace("$", "").replace(" ", "").rstrip(".")
-    try:
-        value = float(s)
-    except ValueError:
-        return None
-    if value != value or value in (float("inf"), float("-inf")):
-        return None
-    if value == int(value):
-        return str(int(value))
-    return repr(value).rstrip("0").rstrip(".")
-
-
-def extract_answer(text: str) -> str | None:
-    """GSM8K-style answer: the number right after the last ``####``.
-
-    Without ``####`` it falls back to the last number in ``text``. Returns the
-    normalized number, or None when there is none (including a ``####`` with no
-    number after it)."""
-    if "####" in text:
-        match = _NUMBER.search(text.rsplit("####", 1)[1])
-        return normalize_number(match.group()) if match else None
-    numbers = _NUMBER.findall(text)
-    return normalize_number(numbers[-1]) if numbers else None
-
-
-def gold_answer(example: dict) -> str:
-    """The reference answer of a ``{"question", "answer"}`` example."""
-    answer = extract_answer(str(example["answer"]))
-    if answer is None:
-        raise ValueError(f"no number in answer field: {example['answer']!r}")
-    return answer
-
-
-def is_correct(prediction_text: str, example: dict) -> bool:
-    """True if the answer extracted from ``prediction_text`` equals the gold answer."""
-    predicted = extract_answer(prediction_text)
-    return predicted is not None and float(predicted) == float(gold_answer(example))
-
-
-def load_jsonl(path: str | Path) -> list[dict]:
-    """Read a jsonl file of objects with ``question`` and ``answer`` fields
-    (our format or GSM8K's own ``train.jsonl``/``test.jsonl``)."""
-    examples = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            obj = json.loads(line)
-            if "question" not in obj or "answer" not in obj:
-                raise ValueError(f"{path}:{lineno}: expected 'question' and 'answer' fields")
-            examples.append(obj)
-    return examples
 
 
 def save_jsonl(examples: Iterable[dict], path: str | Path) -> None:

@@ -5,15 +5,15 @@ every response token (answer + EOS padding to ``gen_length``) is masked with pro
 ``t ~ U(eps, 1]``, and the cross-entropy on masked tokens is weighted by one over the row's masked
 ratio: its realised ratio (``--loss-weight row-mean``, the shipped recipe: each row's masked
 tokens averaged) or LLaDA's expected one, ``1/t`` (``--loss-weight inverse-t``, measured worse:
-README). ``--masking block``: one block per row instead, as the model is decoded; measured worse. Every third
-batch is calculator drills (``make_drills``, their own shorter response length) instead of word
+docs/default-model.md). ``--masking block``: one block per row instead, as the model is decoded;
+measured worse. Every third batch is calculator drills (``make_drills``, their own shorter response length) instead of word
 problems (``--unlisted-drills``, ``--drill-labels``, ``--chain-drills``: other drill forms,
 measured worse or no better). The result is written in the real LLaDA Hugging Face layout
 (``config.json`` + ``model.safetensors`` with LLaDA-8B's tensor names) next to the tokenizer, so
 it loads through the same converter path as a real checkpoint.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=2 \
-        python scripts/train_default.py --out models/default --data-parallel
+        python -m scripts.default_model.train --out models/default --data-parallel
 
 ``--data-parallel`` splits every batch over the host's CPU devices (start it with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=2`` for the two cores): XLA:CPU runs most of a
@@ -48,8 +48,9 @@ from models.transformer import default_unroll_layers
 from psd_jax import DecodeConfig
 from psd_jax.api import DECODE_DEFAULTS_FILE, LoadedModel
 from psd_jax.sharding import make_mesh
-from psd_jax.tasks import MAX_VALUE, STEP_LINE, calculate, generate_problem, is_correct, load_jsonl, make_dataset
+from psd_jax.scoring import is_correct, load_jsonl
 from psd_jax.tokenizer import encode_prompt
+from scripts.default_model.tasks import MAX_VALUE, STEP_LINE, calculate, generate_problem, make_dataset
 
 PROMPT_LENGTH = 96  # longest chat-templated prompt trained on (longer ones are skipped)
 PROMPT_BUCKET = 16  # training batches are padded to a multiple of this (less wasted compute)
@@ -153,7 +154,7 @@ def make_chain_drills(n: int, seed: int, lines: int = 4) -> list[dict]:
     line by line, each line's first operand the previous line's result ("7 + 5 = 12", "12 - 3 =
     9", ...). As in a word problem, a later line's first operand is only in the answer, so its
     result cannot be read off the question (the listed drills' shortcut), and every value lies in
-    [1, MAX_VALUE]. Mixed half and half with listed drills they made the model worse (README)."""
+    [1, MAX_VALUE]. Mixed half and half with listed drills they made the model worse (docs/default-model.md)."""
     rng = random.Random(seed)
     drills = []
     for _ in range(n):
@@ -219,7 +220,7 @@ def make_train_step(graphdef, optimizer, mask_id: int, gen_length: int = GEN_LEN
     ``block_length=None`` (the shipped recipe): the SFT loss over the whole response. With
     ``block_length`` the loss is the masked tokens of one random block per row, weighted by ``1/t``
     (``mask_probabilities``), so that a line's result is mostly predicted with its operands in
-    view, as when decoding. Measured worse (README: 18.4% against 37.0% held-out accuracy).
+    view, as when decoding. Measured worse (docs/default-model.md: 18.4% against 37.0% held-out accuracy).
     ``row_mean`` (the shipped recipe; ``main`` sets it from ``--loss-weight``): each row's masked
     tokens averaged instead of weighted by ``1/t`` (``masked_loss``).
     """

@@ -1,6 +1,8 @@
-"""What the CPU forward fixes of ``models/transformer.py`` are worth: the current model against
-the forms they replaced, compiled side by side in one process and called alternately (so drift in
-the machine's speed hits both alike), on the random LLaDA-shaped model of ``compare_backends.py``.
+"""Answers: how much do the CPU forward fixes of ``models/transformer.py`` save?
+
+The current model against the forms they replaced, compiled side by side in one process and called
+alternately (so drift in the machine's speed hits both alike), on the random LLaDA-shaped model of
+``scripts/compare_backends.py`` (docs/xla-vs-pytorch.md).
 
 - ``full``: one forward of [1, N] tokens. ``before`` returns the RoPE tables without the identity
   gather (XLA then fuses sin/cos into every head's RoPE) and takes ``jax.nn.silu`` in the layer
@@ -11,25 +13,22 @@ the machine's speed hits both alike), on the random LLaDA-shaped model of ``comp
 
 Reports the median of each form's calls and the median of the per-call ratios ``before / this``::
 
-    python scripts/cpu_forward_ab.py --what full --dtype bfloat16 --length 288
-    python scripts/cpu_forward_ab.py --what window --dtype float32 --windows 4
+    python -m scripts.experiments.cpu_forward_ab --what full --dtype bfloat16 --length 288
+    python -m scripts.experiments.cpu_forward_ab --what window --dtype float32 --windows 4
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import models.transformer as T  # noqa: E402
-from compare_backends import random_llada_config  # noqa: E402
+import models.transformer as T
+from scripts.compare_backends import random_llada_config
 
 
 def layer_dtype_swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:

@@ -1,9 +1,10 @@
-"""Which GEMM kernel each of XLA:CPU's routes runs, and how fast, against torch's on the same products.
+"""Answers: which GEMM kernel does each XLA:CPU route run, and how fast against torch's?
 
-Why: on CPU both backends spend ~90% of a decode in the layers' products (README, "XLA against
-PyTorch"), so the JAX/torch ratio there is the ratio of the two GEMM libraries. This times the
-issue-size products, 16 distinct [1024, 2688] weights times [M, 1024] inputs (M = 32, 128, 288:
-a cache window, a few rows, one full 288-token forward), in bfloat16 and float32, once per route:
+Why: on CPU both backends spend ~90% of a decode in the layers' products (docs/xla-vs-pytorch.md),
+so the JAX/torch ratio there is the ratio of the two GEMM libraries. This times the products of the
+comparison's 8-layer d_model-1024 model, 16 distinct [1024, 2688] weights times [M, 1024] inputs
+(M = 32, 128, 288: a cache window, a few rows, one full 288-token forward), in bfloat16 and
+float32, once per route:
 
 - ``jax``: XLA's default (YNNPACK dot fusions);
 - ``jax-onednn``: YNNPACK off and XLA's oneDNN dot fusion on
@@ -17,7 +18,7 @@ report also names the oneDNN kernels that ran (``none``: no oneDNN call, e.g. YN
 torch's AMX brgemm against XLA's float32 ones. Rounds alternate the routes, because this machine's
 speed drifts between minutes; the table gives each cell's median over rounds.
 
-    python scripts/cpu_gemm_routes.py [--rounds 2]
+    python -m scripts.experiments.cpu_gemm_routes [--rounds 2]    # from the repository root
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ import os
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[2]
 SIZES = (32, 128, 288)
 ROUTES = {
     "jax": "",
@@ -43,7 +46,7 @@ def worker(route: str, dtype: str) -> None:
     """Print one line per M: ``M ms_per_product`` (median of ``forward_timing.time_call``'s calls)."""
     import numpy as np
 
-    from forward_timing import time_call
+    from scripts.experiments.forward_timing import time_call
 
     rng = np.random.default_rng(0)
     weights = [rng.standard_normal((1024, 2688)).astype(np.float32) * 0.03 for _ in range(16)]
@@ -89,8 +92,8 @@ def run(route: str, dtype: str) -> tuple[dict[int, float], str]:
     env = dict(os.environ, ONEDNN_VERBOSE="1")
     if ROUTES[route]:
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {ROUTES[route]}".strip()
-    proc = subprocess.run([sys.executable, __file__, "--worker", route, "--dtype", dtype],
-                          env=env, capture_output=True, text=True, check=True)
+    proc = subprocess.run([sys.executable, "-m", "scripts.experiments.cpu_gemm_routes", "--worker", route, "--dtype", dtype],
+                          cwd=REPO, env=env, capture_output=True, text=True, check=True)
     times = {}
     for line in proc.stdout.splitlines():
         if line.startswith("onednn_verbose"):

@@ -1,22 +1,20 @@
-"""How fast does a model shape learn the calculator lines' arithmetic? A few-minute experiment.
+"""Answers: how fast does a model shape learn the calculator lines' arithmetic? (in minutes)
 
 Trains a fresh model of the default architecture on calculator drills only (``make_drills`` of
-``train_default.py``, same objective and optimiser) and, every ``--every`` steps, scores the
-digits of every line's result with everything else of the answer visible, on 256 fixed drills.
-The shipped model's accuracy is bounded by this (see the README's default-model section), so a
-change of shape, initialisation or learning rate can be judged here in minutes instead of in an
-hour-long training run.
+``scripts.default_model.train``, same objective and optimiser) and, every ``--every`` steps, scores
+the digits of every line's result with everything else of the answer visible, on 256 fixed drills.
+The shipped model's accuracy is bounded by this (docs/default-model.md), so a change of shape,
+initialisation or learning rate can be judged here in minutes instead of in an hour-long training
+run.
 
-    python scripts/drill_speed.py --steps 400 --every 100 [--layers 4 --d-model 128 --lr 3e-3]
-    python scripts/drill_speed.py --score models/default    # the same score of a trained model
+    python -m scripts.experiments.drill_speed --steps 400 --every 100 [--layers 4 --d-model 128 --lr 3e-3]
+    python -m scripts.experiments.drill_speed --score models/default    # the same score of a trained model
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -24,11 +22,9 @@ import numpy as np
 from flax import nnx
 from transformers import AutoTokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from models import DiffusionLM  # noqa: E402
-from psd_jax.api import load_model  # noqa: E402
-from train_default import (  # noqa: E402
+from models import DiffusionLM
+from psd_jax.api import load_model
+from scripts.default_model.train import (
     DRILL_GEN_LENGTH, add_model_args, encode_batch, fits, make_drills, make_optimizer, make_train_step, model_config,
 )
 

@@ -1,4 +1,6 @@
-"""How fast does a small model learn the arithmetic fact table, and what slows it? Seconds per try.
+"""Answers: how fast does a small model learn the arithmetic fact table, and what slows it?
+
+Seconds per try (docs/default-model.md).
 
 The 512 facts ``a op b = c`` with a, b, c in [1, 20] (the table every calculator line of the
 default model's task draws from), each number one token, trained with the default model's
@@ -12,16 +14,14 @@ optimiser in one of three forms:
 
 Every ``--every`` steps: accuracy of ``c`` on all 512 facts with ``a op b =`` visible.
 
-    python scripts/fact_table_speed.py --mode diffusion --layers 2 --steps 1000
+    python -m scripts.experiments.fact_table_speed --mode diffusion --layers 2 --steps 1000
 """
 
 from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -29,10 +29,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from models import DiffusionLM, ModelConfig  # noqa: E402
-from train_default import add_model_args, make_optimizer  # noqa: E402
+from models import DiffusionLM, ModelConfig
+from scripts.default_model.train import add_model_args, make_optimizer
 
 PAD, BOS, MASK, EQUALS, SEPARATOR = 0, 1, 2, 7, 8
 OPERATORS = {"+": 3, "-": 4, "*": 5, "/": 6}

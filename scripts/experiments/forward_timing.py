@@ -1,17 +1,19 @@
-"""One forward of the same random LLaDA-shaped model in JAX (jitted ``DiffusionLM``) and in PyTorch
+"""Answers: how fast is one forward in JAX against PyTorch, apart from the decoders?
+
+One forward of the same random LLaDA-shaped model in JAX (jitted ``DiffusionLM``) and in PyTorch
 (``TorchDiffusionLM``, ``inference_mode``): median wall time of 15 calls after a warm-up, the
 process's CPU time per call (how many cores it kept busy), and the forward's matmul rate.
 
-Separates the frameworks' forward passes from everything the decoders add (README, "XLA against
-PyTorch"). ``--matmuls-only`` times just the forward's matrix products (every projection, MLP and
-head weight of the model, each a [rows, d_in] x [d_in, d_out] product on fresh inputs, one call):
-the floor that the backend's GEMM sets on its forward. One process per setting; pin to one core
-with ``taskset`` (XLA's ``--xla_cpu_multi_thread_eigen=false`` still keeps two cores busy, so it
-is not a one-core measurement):
+Separates the frameworks' forward passes from everything the decoders add (docs/xla-vs-pytorch.md).
+``--matmuls-only`` times just the forward's matrix products (every projection, MLP and head weight
+of the model, each a [rows, d_in] x [d_in, d_out] product on fresh inputs, one call): the floor that
+the backend's GEMM sets on its forward. One process per setting; pin to one core with ``taskset``
+(XLA's ``--xla_cpu_multi_thread_eigen=false`` still keeps two cores busy, so it is not a one-core
+measurement):
 
-    python scripts/forward_timing.py --backend jax|torch [--batch 1 --length 64] [--scan-layers]
-    python scripts/forward_timing.py --backend jax|torch --matmuls-only
-    taskset -c 0 python scripts/forward_timing.py --backend jax|torch
+    python -m scripts.experiments.forward_timing --backend jax|torch [--batch 1 --length 64] [--scan-layers]
+    python -m scripts.experiments.forward_timing --backend jax|torch --matmuls-only
+    taskset -c 0 python -m scripts.experiments.forward_timing --backend jax|torch
 """
 
 from __future__ import annotations
@@ -19,14 +21,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from compare_backends import random_llada_config  # noqa: E402  (the comparison's model shape)
-from models import ModelConfig  # noqa: E402
-from models.transformer import param_shapes  # noqa: E402
+from models import ModelConfig
+from models.transformer import param_shapes
+from scripts.compare_backends import random_llada_config  # the comparison's model shape
 
 REPEATS = 15
 

@@ -1,11 +1,12 @@
-"""Where a training step of the shipped recipe spends its time, op by op (XLA:CPU profile).
+"""Answers: where does a training step of the shipped recipe spend its time, op by op?
 
-Builds the shipped model's training step (``train_default.make_train_step``) on one batch of
-word problems, warms it up, records ``--steps`` steps with ``jax.profiler`` and prints the most
-expensive compiled ops with their output shapes and the JAX operation they come from. This is
-how the slow backward transposes of ``[B, N, D]`` dots were found (README, shipped model).
+Builds the shipped model's training step (``scripts.default_model.train.make_train_step``) on one
+batch of word problems, warms it up, records ``--steps`` steps with ``jax.profiler`` (an XLA:CPU
+trace) and prints the most expensive compiled ops with their output shapes and the JAX operation
+they come from. This is how the slow backward transposes of ``[B, N, D]`` dots were found
+(docs/default-model.md).
 
-    python scripts/profile_train_step.py --steps 5 --top 20
+    python -m scripts.experiments.profile_train_step --steps 5 --top 20
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import json
 import random
 import re
 import tempfile
-import sys
 import time
 from pathlib import Path
 
@@ -25,12 +25,10 @@ import jax
 from flax import nnx
 from transformers import AutoTokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import train_default as td  # noqa: E402
-from models import DiffusionLM  # noqa: E402
-from models.transformer import default_unroll_layers  # noqa: E402
-from psd_jax.tasks import make_dataset  # noqa: E402
+import scripts.default_model.train as td
+from models import DiffusionLM
+from models.transformer import default_unroll_layers
+from scripts.default_model.tasks import make_dataset
 
 
 def op_times(trace_dir: Path, steps: int) -> collections.Counter:

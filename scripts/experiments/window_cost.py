@@ -1,11 +1,14 @@
-"""Where a dual-cache window forward's time goes on the larger random model (batch 1).
+"""Answers: where does a dual-cache window forward's time go on the larger random model?
+
+Batch 1, the random model of ``scripts/bench_cache.py`` (the block KV cache measurement of
+docs/benchmark.md).
 
 Times, jitted, median of ``--repeats``: the full forward of the 544-token canvas (``prefill``),
 a 32-token ``window`` against its cache, and the window's matrix products alone, once inside a
 ``lax.scan`` over the stacked ``[L, ...]`` weights (as the model runs them) and once over
 per-layer arrays (the difference is the scan's per-layer weight slicing).
 
-    python scripts/window_cost.py
+    python -m scripts.experiments.window_cost
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bench_cache import random_model
+from scripts.bench_cache import random_model
 
 PRODUCTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
