@@ -26,7 +26,7 @@ from jax.sharding import Mesh
 from models import DiffusionLM, ModelConfig, load_config
 from models.transformer import default_unroll_layers
 
-from .config import DecodeConfig
+from .config import DecodeConfig, DecodeConfigError, settings_from
 from .engine import DecodeOutput, decode
 from .sharding import batch_sharding, make_mesh, param_shardings
 from .tokenizer import TokenizerError, encode_prompt, load_tokenizer, resolve_special_ids
@@ -87,12 +87,36 @@ def decode_defaults(path: str | Path) -> dict[str, int]:
     return {key: int(value) for key, value in values.items()}
 
 
-def decode_lengths(model_dir: str | Path | None, gen_length: int | None = None, block_length: int | None = None) -> tuple[int, int]:
-    """Generation and block length: the ones asked for, else the model directory's defaults,
-    else 128 and min(32, gen_length)."""
+def model_settings(model_dir: str | Path | None, fields: dict[str, Any] | None = None) -> DecodeConfig:
+    """The settings of a decode on ``model_dir``: ``fields`` (``DecodeConfig`` fields a user set)
+    over the directory's ``decode_defaults.json`` over ``DecodeConfig``'s own defaults. A block
+    length not given falls back to the directory's, else to min(32, gen_length).
+
+    Every front end (CLI, benchmark, evaluation, server) builds its settings here."""
+    fields = {k: v for k, v in (fields or {}).items() if v is not None}
     defaults = decode_defaults(model_dir) if model_dir is not None and Path(model_dir).is_dir() else {}
-    gen_length = gen_length or defaults.get("gen_length", 128)
-    return gen_length, block_length or defaults.get("block_length", min(32, gen_length))
+    merged = {**defaults, **fields}
+    if "block_length" not in merged:
+        gen_length = merged.get("gen_length", DecodeConfig.gen_length)
+        if isinstance(gen_length, int) and gen_length > 0:
+            merged["block_length"] = min(DecodeConfig.block_length, gen_length)
+    try:
+        return DecodeConfig(**merged)
+    except TypeError as exc:  # an unknown field name
+        raise DecodeConfigError(f"unknown decoding setting: {exc}") from None
+
+
+SEED_LIMIT = 2**32  # jax.random.key takes an unsigned 32-bit seed without 64-bit mode
+
+
+def check_seed(seed: int) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < SEED_LIMIT:
+        raise InputError(f"seed must be an integer in [0, 2**32), got {seed!r}")
+
+
+def check_prompt_bucket(bucket: int | None) -> None:
+    if bucket is not None and (isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 1):
+        raise InputError(f"prompt_bucket must be a positive integer or None, got {bucket!r}")
 
 
 def _bucket(length: int, bucket: int | None) -> int:
@@ -122,16 +146,32 @@ class PromptIO:
     tokenizer: Any
     path: Path
 
-    @staticmethod
-    def _decode_config(settings: DecodeConfig | None, overrides: dict[str, Any]) -> DecodeConfig:
-        """``settings`` (default ``DecodeConfig()``) with keyword overrides applied."""
-        dcfg = settings or DecodeConfig()
-        return dcfg.replace(**overrides) if overrides else dcfg
+    def _decode_config(self, settings: DecodeConfig | None, overrides: dict[str, Any]) -> DecodeConfig:
+        """``settings`` (default ``DecodeConfig()``) with keyword overrides applied, checked against
+        the model (RPS reads the top ``k_max`` of the vocabulary)."""
+        if settings is not None and not isinstance(settings, DecodeConfig):
+            raise InputError(f"settings must be a DecodeConfig, got {type(settings).__name__}")
+        dcfg = settings_from(settings or DecodeConfig(), overrides)
+        if dcfg.decoder == "rps" and dcfg.k_max > self.config.vocab_size:
+            raise DecodeConfigError(f"k_max {dcfg.k_max} exceeds the vocabulary of {self.config.vocab_size}")
+        return dcfg
 
-    def encode(self, prompt: str, chat: bool = False) -> list[int]:
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def uses_chat(self, prompt: str | Sequence[int], chat: bool | None) -> bool:
+        """Whether ``prompt`` is wrapped in the chat template: ``chat=None`` (the default of every
+        front end) means yes exactly when the prompt is text and the tokenizer has a template;
+        token ids are never templated."""
+        if not isinstance(prompt, str):
+            return False
+        return self.has_chat_template if chat is None else bool(chat)
+
+    def encode(self, prompt: str, chat: bool | None = None) -> list[int]:
         if self.tokenizer is None:
             raise TokenizerError(f"{self.path}: this checkpoint has no tokenizer; pass token ids instead of text")
-        return encode_prompt(self.tokenizer, prompt, chat, str(self.path))
+        return encode_prompt(self.tokenizer, prompt, self.uses_chat(prompt, chat), str(self.path))
 
     def decode_text(self, ids: Sequence[int]) -> str | None:
         if self.tokenizer is None:
@@ -140,7 +180,9 @@ class PromptIO:
         cut = next((i for i, t in enumerate(ids) if t in stop), len(ids))
         return self.tokenizer.decode(list(ids[:cut]), skip_special_tokens=False)
 
-    def _prompt_ids(self, prompts: Sequence[str | Sequence[int]], chat: bool) -> list[list[int]]:
+    def _prompt_ids(self, prompts: Sequence[str | Sequence[int]], chat: bool | None) -> list[list[int]]:
+        if isinstance(prompts, (str, bytes)):
+            raise InputError("prompts must be a list of prompts (text or token-id lists), not one string")
         out = []
         for i, prompt in enumerate(prompts):
             ids = self.encode(prompt, chat) if isinstance(prompt, str) else [int(t) for t in prompt]
@@ -188,12 +230,17 @@ class LoadedModel(PromptIO):
         settings: DecodeConfig | None = None,
         *,
         seed: int = 0,
-        chat: bool = False,
+        chat: bool | None = None,
         prompt_bucket: int | None = 32,
         **overrides: Any,
     ) -> list[Generation]:
-        """Decode a batch of prompts (text or token ids); one ``Generation`` per prompt."""
+        """Decode a batch of prompts (text or token ids); one ``Generation`` per prompt.
+
+        ``chat=None``: text prompts go through the tokenizer's chat template when it has one
+        (``uses_chat``); ``overrides`` are ``DecodeConfig`` fields applied to ``settings``."""
         dcfg = self._decode_config(settings, overrides)
+        check_seed(seed)
+        check_prompt_bucket(prompt_bucket)
         ids = self._prompt_ids(prompts, chat)
         prompt_ids, prompt_mask = left_pad(ids, self.config, dcfg.gen_length, prompt_bucket)
         key = jax.random.key(seed)

@@ -10,7 +10,6 @@ table and a Pareto plot (accuracy against TPF and against tokens/s).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -20,8 +19,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from .api import InputError, LoadedModel, decode_lengths, default_model_path, load_model
-from .config import CACHES, DecodeConfig, DecodeConfigError
+from .api import InputError, LoadedModel, default_model_path, load_model, model_settings
+from .config import DecodeConfig, DecodeConfigError
+from .flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, positive_int
 from .scoring import is_correct, load_jsonl
 
 BASELINE = "fixed-1"
@@ -85,17 +85,16 @@ def decoder_settings(gen_length: int) -> dict[str, dict]:
     return matrix
 
 
-def decoder_matrix(gen_length: int, block_length: int, cache: str = "none",
-                   names: list[str] | None = None) -> dict[str, DecodeConfig]:
-    """DecodeConfigs of the named settings (default: all). Only the named ones are built, so a
-    setting the lengths do not allow (``fixed-2`` at block length 1) fails only when asked for."""
-    fields = decoder_settings(gen_length)
-    base = DecodeConfig(gen_length=gen_length, block_length=block_length, cache=cache)
+def decoder_matrix(base: DecodeConfig, names: list[str] | None = None) -> dict[str, DecodeConfig]:
+    """DecodeConfigs of the named settings (default: all) on ``base``'s lengths and cache. Only the
+    named ones are built, so a setting the lengths do not allow (``fixed-2`` at block length 1)
+    fails only when asked for."""
+    fields = decoder_settings(base.gen_length)
     return {name: base.replace(**fields[name]) for name in (fields if names is None else names)}
 
 
 def run_setting(lm: LoadedModel, name: str, settings: DecodeConfig, examples: list[dict], batch: int,
-                chat: bool, prompt_bucket: int, progress=None, warm_up: bool = True) -> Row:
+                chat: bool | None, prompt_bucket: int, progress=None, warm_up: bool = True) -> Row:
     """One decoder setting over every batch. Compilation is ahead of time (``LoadedModel``) and
     reported apart; ``warm_up`` runs the first batch once untimed before the timed pass. Only the
     run's first setting does: a later setting's first batch was measured 5-8% slower than its
@@ -186,67 +185,88 @@ def pareto_plot(summaries: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m psd_jax.bench", description=__doc__)
+MATRIX_FIELDS = ("gen_length", "block_length", "cache")  # the DecodeConfig fields every setting shares
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m psd_jax.bench", description=__doc__)
     p.add_argument("--model", help="model directory (default: the shipped default model)")
-    p.add_argument("--data", help="jsonl with question/answer fields (default: the shipped held-out set)")
-    p.add_argument("--limit", type=int, help="use only the first N problems")
-    p.add_argument("--batch", type=int, default=50)
-    p.add_argument("--gen-length", type=int, help="default: the model's decode_defaults.json, else 128")
-    p.add_argument("--block-length", type=int, help="default: the model's decode_defaults.json, else 32")
-    p.add_argument("--cache", default="dual", choices=CACHES,
-                   help="block KV cache for every setting (default dual: the fast mode the README's tables use)")
+    p.add_argument("--data", help="jsonl with question/answer fields (default: the model directory's test.jsonl)")
+    p.add_argument("--limit", type=positive_int, help="use only the first N problems")
+    p.add_argument("--batch", type=positive_int, default=50, help="prompts per decode (default 50)")
+    add_decode_flags(p, MATRIX_FIELDS)
     p.add_argument("--decoders", help="comma-separated settings of the matrix (default: all but the opt-in ones); "
                    "--list shows names")
     p.add_argument("--all", action="store_true", help="every setting of the matrix, the opt-in ones too")
     p.add_argument("--list", action="store_true", help="list the decoder settings and exit")
-    p.add_argument("--no-chat", action="store_true", help="do not wrap questions in the chat template")
-    p.add_argument("--prompt-bucket", type=int, default=32, help="pad prompt lengths up to a multiple of this")
+    p.add_argument("--no-chat", action="store_false", dest="chat", default=None,
+                   help="do not wrap questions in the chat template (default: when the tokenizer has one)")
+    p.add_argument("--prompt-bucket", type=positive_int, default=32, help="pad prompt lengths up to a multiple of this")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--out", default="bench_out", help="output directory for JSON, Markdown and PNG")
-    args = p.parse_args(argv)
+    return p
+
+
+def selected_names(args, known: list[str]) -> list[str]:
+    if not args.decoders:
+        return [n for n in known if args.all or n not in OPT_IN]
+    names = [n.strip() for n in args.decoders.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise InputError(f"unknown decoder setting(s) {unknown or [args.decoders]}; see --list")
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         model_dir = Path(args.model) if args.model else default_model_path()
-        args.gen_length, args.block_length = decode_lengths(model_dir, args.gen_length, args.block_length)
-        known = list(decoder_settings(args.gen_length))
+        # The fast mode the documentation's tables use, unless asked otherwise.
+        base = model_settings(model_dir, {"cache": "dual", **decode_fields(args)})
+        known = list(decoder_settings(base.gen_length))
         if args.list:
             print("\n".join(f"{name} (only with --all or --decoders)" if name in OPT_IN else name for name in known))
             return 0
-        if args.decoders:
-            names = [n.strip() for n in args.decoders.split(",") if n.strip()]
-            unknown = [n for n in names if n not in known]
-            if unknown:
-                raise InputError(f"unknown decoder setting(s) {unknown}; see --list")
-        else:
-            names = [n for n in known if args.all or n not in OPT_IN]
-        matrix = decoder_matrix(args.gen_length, args.block_length, args.cache, names)
+        matrix = decoder_matrix(base, selected_names(args, known))
         data = Path(args.data) if args.data else model_dir / "test.jsonl"
+        if not data.is_file():
+            raise InputError(f"no problem file {data}: pass --data FILE.jsonl")
         examples = load_jsonl(data)[: args.limit]
+        if not examples:
+            raise InputError(f"{data} holds no problems")
         lm = load_model(model_dir, dtype=args.dtype)
     except (InputError, DecodeConfigError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
+    summaries = run_matrix(lm, matrix, examples, args)
+    meta = {"model": str(model_dir), "data": str(data), "n": len(examples), "batch": args.batch,
+            "gen_length": base.gen_length, "block_length": base.block_length, "cache": base.cache,
+            "backend": jax.default_backend(), "devices": str(jax.devices()), "time": time.strftime("%Y-%m-%d %H:%M")}
+    write_report(summaries, meta, Path(args.out), f"{model_dir.name}: {len(examples)} problems, gen {base.gen_length}, "
+                 f"block {base.block_length}, cache {base.cache}")
+    return 0
+
+
+def run_matrix(lm: LoadedModel, matrix: dict[str, DecodeConfig], examples: list[dict], args) -> list[dict]:
     from tqdm import tqdm
 
-    chat = not args.no_chat and bool(getattr(lm.tokenizer, "chat_template", None))
     rows = []
     with tqdm(total=len(matrix) * len(examples), desc="bench", unit="prompt", file=sys.stderr) as bar:
         for i, (name, settings) in enumerate(matrix.items()):
             bar.set_postfix_str(name)
-            rows.append(run_setting(lm, name, settings, examples, args.batch, chat, args.prompt_bucket, bar, warm_up=i == 0).summary())
-    summaries = with_speedups(rows)
-    out = Path(args.out)
+            rows.append(run_setting(lm, name, settings, examples, args.batch, args.chat, args.prompt_bucket, bar,
+                                    warm_up=i == 0).summary())
+    return with_speedups(rows)
+
+
+def write_report(summaries: list[dict], meta: dict, out: Path, title: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"model": str(model_dir), "data": str(data), "n": len(examples), "batch": args.batch,
-            "gen_length": args.gen_length, "block_length": args.block_length, "cache": args.cache,
-            "backend": jax.default_backend(), "devices": str(jax.devices()), "time": time.strftime("%Y-%m-%d %H:%M")}
     (out / "bench.json").write_text(json.dumps({"meta": meta, "results": summaries}, indent=2) + "\n")
     table = markdown_table(summaries)
     (out / "bench.md").write_text(table)
-    pareto_plot(summaries, out / "pareto.png", f"{model_dir.name}: {len(examples)} problems, gen {args.gen_length}, block {args.block_length}, cache {args.cache}")
+    pareto_plot(summaries, out / "pareto.png", title)
     print(table)
     print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'pareto.png'}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,19 +1,32 @@
 """Decoding settings: one frozen, hashable dataclass (a static argument of the jitted loop).
 
-``validate`` checks everything that can be checked before tracing, so bad input fails early with
-a message that names the problem instead of deep inside XLA.
+``DecodeConfig`` is the one source of truth for decoding settings: the CLI's flags, the benchmark,
+evaluation and serving are derived from its fields (``FIELD_HELP`` documents each one). Every
+field is checked when the config is made, so bad input fails early with one message that names
+the problem instead of deep inside XLA (or as a hang: an infinite temperature never commits a
+token). A setting that the chosen policy or decoder would ignore is an error too, not a silent
+no-op: ``depth=5`` with ``decoder="plain"`` is refused (``USED_ONLY_WITH``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+import math
+from typing import Any, Callable, Literal
 
 POLICIES = ("fixed", "threshold", "factor", "dream")
 CONFIDENCES = ("prob", "margin", "entropy", "random")
 DECODERS = ("plain", "psd", "rps")
 ACCEPTANCES = ("tokens", "strict")
 CACHES = ("none", "prefix", "dual")
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "policy": POLICIES,
+    "confidence": CONFIDENCES,
+    "decoder": DECODERS,
+    "acceptance": ACCEPTANCES,
+    "cache": CACHES,
+}
 
 # Upstream names of the confidence kinds, accepted as aliases.
 CONFIDENCE_ALIASES = {
@@ -32,7 +45,7 @@ class DecodeConfigError(ValueError):
 class DecodeConfig:
     gen_length: int = 128
     block_length: int = 32
-    steps: int | None = None  # total steps over all blocks; default: gen_length (one token per step)
+    steps: int | None = None  # total steps over all blocks; None: gen_length (one token per step)
     policy: Literal["fixed", "threshold", "factor", "dream"] = "fixed"
     confidence: Literal["prob", "margin", "entropy", "random"] = "prob"
     threshold: float = 0.9
@@ -56,13 +69,22 @@ class DecodeConfig:
     cache: Literal["none", "prefix", "dual"] = "none"  # block KV cache (Fast-dLLM)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "confidence", CONFIDENCE_ALIASES.get(self.confidence, self.confidence))
-        if self.steps is None:
-            object.__setattr__(self, "steps", self.gen_length)
-        self._check()
+        if isinstance(self.confidence, str):
+            object.__setattr__(self, "confidence", CONFIDENCE_ALIASES.get(self.confidence, self.confidence))
+        _check_types(self)
+        _check_values(self)
+        _check_used(self)
 
-    def replace(self, **changes) -> "DecodeConfig":
+    def replace(self, **changes: Any) -> "DecodeConfig":
+        unknown = sorted(set(changes) - set(FIELD_HELP))
+        if unknown:
+            raise DecodeConfigError(f"unknown decoding setting(s) {unknown}; known: {', '.join(FIELD_HELP)}")
         return dataclasses.replace(self, **changes)
+
+    @property
+    def total_steps(self) -> int:
+        """Steps over all blocks (``steps``, default ``gen_length``: one token per step)."""
+        return self.gen_length if self.steps is None else self.steps
 
     @property
     def num_blocks(self) -> int:
@@ -70,56 +92,154 @@ class DecodeConfig:
 
     @property
     def steps_per_block(self) -> int:
-        return self.steps // self.num_blocks
+        return self.total_steps // self.num_blocks
 
     @property
     def branches(self) -> int:
         """Canvases per row in one model call (K): 1 plain, D + 1 for PSD, k_max + 1 for RPS."""
-        return {"plain": 1, "psd": self.depth + 1, "rps": self.k_max + 1}[self.decoder]
+        from .decoders import decoder_for  # the decoders depend on this module
 
-    def _check(self) -> None:
-        def fail(msg: str) -> None:
-            raise DecodeConfigError(msg)
+        return decoder_for(self).branches
 
-        for name, allowed in (
-            ("policy", POLICIES),
-            ("confidence", CONFIDENCES),
-            ("decoder", DECODERS),
-            ("acceptance", ACCEPTANCES),
-            ("cache", CACHES),
-        ):
-            value = getattr(self, name)
-            if value not in allowed:
-                fail(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
-        if self.gen_length <= 0:
-            fail(f"gen_length must be positive, got {self.gen_length}")
-        if self.block_length <= 0:
-            fail(f"block_length must be positive, got {self.block_length}")
-        if self.gen_length % self.block_length:
-            fail(f"block_length {self.block_length} does not divide gen_length {self.gen_length}")
-        if self.steps <= 0:
-            fail(f"steps must be positive, got {self.steps}")
-        if self.steps % self.num_blocks:
-            fail(f"steps {self.steps} is not divisible by the number of blocks {self.num_blocks} (gen_length / block_length)")
-        if not 0.0 < self.threshold <= 1.0:
-            fail(f"threshold must be in (0, 1], got {self.threshold}")
-        if self.factor <= 0:
-            fail(f"factor must be positive, got {self.factor}")
-        if self.temperature < 0:
-            fail(f"temperature must be >= 0, got {self.temperature}")
-        if self.cfg_scale < 0:
-            fail(f"cfg_scale must be >= 0, got {self.cfg_scale}")
-        if not 0.0 < self.dream_eps < 1.0:
-            fail(f"dream_eps must be in (0, 1), got {self.dream_eps}")
-        if self.depth < 0:
-            fail(f"PSD depth must be >= 0, got {self.depth}")
-        if self.draft_rate is not None and self.draft_rate < 1:
-            fail(f"PSD draft_rate must be >= 1, got {self.draft_rate}")
-        if self.k_max < 1:
-            fail(f"RPS k_max must be >= 1, got {self.k_max}")
-        if not 0.0 <= self.ratio <= 1.0:
-            fail(f"RPS ratio must be in [0, 1], got {self.ratio}")
-        if self.lam < 0:
-            fail(f"RPS lam must be >= 0, got {self.lam}")
-        if self.cache != "none" and self.cfg_scale > 0:
-            fail(f"cache {self.cache!r} does not support classifier-free guidance (cfg_scale > 0); use cache='none'")
+    def changed(self) -> dict[str, Any]:
+        """The fields that differ from their defaults (what a user set)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) != f.default}
+
+
+# One line per field: the CLI's --help text, and the reference table of the documentation.
+FIELD_HELP: dict[str, str] = {
+    "gen_length": "generated positions (the canvas after the prompt)",
+    "block_length": "semi-autoregressive block size; must divide gen_length",
+    "steps": "total steps over all blocks for the scheduled policies (default: gen_length, one token per step)",
+    "policy": "which masked positions of the block to commit each step",
+    "confidence": "the score a policy ranks positions by (upstream aliases low_confidence, maskgit_plus, topk_margin, neg_entropy)",
+    "threshold": "threshold policy: commit every position with confidence >= this (and the most confident one)",
+    "factor": "factor policy: Fast-dLLM's dynamic rule, commit the leading k with confidence >= 1 - factor / (k + 2)",
+    "temperature": "0: greedy; > 0: Gumbel-max sampling at this temperature",
+    "cfg_scale": "classifier-free guidance scale (0: off; not with a KV cache)",
+    "logits_eos_inf": "never predict EOS (LLaDA's generate.py option)",
+    "confidence_eos_eot_inf": "remove EOT before the confidence softmax (LLaDA's generate.py option)",
+    "eos_early_stop": "stop a row once a finished block holds EOS/EOT",
+    "dream_eps": "dream policy: the final timestep of Dream's schedule",
+    "decoder": "plain (the policy alone), psd (parallel speculative decoding) or rps (ripple-pivot search)",
+    "depth": "PSD: draft levels verified per call (D)",
+    "acceptance": "PSD: tokens (a level is accepted if its tokens are the verifier's argmax) or strict (lossless)",
+    "draft_rate": "PSD: positions per draft level (default: the policy's own commit count)",
+    "k_max": "RPS: candidate values of the pivot (branches per call)",
+    "ratio": "RPS: keep a pivot value only if its probability >= ratio * the top one's",
+    "pivot_tau": "RPS: a pivot needs top-k_max probability mass >= this",
+    "lam": "RPS: weight of the pivot value's log-probability in a branch's score",
+    "cache": "block KV cache (Fast-dLLM): none, prefix or dual",
+}
+
+INT_FIELDS = ("gen_length", "block_length", "steps", "depth", "draft_rate", "k_max")
+FLOAT_FIELDS = ("threshold", "factor", "temperature", "cfg_scale", "dream_eps", "ratio", "pivot_tau", "lam")
+BOOL_FIELDS = ("logits_eos_inf", "confidence_eos_eot_inf", "eos_early_stop")
+_OPTIONAL = ("steps", "draft_rate")
+
+
+def _fail(message: str) -> None:
+    raise DecodeConfigError(message)
+
+
+def _check_types(c: DecodeConfig) -> None:
+    for name in INT_FIELDS:
+        value = getattr(c, name)
+        if value is None and name in _OPTIONAL:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            _fail(f"{name} must be an integer, got {value!r}")
+    for name in FLOAT_FIELDS:
+        value = getattr(c, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            _fail(f"{name} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            _fail(f"{name} must be finite, got {value!r}")
+    for name in BOOL_FIELDS:
+        if not isinstance(getattr(c, name), bool):
+            _fail(f"{name} must be true or false, got {getattr(c, name)!r}")
+    for name, allowed in CHOICES.items():
+        value = getattr(c, name)
+        if value not in allowed:
+            _fail(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
+
+
+# (test, message) per field: the value ranges a decode can run with.
+_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "gen_length": (lambda v: v > 0, "must be positive"),
+    "block_length": (lambda v: v > 0, "must be positive"),
+    "steps": (lambda v: v is None or v > 0, "must be positive"),
+    "threshold": (lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"),
+    "factor": (lambda v: v > 0, "must be positive"),
+    "temperature": (lambda v: v >= 0, "must be >= 0"),
+    "cfg_scale": (lambda v: v >= 0, "must be >= 0"),
+    "dream_eps": (lambda v: 0.0 < v < 1.0, "must be in (0, 1)"),
+    "depth": (lambda v: v >= 0, "(PSD) must be >= 0"),
+    "draft_rate": (lambda v: v is None or v >= 1, "(PSD) must be >= 1"),
+    "k_max": (lambda v: v >= 1, "(RPS) must be >= 1"),
+    "ratio": (lambda v: 0.0 <= v <= 1.0, "(RPS) must be in [0, 1]"),
+    "pivot_tau": (lambda v: 0.0 <= v <= 1.0, "(RPS) must be in [0, 1]"),
+    "lam": (lambda v: v >= 0, "(RPS) must be >= 0"),
+}
+
+
+def _check_values(c: DecodeConfig) -> None:
+    for name, (ok, message) in _RANGES.items():
+        if not ok(getattr(c, name)):
+            _fail(f"{name} {message}, got {getattr(c, name)!r}")
+    if c.gen_length % c.block_length:
+        _fail(f"block_length {c.block_length} does not divide gen_length {c.gen_length}")
+    if c.total_steps % c.num_blocks:
+        _fail(f"steps {c.total_steps} is not divisible by the number of blocks {c.num_blocks} (gen_length / block_length)")
+    if c.cache != "none" and c.cfg_scale > 0:
+        _fail(f"cache {c.cache!r} does not support classifier-free guidance (cfg_scale > 0); use cache='none'")
+
+
+# Settings read only under some policy or decoder: (condition, what it needs). Setting one of them
+# to anything but its default elsewhere would be silently ignored, so it is refused.
+USED_ONLY_WITH: dict[str, tuple[Callable[[DecodeConfig], bool], str]] = {
+    "steps": (lambda c: c.policy in ("fixed", "dream"), "policy 'fixed' or 'dream'"),
+    "threshold": (lambda c: c.policy == "threshold", "policy 'threshold'"),
+    "factor": (lambda c: c.policy == "factor", "policy 'factor'"),
+    "dream_eps": (lambda c: c.policy == "dream", "policy 'dream'"),
+    "depth": (lambda c: c.decoder == "psd", "decoder 'psd'"),
+    "acceptance": (lambda c: c.decoder == "psd", "decoder 'psd'"),
+    "draft_rate": (lambda c: c.decoder == "psd" and c.policy != "fixed",
+                   "decoder 'psd' with a policy other than 'fixed' (fixed drafts the schedule's own counts)"),
+    "k_max": (lambda c: c.decoder == "rps", "decoder 'rps'"),
+    "ratio": (lambda c: c.decoder == "rps", "decoder 'rps'"),
+    "pivot_tau": (lambda c: c.decoder == "rps", "decoder 'rps'"),
+    "lam": (lambda c: c.decoder == "rps", "decoder 'rps'"),
+}
+
+
+def _check_used(c: DecodeConfig) -> None:
+    defaults = {f.name: f.default for f in dataclasses.fields(DecodeConfig)}
+    for name, (used, needs) in USED_ONLY_WITH.items():
+        value = getattr(c, name)
+        if value != defaults[name] and not used(c):
+            _fail(f"{name}={value!r} would be ignored: it is used only with {needs} "
+                  f"(here policy={c.policy!r}, decoder={c.decoder!r})")
+
+
+# The library's recommended decoder, shown next to one token per step by the first run: PSD's
+# temporal drafts over Fast-dLLM's threshold policy, with the dual block cache (docs/benchmark.md).
+RECOMMENDED: dict[str, Any] = {"policy": "threshold", "threshold": 0.9, "decoder": "psd", "depth": 3, "cache": "dual"}
+
+
+def settings_from(base: DecodeConfig, overrides: dict[str, Any]) -> DecodeConfig:
+    """``base`` with ``overrides`` applied, where an override of a policy or decoder first resets
+    the settings that only the old one used (``replace(decoder="plain")`` on a PSD config is a plain
+    config, not an error about its depth)."""
+    if not overrides:
+        return base
+    values = {**base.changed(), **overrides}
+    defaults = {f.name: f.default for f in dataclasses.fields(DecodeConfig)}
+    probe = dataclasses.replace(DecodeConfig(), **{k: values[k] for k in ("policy", "decoder") if k in values})
+    for name, (used, _) in USED_ONLY_WITH.items():
+        if name not in overrides and not used(probe):
+            values[name] = defaults[name]
+    try:
+        return DecodeConfig(**values)
+    except TypeError as exc:
+        raise DecodeConfigError(f"unknown decoding setting: {exc}") from None

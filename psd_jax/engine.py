@@ -30,10 +30,9 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from models import ModelConfig
-from models.transformer import default_positions
 
 from .config import DecodeConfig
-from .decoders import choose, forward_size_index, forward_sizes, initial_stats, propose
+from .decoders import Decoder, Proposal, decoder_for, forward_size_index, forward_sizes, initial_stats, propose
 from .predict import ForwardFn, Prediction, forwards_per_call, predict, predict_prefill, predict_window
 
 TRACE_COUNT = {"decode": 0}  # incremented each time the decode loop is traced (compile test)
@@ -68,6 +67,11 @@ class Loop:
     forward: ForwardFn
     prefill: Callable | None = None  # (tokens, mask, logits_from=) -> (logits, keys, values); cache != "none"
     window: Callable | None = None  # DiffusionLM.window; cache != "none"
+    positions: Callable | None = None  # DiffusionLM.positions (the family's position rule); cache != "none"
+
+    @property
+    def decoder(self) -> Decoder:
+        return decoder_for(self.dcfg)
 
     @property
     def total_length(self) -> int:
@@ -150,47 +154,71 @@ def init_state(loop: Loop, prompt_ids: jax.Array, attention_mask: jax.Array, key
 
 def step(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeState:
     """One iteration: commit + candidates, one batched forward (if any row needs it), choose, advance."""
-    dcfg = loop.dcfg
-    if dcfg.cache != "none":
+    if loop.dcfg.cache != "none":
         return step_cached(loop, attention_mask, state)
     valid = loop.committable(state)
-    proposal = propose(state.pred, state.canvas, valid, state.step, dcfg)
+    proposal = propose(state.pred, state.canvas, valid, state.step, loop.dcfg)
     # A row is live if it still decodes after its policy commit; only live rows need a forward.
     _, _, _, done_after_s0 = loop.advance(proposal.s0, state.block, state.step + 1, state.done)
     live = ~done_after_s0
     key, sub = jax.random.split(state.key)
+    preds, calls, forwarded = _forward_leading(
+        proposal, live, state.pred, lambda candidates: loop.call(candidates, attention_mask, sub)
+    )
+    sequences = forwards_per_call(state.canvas.shape[0], loop.dcfg) // proposal.candidates.shape[1] * forwarded
+    return _apply_choice(loop, state, proposal, preds, live, state.done, key, live, calls, sequences)
+
+
+def _forward_leading(proposal: Proposal, rows: jax.Array, pred: Prediction, call: Callable,
+                     variants: tuple = (None,), variant_index: jax.Array | int = 0):
+    """The candidates' predictions [B, K, ...] from one call over the leading ones ``rows`` can choose.
+
+    ``call(candidates)`` (or ``call(candidates, variant)`` for several ``variants``, chosen by
+    ``variant_index``) runs the model; no call at all when no row needs one (the predictions are
+    then ``pred`` repeated). Branch 0 is that skip; branch 1 + i * V + v forwards the first
+    ``forward_sizes(K)[i]`` candidates (the fewest covering every row's choosable ones: PSD
+    levels, RPS branches) with variant v. Returns (predictions, calls made, candidates forwarded).
+    """
     k = proposal.candidates.shape[1]
     sizes = forward_sizes(k)
-    # Branch 0: no row needs a forward; branch 1 + i: one call over the first sizes[i] candidates,
-    # the fewest that cover every live row's choosable ones (PSD levels, RPS branches).
-    branch = jnp.where(jnp.any(live), 1 + forward_size_index(proposal.needed, live, k), 0)
 
-    def skip(_):
-        return _broadcast(state.pred, k)
+    def forward(size: int, variant):
+        run = call if variant is None else (lambda c: call(c, variant))
+        return lambda _: _pad_candidates(run(proposal.candidates[:, :size]), k)
 
-    def forward(size: int):
-        return lambda _: _pad_candidates(loop.call(proposal.candidates[:, :size], attention_mask, sub), k)
-
-    preds = jax.lax.switch(branch, [skip] + [forward(size) for size in sizes], None)
-    choice = choose(proposal, preds, live, state.step, dcfg, loop.mcfg.mask_id)
-    canvas = jnp.take_along_axis(proposal.candidates, choice.index[:, None, None], axis=1)[:, 0]
-    canvas = jnp.where(state.done[:, None], state.canvas, canvas)
-    pred = jax.tree.map(lambda a: jnp.take_along_axis(a, _expand(choice.index, a), axis=1)[:, 0], preds)
-    canvas, block, new_step, done = loop.advance(canvas, state.block, state.step + choice.steps, state.done)
+    size_index = forward_size_index(proposal.needed, rows, k)
+    branch = jnp.where(jnp.any(rows), 1 + size_index * len(variants) + variant_index, 0)
+    skip = lambda _: _broadcast(pred, k)  # noqa: E731
+    preds = jax.lax.switch(branch, [skip] + [forward(size, v) for size in sizes for v in variants], None)
     calls = (branch > 0).astype(jnp.int32)
-    sequences = forwards_per_call(canvas.shape[0], dcfg) // k * jnp.asarray((0,) + sizes)[branch]
+    return preds, calls, calls * jnp.asarray(sizes)[size_index]
+
+
+def _apply_choice(loop: Loop, state: DecodeState, proposal: Proposal, preds: Prediction, live: jax.Array,
+                  frozen: jax.Array, key: jax.Array, row_calls: jax.Array, calls: jax.Array, sequences: jax.Array,
+                  **cached) -> DecodeState:
+    """The tail shared by both steps: each row's choice, its canvas and forward, block advance, counters.
+
+    ``frozen`` rows (finished, or waiting for a block-start refresh) keep their canvas and step."""
+    choice = loop.decoder.choose(proposal, preds, live, state.step, loop.mcfg.mask_id)
+    canvas = jnp.take_along_axis(proposal.candidates, choice.index[:, None, None], axis=1)[:, 0]
+    canvas = jnp.where(frozen[:, None], state.canvas, canvas)
+    pred = jax.tree.map(lambda a: jnp.take_along_axis(a, _expand(choice.index, a), axis=1)[:, 0], preds)
+    steps = state.step + jnp.where(frozen, 0, choice.steps)
+    canvas, block, new_step, done = loop.advance(canvas, state.block, steps, frozen)
     return DecodeState(
         canvas=canvas,
         pred=pred,
         block=block,
         step=new_step,
         done=done,
-        row_nfe=state.row_nfe + live.astype(jnp.int32),
+        row_nfe=state.row_nfe + row_calls.astype(jnp.int32),
         nfe=state.nfe + calls,
         sequence_forwards=state.sequence_forwards + sequences,
         iteration=state.iteration + 1,
         key=key,
         stats=jax.tree.map(jnp.add, state.stats, choice.stats),
+        **cached,
     )
 
 
@@ -205,8 +233,19 @@ def _where_rows(rows: jax.Array, new, old, axis: int = 0):
     return jax.tree.map(pick, new, old)
 
 
+def _refresh(loop: Loop, attention_mask: jax.Array, state: DecodeState, rows: jax.Array, key: jax.Array):
+    """The block-start full forward of ``rows`` (one call, only if some row needs it): their
+    prediction and KV cache rows replaced by those of their current canvas."""
+
+    def do_refresh(_):
+        pred, keys, values = predict_prefill(loop.prefill, state.canvas, attention_mask, loop.prompt_length, key, loop.mcfg, loop.dcfg)
+        return _where_rows(rows, pred, state.pred), _where_rows(rows, (keys, values), state.cache, axis=1)
+
+    return jax.lax.cond(jnp.any(rows), do_refresh, lambda _: (state.pred, state.cache), None)
+
+
 def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeState:
-    """``step`` with the block KV cache (Fast-dLLM semantics, algorithms.md "Block KV cache").
+    """``step`` with the block KV cache (Fast-dLLM semantics, docs/algorithms.md "Block KV cache").
 
     1. Rows whose block changed since their last full forward (``stale``) get the block-start
        full forward of their canvas: it refreshes their cache rows and their prediction, and is
@@ -216,113 +255,71 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
        phases would cost a full forward each, on top of the window call of the others.
     2. Commit + candidates exactly as ``step``. Rows that stay in their block after the policy
        commit forward their candidates as windows (prefix: ``x[start:]``; dual: the block) against
-       the cache, the window's fresh keys/values replacing the cached ones at its positions;
-       the window's predictions overwrite the candidates' predictions at those positions.
-       Rows whose commit completes their block need no window call: they are refreshed next
-       iteration (as Fast-dLLM's next block starts with a full forward).
-    Each kind of call runs (``lax.cond``) only if some row needs it; results merge per row, so a
-    row decodes exactly as alone. Shapes are static (fixed-size caches and windows).
+       the cache (``_window_call``). Rows whose commit completes their block need no window call:
+       they are refreshed next iteration (as Fast-dLLM's next block starts with a full forward).
+    Each kind of call runs only if some row needs it; results merge per row, so a row decodes
+    exactly as alone. Shapes are static (fixed-size caches and windows).
     """
-    dcfg, mcfg = loop.dcfg, loop.mcfg
-    batch, n = state.canvas.shape
+    dcfg, batch, n = loop.dcfg, state.canvas.shape[0], state.canvas.shape[1]
     key, refresh_key, window_key = jax.random.split(state.key, 3)
-
-    # 1. block-start refresh, once every live row is at a block start
-    synced = jnp.all(state.stale | state.done)
+    synced = jnp.all(state.stale | state.done)  # every live row is at a block start
     waiting = state.stale & ~state.done & ~synced
     refresh = state.stale & ~state.done & synced
-    any_refresh = jnp.any(refresh)
+    pred, cache = _refresh(loop, attention_mask, state, refresh, refresh_key)
 
-    def do_refresh(_):
-        pred, keys, values = predict_prefill(loop.prefill, state.canvas, attention_mask, loop.prompt_length, refresh_key, mcfg, dcfg)
-        return _where_rows(refresh, pred, state.pred), _where_rows(refresh, (keys, values), state.cache, axis=1)
-
-    pred, cache = jax.lax.cond(any_refresh, do_refresh, lambda _: (state.pred, state.cache), None)
-
-    # 2. commit, candidates, window call, choice; waiting rows are frozen like finished ones
-    frozen = state.done | waiting
+    frozen = state.done | waiting  # waiting rows are frozen like finished ones
     valid = loop.committable(state.replace(done=frozen))
     proposal = propose(pred, state.canvas, valid, state.step, dcfg)
     _, block_after_s0, _, done_after_s0 = loop.advance(proposal.s0, state.block, state.step + 1, frozen)
     live = ~done_after_s0
     windowed = live & (block_after_s0 == state.block)  # rows whose forward is a window call
-    k = proposal.candidates.shape[1]
-    sizes = forward_sizes(k)
-
-    shift = mcfg.logit_shift
-    out_length = dcfg.block_length - shift
     start, _ = loop.block_span(state.block)
-    pos = jnp.arange(n)[None, :]
-    all_positions = default_positions(mcfg, attention_mask, batch, n)
-
-    def window_call(candidates: jax.Array, w: int) -> Prediction:
-        """Forward candidates [B, M, N] as windows of w positions from each row's block start."""
-        m = candidates.shape[1]
-        index = start[:, None] + jnp.arange(w)[None, :]  # [B, W]
-        window_mask = index < n  # prefix windows may reach past the canvas end: those keys are masked
-        index = jnp.minimum(index, n - 1)
-        in_window = (pos >= start[:, None]) & (pos < start[:, None] + w)
-        tokens = jnp.take_along_axis(candidates, jnp.broadcast_to(index[:, None], (batch, m, w)), axis=2)
-        win = predict_window(
-            loop.window,
-            tokens,
-            jnp.broadcast_to(jnp.take_along_axis(all_positions, index, axis=1)[:, None], (batch, m, w)),
-            cache,
-            attention_mask.astype(bool) & ~in_window,  # cached keys: not pads, not replaced by the window
-            window_mask,
-            out_length,
-            window_key,
-            mcfg,
-            dcfg,
-        )
-        # Window position j predicts canvas position start + j + shift (Dream: the block's first
-        # position keeps the prediction of its block-start full forward, as Fast-dLLM does).
-        place = lambda a, b, s: jax.lax.dynamic_update_slice_in_dim(a, b, s, axis=1)
-        return jax.tree.map(lambda a, b: jax.vmap(place)(a, b, start + shift), _broadcast(pred, m), win)
-
     # Static window lengths (dual: the block; prefix: buckets up to gen_length); the shortest one
     # covering every windowed row's rest of the canvas is used.
     lengths = loop.window_lengths
-    reach = jnp.max(jnp.where(windowed, n - start, 0))
-    bucket = jnp.sum(jnp.asarray(lengths) < reach)
+    bucket = jnp.sum(jnp.asarray(lengths) < jnp.max(jnp.where(windowed, n - start, 0)))
+    call = partial(_window_call, loop, attention_mask, cache, pred, start, window_key)
+    preds, window_calls, forwarded = _forward_leading(proposal, windowed, pred, call, lengths, bucket)
+    refresh_calls = jnp.any(refresh).astype(jnp.int32)
+    sequences = refresh_calls * batch + forwards_per_call(batch, dcfg) // proposal.candidates.shape[1] * forwarded
+    new = _apply_choice(loop, state, proposal, preds, live, frozen, key,
+                        refresh.astype(jnp.int32) + windowed.astype(jnp.int32),
+                        refresh_calls + window_calls, sequences, cache=cache, stale=state.stale)
+    done = new.done & ~waiting
+    return new.replace(done=done, stale=waiting | ((new.block != state.block) & ~done))
 
-    def skip(_):
-        return _broadcast(pred, k)
 
-    def forward(size: int, w: int):
-        return lambda _: _pad_candidates(window_call(proposal.candidates[:, :size], w), k)
-
-    # Branch 0: no window call; 1 + i * len(lengths) + j: the first sizes[i] candidates (as in
-    # ``step``) as windows of lengths[j].
-    branches = [skip] + [forward(size, w) for size in sizes for w in lengths]
-    size_index = forward_size_index(proposal.needed, windowed, k)
-    branch = jnp.where(jnp.any(windowed), 1 + size_index * len(lengths) + bucket, 0)
-    preds = jax.lax.switch(branch, branches, None)
-    choice = choose(proposal, preds, live, state.step, dcfg, mcfg.mask_id)
-    canvas = jnp.take_along_axis(proposal.candidates, choice.index[:, None, None], axis=1)[:, 0]
-    canvas = jnp.where(frozen[:, None], state.canvas, canvas)
-    new_pred = jax.tree.map(lambda a: jnp.take_along_axis(a, _expand(choice.index, a), axis=1)[:, 0], preds)
-    canvas, block, new_step, done = loop.advance(canvas, state.block, state.step + jnp.where(frozen, 0, choice.steps), frozen)
-    done = done & ~waiting
-    window_calls = (branch > 0).astype(jnp.int32)
-    refresh_calls = any_refresh.astype(jnp.int32)
-    forwarded = jnp.where(window_calls > 0, jnp.asarray(sizes)[size_index], 0)
-    sequences = refresh_calls * batch + forwards_per_call(batch, dcfg) // k * forwarded
-    return DecodeState(
-        canvas=canvas,
-        pred=new_pred,
-        block=block,
-        step=new_step,
-        done=done,
-        row_nfe=state.row_nfe + refresh.astype(jnp.int32) + windowed.astype(jnp.int32),
-        nfe=state.nfe + refresh_calls + window_calls,
-        sequence_forwards=state.sequence_forwards + sequences,
-        iteration=state.iteration + 1,
-        key=key,
-        stats=jax.tree.map(jnp.add, state.stats, choice.stats),
-        cache=cache,
-        stale=waiting | ((block != state.block) & ~done),
+def _window_call(loop: Loop, attention_mask: jax.Array, cache: tuple, pred: Prediction, start: jax.Array,
+                 key: jax.Array, candidates: jax.Array, w: int) -> Prediction:
+    """Forward candidates [B, M, N] as windows of w positions from each row's block start, against
+    the cache; the window's fresh keys/values replace the cached ones at its positions, and its
+    predictions overwrite the candidates' (``pred``'s) at those positions."""
+    mcfg, dcfg = loop.mcfg, loop.dcfg
+    batch, m, n = candidates.shape
+    index = start[:, None] + jnp.arange(w)[None, :]  # [B, W]
+    window_mask = index < n  # prefix windows may reach past the canvas end: those keys are masked
+    index = jnp.minimum(index, n - 1)
+    pos = jnp.arange(n)[None, :]
+    in_window = (pos >= start[:, None]) & (pos < start[:, None] + w)
+    tokens = jnp.take_along_axis(candidates, jnp.broadcast_to(index[:, None], (batch, m, w)), axis=2)
+    positions = jnp.take_along_axis(loop.positions(attention_mask, batch, n), index, axis=1)
+    shift = mcfg.logit_shift
+    win = predict_window(
+        loop.window,
+        tokens,
+        jnp.broadcast_to(positions[:, None], (batch, m, w)),
+        cache,
+        attention_mask.astype(bool) & ~in_window,  # cached keys: not pads, not replaced by the window
+        window_mask,
+        dcfg.block_length - shift,
+        key,
+        mcfg,
+        dcfg,
     )
+    # Window position j predicts canvas position start + j + shift (Dream: the block's first
+    # position keeps the prediction of its block-start full forward, as Fast-dLLM does).
+    place = lambda a, b, s: jax.lax.dynamic_update_slice_in_dim(a, b, s, axis=1)  # noqa: E731
+    return jax.tree.map(lambda a, b: jax.vmap(place)(a, b, start + shift), _broadcast(pred, m), win)
 
 
 def _broadcast(pred: Prediction, k: int) -> Prediction:
@@ -381,6 +378,7 @@ def _decode(model, prompt_ids, prompt_mask, key, mcfg: ModelConfig, dcfg: Decode
         model,
         prefill=model.prefill,
         window=model.window,
+        positions=model.positions,
     )
     batch = prompt_ids.shape[0]
     attention_mask = jnp.concatenate([prompt_mask.astype(jnp.int32), jnp.ones((batch, dcfg.gen_length), jnp.int32)], 1)

@@ -1,137 +1,164 @@
-"""``python -m psd_jax.generate``: decode prompts with a diffusion LM and print answers and stats."""
+"""``python -m psd_jax.generate``: decode prompts with a diffusion LM and print answers and stats.
+
+With no prompt, the first questions of the model directory's held-out set (``test.jsonl``, shipped
+with the default model) are answered twice, by the recommended decoder (``config.RECOMMENDED``, or
+the decoding flags given) and by one token per step, next to the reference answer.
+"""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-from .api import InputError, decode_lengths, default_model_path, load_model
-from .config import ACCEPTANCES, CACHES, CONFIDENCES, DECODERS, POLICIES, DecodeConfig, DecodeConfigError
+from .api import Generation, InputError, LoadedModel, check_seed, default_model_path, load_model, model_settings
+from .config import RECOMMENDED, DecodeConfig, DecodeConfigError
+from .flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, positive_int
+from .sharding import MeshError
+from .tokenizer import TokenizerError
+
+HELD_OUT_FILE = "test.jsonl"
+DEMO_PROBLEMS = 8  # held-out questions the first run answers (one batch per decoder)
+EXPLAIN_STATS = "NFE = model calls; TPF = tokens per forward (generated tokens / NFE): higher TPF, fewer calls."
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m psd_jax.generate", description=__doc__)
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m psd_jax.generate", description=__doc__)
     p.add_argument("--model", help="HF or converted model directory (default: the shipped default model)")
-    src = p.add_argument_group("prompts (default: a sample question of the shipped model's test set)")
+    src = p.add_argument_group("prompts (default: the first question of the model directory's test.jsonl)")
     src.add_argument("--prompt", action="append", default=[], help="prompt text (repeatable)")
     src.add_argument("--prompt-file", help="file with one prompt per line")
     src.add_argument("--prompt-ids", action="append", default=[], help='comma-separated token ids, e.g. "1,2,3" (repeatable)')
-    p.add_argument("--chat", action="store_true", help="wrap each text prompt in the tokenizer's chat template")
-    p.add_argument("--gen-length", type=int, default=None, help="generated positions (default: the model directory's decode_defaults.json, else 128)")
-    p.add_argument("--block-length", type=int, default=None, help="block size (default: the model directory's decode_defaults.json, else 32)")
-    p.add_argument("--steps", type=int, default=None, help="total steps (default: gen length, one token per step)")
-    p.add_argument("--policy", default="fixed", help=f"one of {', '.join(POLICIES)}")
-    p.add_argument("--confidence", default="prob", help=f"one of {', '.join(CONFIDENCES)}")
-    p.add_argument("--threshold", type=float, default=0.9)
-    p.add_argument("--factor", type=float, default=1.0)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cfg-scale", type=float, default=0.0)
-    p.add_argument("--no-eos-stop", action="store_true", help="keep decoding blocks after an EOS")
-    p.add_argument("--decoder", default="plain", help=f"one of {', '.join(DECODERS)}")
-    p.add_argument(
-        "--cache", default="none", help=f"block KV cache, one of {', '.join(CACHES)} (Fast-dLLM prefix / dual cache)"
-    )
-    psd = p.add_argument_group("PSD")
-    psd.add_argument("--depth", type=int, default=3)
-    psd.add_argument("--acceptance", default="tokens", help=f"one of {', '.join(ACCEPTANCES)}")
-    psd.add_argument("--draft-rate", type=int, default=None)
-    rps = p.add_argument_group("RPS")
-    rps.add_argument("--kmax", type=int, default=10)
-    rps.add_argument("--ratio", type=float, default=0.1)
-    rps.add_argument("--pivot-tau", type=float, default=0.9)
-    rps.add_argument("--lam", type=float, default=0.3)
+    p.add_argument("--chat", action="store_true", default=None,
+                   help="wrap text prompts in the tokenizer's chat template (default: when the tokenizer has one)")
+    p.add_argument("--no-chat", action="store_false", dest="chat", help="never use the chat template")
+    p.add_argument("--seed", type=int, default=0, help="PRNG seed for sampling and random confidences, in [0, 2**32)")
+    add_decode_flags(p)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--mesh", help='shard over devices, e.g. "data=2,model=4" (default: one device)')
     p.add_argument("--distributed", action="store_true", help="multi-host: call jax.distributed.initialize() first")
-    p.add_argument("--prompt-bucket", type=int, default=32, help="pad prompt lengths up to a multiple of this")
+    p.add_argument("--prompt-bucket", type=positive_int, default=32, help="pad prompt lengths up to a multiple of this")
     p.add_argument("--json", action="store_true", help="one JSON object per prompt")
     return p
 
 
-def _default_question() -> str | None:
-    """The first question of the shipped model's held-out set, if it ships one."""
-    test = Path(default_model_path()) / "test.jsonl"
+def held_out_examples(model_dir: Path, n: int = DEMO_PROBLEMS) -> list[dict]:
+    """The first ``n`` ``{"question", "answer"}`` of the directory's held-out set (none if it ships none)."""
+    test = model_dir / HELD_OUT_FILE
     if not test.is_file():
-        return None
-    return json.loads(test.read_text().splitlines()[0])["question"]
+        return []
+    return [json.loads(line) for line in test.read_text().splitlines()[:n] if line.strip()]
 
 
-def _prompts(args) -> list:
+def prompts_from(args) -> list:
     prompts: list = list(args.prompt)
     if args.prompt_file:
-        lines = Path(args.prompt_file).read_text().splitlines()
+        try:
+            lines = Path(args.prompt_file).read_text().splitlines()
+        except OSError as exc:
+            raise InputError(f"--prompt-file {args.prompt_file}: {exc.strerror}") from None
         prompts += [line for line in lines if line.strip()]
     for text in args.prompt_ids:
         try:
             prompts.append([int(t) for t in text.replace(" ", "").split(",") if t])
         except ValueError:
             raise InputError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
-    if not prompts and args.model is None:
-        question = _default_question()
-        if question is not None:
-            prompts.append(question)
-    if not prompts:
-        raise InputError("no prompt given: use --prompt, --prompt-file or --prompt-ids")
     return prompts
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        model_dir = Path(args.model) if args.model is not None else default_model_path()
-        settings = _settings(args, model_dir)
-        if args.distributed:
-            import jax
+def stats_line(r: Generation) -> str:
+    tps = r.tokens / r.seconds if r.seconds > 0 else float("inf")
+    return (f"[tokens {r.tokens} | NFE {r.nfe} | TPF {r.tpf:.2f} | {tps:.1f} tokens/s | "
+            f"decode {r.seconds:.2f}s | compile {r.compile_seconds:.2f}s]")
 
-            jax.distributed.initialize()
-        lm = load_model(model_dir, dtype=args.dtype, mesh=args.mesh)
-        prompts = _prompts(args)
-        chat = args.chat or (args.model is None and not args.prompt_ids and bool(getattr(lm.tokenizer, "chat_template", None)))
-        results = lm.generate(prompts, settings, seed=args.seed, chat=chat, prompt_bucket=args.prompt_bucket)
-    except (InputError, DecodeConfigError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+
+def describe(settings: DecodeConfig) -> str:
+    """A short name of a decoder setting: ``psd, threshold 0.9, depth 3, dual cache``."""
+    parts = [settings.decoder] if settings.decoder != "plain" else []
+    if settings.policy == "fixed":
+        per_step = settings.gen_length / settings.total_steps
+        parts.append("one token per step" if per_step == 1 else f"fixed {per_step:g} tokens per step")
+    else:
+        parts.append(f"{settings.policy} {settings.threshold}" if settings.policy == "threshold" else settings.policy)
+    if settings.decoder == "psd":
+        parts.append(f"depth {settings.depth}")
+    if settings.cache != "none":
+        parts.append(f"{settings.cache} cache")
+    return ", ".join(parts)
+
+
+def run_demo(lm: LoadedModel, examples: list[dict], settings: DecodeConfig, seed: int, chat: bool | None,
+             as_json: bool) -> None:
+    """Answer held-out questions with ``settings`` and with one token per step, in one batch each;
+    show the first question in full and both decoders' accuracy and stats side by side."""
+    from .scoring import extract_answer, gold_answer
+
+    baseline = DecodeConfig(gen_length=settings.gen_length, block_length=settings.block_length)
+    questions = [ex["question"] for ex in examples]
+    runs = [(s, lm.generate(questions, s, seed=seed, chat=chat)) for s in dict.fromkeys([settings, baseline])]
+    references = [gold_answer(ex) for ex in examples]
+    if as_json:
+        for s, results in runs:
+            for ex, ref, r in zip(examples, references, results):
+                print(json.dumps({"question": ex["question"], "reference": ref, "decoder": describe(s),
+                                  "answer": extract_answer(r.text or ""), "settings": s.changed(), **r.to_json()}))
+        return
+    # In full: the first question the decoder answers right (the table below counts every one).
+    rights = [extract_answer(r.text or "") == ref for r, ref in zip(runs[0][1], references)]
+    shown = rights.index(True) if any(rights) else 0
+    print(f"Question {shown + 1} of {len(examples)}:  {examples[shown]['question']}")
+    print("Answer:    " + (runs[0][1][shown].text or "").strip().replace("\n", "\n           "))
+    print(f"Reference: {references[shown]}  ->  {'right' if rights[shown] else 'wrong'}")
+    print()
+    width = max(len(describe(s)) for s, _ in runs)
+    print(f"{'decoder':<{width}}  answer {shown + 1}  right on {len(examples):<2}  NFE/question   TPF  tokens/s  compile s")
+    for s, results in runs:
+        answers = [extract_answer(r.text or "") for r in results]
+        correct = sum(a == ref for a, ref in zip(answers, references))
+        tokens, nfe, r = sum(x.tokens for x in results), sum(x.nfe for x in results), results[0]
+        tps = tokens / r.seconds if r.seconds > 0 else float("inf")
+        print(f"{describe(s):<{width}}  {str(answers[shown]):>8}  {correct:>8}/{len(examples):<2}  {nfe / len(results):>12.1f}  "
+              f"{tokens / max(nfe, 1):>4.2f}  {tps:>8.1f}  {r.compile_seconds:>9.2f}")
+    print(f"(the first {len(examples)} questions of {lm.path / HELD_OUT_FILE}, one batch per decoder)")
+    print(EXPLAIN_STATS)
+
+
+def print_results(prompts: list, results: list[Generation], as_json: bool) -> None:
     for prompt, r in zip(prompts, results):
-        if args.json:
+        if as_json:
             print(json.dumps(r.to_json()))
             continue
         if isinstance(prompt, str):
             print(f"> {prompt}")
         print(r.text if r.text is not None else " ".join(map(str, r.output_ids[: r.tokens])))
-        tps = r.tokens / r.seconds if r.seconds > 0 else float("inf")
-        print(
-            f"[tokens {r.tokens} | NFE {r.nfe} | TPF {r.tpf:.2f} | {tps:.1f} tokens/s | "
-            f"decode {r.seconds:.2f}s | compile {r.compile_seconds:.2f}s]"
-        )
+        print(stats_line(r))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        check_seed(args.seed)
+        model_dir = Path(args.model) if args.model is not None else default_model_path()
+        fields = decode_fields(args)
+        prompts = prompts_from(args)
+        examples = [] if prompts else held_out_examples(model_dir)
+        if not prompts and not examples:
+            raise InputError(f"no prompt given and {model_dir} has no {HELD_OUT_FILE}: use --prompt, --prompt-file or --prompt-ids")
+        settings = model_settings(model_dir, fields if fields or not examples else {**RECOMMENDED})
+        if args.distributed:
+            import jax
+
+            jax.distributed.initialize()
+        lm = load_model(model_dir, dtype=args.dtype, mesh=args.mesh)
+        if examples:
+            run_demo(lm, examples, settings, args.seed, args.chat, args.json)
+            return 0
+        results = lm.generate(prompts, settings, seed=args.seed, chat=args.chat, prompt_bucket=args.prompt_bucket)
+    except (InputError, DecodeConfigError, TokenizerError, MeshError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print_results(prompts, results, args.json)
     return 0
-
-
-def _settings(args, model_dir: Path | None = None) -> DecodeConfig:
-    gen_length, block_length = decode_lengths(model_dir, args.gen_length, args.block_length)
-    return DecodeConfig(
-        gen_length=gen_length,
-        block_length=block_length,
-        steps=args.steps,
-        policy=args.policy,
-        confidence=args.confidence,
-        threshold=args.threshold,
-        factor=args.factor,
-        temperature=args.temperature,
-        cfg_scale=args.cfg_scale,
-        eos_early_stop=not args.no_eos_stop,
-        decoder=args.decoder,
-        depth=args.depth,
-        acceptance=args.acceptance,
-        draft_rate=args.draft_rate,
-        k_max=args.kmax,
-        ratio=args.ratio,
-        pivot_tau=args.pivot_tau,
-        lam=args.lam,
-        cache=args.cache,
-    )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from psd_jax import bench
-from psd_jax.api import InputError, decode_lengths, load_model
+from psd_jax import DecodeConfig
+from psd_jax.api import InputError, load_model, model_settings
 from psd_jax.scoring import is_correct, load_jsonl
 
 
@@ -36,7 +37,7 @@ def test_bench_counts_match_a_direct_generate_call(run):
     rows = {r["name"]: r for r in json.loads((out / "bench.json").read_text())["results"]}
     lm = load_model()
     examples = load_jsonl(lm.path / "test.jsonl")[:6]
-    settings = bench.decoder_matrix(*decode_lengths(lm.path), "dual")["psd-fixed-4-d3"]
+    settings = bench.decoder_matrix(model_settings(lm.path, {"cache": "dual"}))["psd-fixed-4-d3"]
     results = [r for i in (0, 3) for r in lm.generate([e["question"] for e in examples[i:i + 3]], settings, chat=True)]
     row = rows["psd-fixed-4-d3"]
     assert row["n"] == 6
@@ -58,7 +59,7 @@ def test_bench_rejects_an_unknown_decoder_setting(capsys, tmp_path):
 def test_bench_default_run_is_the_matrix_without_the_opt_in_settings(capsys):
     assert bench.main(["--list"]) == 0
     listed = capsys.readouterr().out.splitlines()
-    matrix = bench.decoder_matrix(48, 16)
+    matrix = bench.decoder_matrix(DecodeConfig(gen_length=48, block_length=16))
     assert len(listed) == len(matrix) == 28
     opt_in = [line.split()[0] for line in listed if line.endswith("(only with --all or --decoders)")]
     assert opt_in == sorted(bench.OPT_IN, key=list(matrix).index) and len(opt_in) == 6
@@ -67,7 +68,7 @@ def test_bench_default_run_is_the_matrix_without_the_opt_in_settings(capsys):
 def test_bench_builds_only_the_settings_asked_for(capsys):
     """At block length 1, fixed-1 is a valid setting though fixed-2's 24 steps cannot cover 48
     blocks: only a setting that is asked for is built, and a bad one fails early, naming why."""
-    matrix = bench.decoder_matrix(48, 1, "dual", ["fixed-1"])
+    matrix = bench.decoder_matrix(DecodeConfig(gen_length=48, block_length=1, cache="dual"), ["fixed-1"])
     assert list(matrix) == ["fixed-1"] and (matrix["fixed-1"].steps, matrix["fixed-1"].block_length) == (48, 1)
     assert bench.main(["--block-length", "1", "--decoders", "fixed-2"]) == 2
     assert "steps 24 is not divisible by the number of blocks 48" in capsys.readouterr().err

@@ -11,7 +11,9 @@ from safetensors.numpy import load_file
 from conftest import GOLDENS
 from psd_jax import DecodeConfig, DecodeConfigError
 from psd_jax.engine import decode, decode_python_loop
-from psd_jax.generate import _settings, build_parser
+from psd_jax.api import model_settings
+from psd_jax.flags import decode_fields
+from psd_jax.generate import build_parser
 from models.transformer import default_positions
 
 FUNCTIONS = {"none": "generate", "prefix": "generate_with_prefix_cache", "dual": "generate_with_dual_cache"}
@@ -34,7 +36,7 @@ def test_fast_dllm_cache_goldens(lms, cache_cases, cache, thr):
     model calls equal Fast-dLLM's batch-1 run of that prompt."""
     pre = [f"{FUNCTIONS[cache]}.thr{thr}.p{p}." for p in (0, 1)]
     prompts = [cache_cases[k + "prompt"][0].tolist() for k in pre]
-    settings = DecodeConfig(gen_length=48, block_length=16, steps=48, cache=cache, **_policy(thr))
+    settings = DecodeConfig(gen_length=48, block_length=16, cache=cache, **_policy(thr))
     out = lms["llada-tiny"].generate(prompts, settings, prompt_bucket=32)
     for k, prompt, row in zip(pre, prompts, out):
         assert row.output_ids == cache_cases[k + "output"][0, len(prompt):].tolist()
@@ -141,5 +143,5 @@ def test_cache_settings():
         DecodeConfig(cache="full")
     with pytest.raises(DecodeConfigError, match="classifier-free guidance"):
         DecodeConfig(cache="dual", cfg_scale=1.0)
-    assert _settings(build_parser().parse_args(["--cache", "dual"])).cache == "dual"
-    assert _settings(build_parser().parse_args([])).cache == "none"
+    assert model_settings(None, decode_fields(build_parser().parse_args(["--cache", "dual"]))).cache == "dual"
+    assert model_settings(None, decode_fields(build_parser().parse_args([]))).cache == "none"

@@ -30,7 +30,7 @@ def test_llada_generate_batch_with_padding(lms, cases, steps):
 @pytest.mark.parametrize("row", [0, 1])
 def test_fast_dllm_threshold(lms, cases, threshold, row):
     pre = f"llada-tiny.threshold_{threshold}_row{row}."
-    settings = DecodeConfig(gen_length=48, block_length=16, steps=48, policy="threshold", threshold=float(threshold))
+    settings = DecodeConfig(gen_length=48, block_length=16, policy="threshold", threshold=float(threshold))
     (out,) = lms["llada-tiny"].generate(_rows(cases[pre + "prompt"], None), settings, prompt_bucket=None)
     np.testing.assert_array_equal(out.output_ids, cases[pre + "output"][0, 20:])
     assert out.nfe == int(cases[pre + "nfe"])

@@ -77,7 +77,7 @@ def golden(cases):
             key = f"{name}.{case}"
             prompts = [unpad(p, m) for p, m in zip(cases[f"{key}.prompt"], cases[f"{key}.attention_mask"])]
             outputs = [o[-settings.gen_length:].tolist() for o in cases[f"{key}.output"]]
-            nfe = [settings.steps] * len(prompts)  # upstream: one model call per step
+            nfe = [settings.total_steps] * len(prompts)  # upstream: one model call per step
         return name, prompts, settings, outputs, nfe
 
     return _golden
@@ -201,7 +201,7 @@ def test_batched_verification_equals_one_forward_per_depth(driver, traj):
             np.testing.assert_array_equal(np.asarray(batched.token[:, depth]), np.asarray(single.token[:, 0]))
             np.testing.assert_allclose(np.asarray(batched.conf[:, depth]), np.asarray(single.conf[:, 0]), atol=1e-5)
         # States where every level adds positions: all D + 1 candidates really differ.
-        full_depth += int(np.asarray(proposal.added[:, 1:].any(-1).all(-1)).any())
+        full_depth += int(np.asarray(proposal.state.levels.any(-1).all(-1)).any())
     assert full_depth > 0
 
 
@@ -349,7 +349,7 @@ def test_accepted_depth_histogram_counts_forwards(run, golden, driver, traj):
             # no row has a draft) or B * (D + 1).
             assert len(gens) * calls <= g.sequence_forwards <= len(gens) * (1 + (calls - 1) * (depth + 1))
             if settings.policy == "fixed" and g.tokens == settings.gen_length:
-                assert settings.steps - sum((1 + j) * h for j, h in enumerate(hist)) in (0, 1)
+                assert settings.total_steps - sum((1 + j) * h for j, h in enumerate(hist)) in (0, 1)
             checked += 1
     final = traj[0][-1]
     np.testing.assert_array_equal(np.asarray(final.stats["accepted_depth"]).sum(-1), np.asarray(final.row_nfe) - 1)

@@ -17,6 +17,7 @@ time on two idle cores).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -147,7 +148,7 @@ def test_batched_lookahead_equals_one_forward_per_branch(trajectories, models):
     picked = []
     for index in range(1, len(states) - 1):
         proposal, batched = driver.propose_and_verify(states[index], mask)
-        if np.asarray(proposal.extra["found"]).any():
+        if np.asarray(proposal.state.found).any():
             picked.append((index, proposal, batched))
     winners = []
     for index, proposal, batched in picked:
@@ -165,7 +166,7 @@ def test_batched_lookahead_equals_one_forward_per_branch(trajectories, models):
         # score, recomputed from the single forwards: -mean H over R \ {i*} + lambda * log p_{i*}(c),
         # the plausibility term from F(x) and 0 for MASK.
         state, after = states[index], states[index + 1]
-        extra = {name: np.asarray(v) for name, v in proposal.extra.items()}
+        extra = {f.name: np.asarray(getattr(proposal.state, f.name)) for f in dataclasses.fields(proposal.state)}
         candidates, s0 = np.asarray(proposal.candidates), np.asarray(proposal.s0)
         entropy = np.stack([np.asarray(s.entropy[:, 0]) for s in singles], 1)  # [B, K, N]
         top_p, top_id = np.asarray(state.pred.topk_prob), np.asarray(state.pred.topk_id)

@@ -121,7 +121,7 @@ def test_plain_decoding_equals_goldens(torch_lms, cases, case):
     for row, key in enumerate(keys):
         expected = cases[key + "output"][row if len(cases[key + "output"]) > 1 else 0, prompt_length:]
         np.testing.assert_array_equal(got[row].output_ids, expected)
-        nfe = int(cases[key + "nfe"]) if key + "nfe" in cases else settings.steps
+        nfe = int(cases[key + "nfe"]) if key + "nfe" in cases else settings.total_steps
         assert got[row].nfe == nfe
     assert got[0].sequence_forwards == 2 * max(g.nfe for g in got)
 

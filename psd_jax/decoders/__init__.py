@@ -1,0 +1,46 @@
+"""The decoders behind one interface (``base.Decoder``): plain, PSD and RPS.
+
+``decoder_for`` is the one place a ``DecodeConfig`` maps to its decoder; the engine and the
+tests reach decoders only through it (``propose``/``choose`` are its two steps as functions).
+"""
+
+from __future__ import annotations
+
+import jax
+
+from ..config import DECODERS as DECODER_NAMES
+from ..config import DecodeConfig
+from ..predict import Prediction
+from .base import Choice, Decoder, Proposal, forward_size_index, forward_sizes, spatial_commit, zero_stats
+from .plain import Plain
+from .psd import PSD, PSDState
+from .rps import RPS, RPSState
+
+DECODERS: dict[str, type] = {"plain": Plain, "psd": PSD, "rps": RPS}
+assert tuple(DECODERS) == DECODER_NAMES, "config.DECODERS lists the decoders' names"
+
+
+def decoder_for(dcfg: DecodeConfig) -> Decoder:
+    return DECODERS[dcfg.decoder](dcfg)
+
+
+def initial_stats(dcfg: DecodeConfig, batch: int) -> dict[str, jax.Array]:
+    """Per-row decoder statistics carried in the loop state, all zero."""
+    return zero_stats(decoder_for(dcfg), batch)
+
+
+def propose(pred: Prediction, canvas: jax.Array, valid: jax.Array, step: jax.Array, dcfg: DecodeConfig) -> Proposal:
+    """The policy's commit and the decoder's candidates built on it (no model call)."""
+    chosen, s0 = spatial_commit(pred, canvas, valid, step, dcfg)
+    return decoder_for(dcfg).candidates(pred, s0, chosen, valid, step)
+
+
+def choose(proposal: Proposal, preds: Prediction, live: jax.Array, step: jax.Array, dcfg: DecodeConfig, mask_id: int) -> Choice:
+    """Pick one candidate per row given the forward of every candidate (``preds`` [B, K, N])."""
+    return decoder_for(dcfg).choose(proposal, preds, live, step, mask_id)
+
+
+__all__ = [
+    "Choice", "DECODERS", "Decoder", "PSD", "PSDState", "Plain", "Proposal", "RPS", "RPSState", "choose",
+    "decoder_for", "forward_size_index", "forward_sizes", "initial_stats", "propose", "spatial_commit",
+]

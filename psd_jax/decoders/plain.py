@@ -1,0 +1,31 @@
+"""Plain decoding: the policy's commit alone (K = 1), as upstream LLaDA, Dream and Fast-dLLM."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from ..config import DecodeConfig
+from ..predict import Prediction
+from .base import Choice, Proposal
+
+
+@dataclasses.dataclass(frozen=True)
+class Plain:
+    dcfg: DecodeConfig
+
+    @property
+    def branches(self) -> int:
+        return 1
+
+    def stat_shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
+        return {}
+
+    def candidates(self, pred: Prediction, s0: jax.Array, chosen: jax.Array, valid: jax.Array, step: jax.Array) -> Proposal:
+        return Proposal(s0[:, None], s0, valid, jnp.ones(s0.shape[:1], jnp.int32))
+
+    def choose(self, proposal: Proposal, preds: Prediction, live: jax.Array, step: jax.Array, mask_id: int) -> Choice:
+        batch = live.shape[0]
+        return Choice(jnp.zeros(batch, jnp.int32), jnp.ones(batch, jnp.int32), {})

@@ -1,0 +1,76 @@
+"""Command-line flags generated from ``DecodeConfig``: one flag per field, named after it.
+
+Every front end (``generate``, ``bench``, evaluation, serving) adds its decoding flags here, so a
+new field appears everywhere at once with the same name (``k_max`` -> ``--k-max``), the same help
+text (``config.FIELD_HELP``) and the same validation (``DecodeConfig`` itself). Flags default to
+unset; the settings are the set flags over the model directory's defaults (``api.model_settings``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from typing import Any, NoReturn, Sequence
+
+from .config import BOOL_FIELDS, CHOICES, FIELD_HELP, FLOAT_FIELDS, INT_FIELDS, DecodeConfig
+
+EXIT_BAD_INPUT = 2
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors are one line (no usage dump) and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _default_text(field: str) -> str:
+    if field in ("gen_length", "block_length"):
+        return "the model directory's decode_defaults.json, else " + (
+            str(DecodeConfig.gen_length) if field == "gen_length" else f"min({DecodeConfig.block_length}, gen_length)")
+    default = getattr(DecodeConfig, field)
+    if field == "steps":
+        return "gen_length"
+    return "policy's own" if default is None else str(default).lower() if isinstance(default, bool) else str(default)
+
+
+def add_decode_flags(parser: argparse.ArgumentParser, fields: Sequence[str] | None = None) -> None:
+    """Add one flag per ``DecodeConfig`` field (or per field of ``fields``) to ``parser``."""
+    group = parser.add_argument_group("decoding settings (DecodeConfig fields; docs/algorithms.md)")
+    for f in dataclasses.fields(DecodeConfig):
+        if fields is not None and f.name not in fields:
+            continue
+        help_text = f"{FIELD_HELP[f.name]} (default: {_default_text(f.name)})"
+        kwargs: dict[str, Any] = {"default": None, "dest": f.name, "help": help_text}
+        if f.name in BOOL_FIELDS:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif f.name in INT_FIELDS:
+            kwargs.update(type=int, metavar="N")
+        elif f.name in FLOAT_FIELDS:
+            kwargs.update(type=float, metavar="X")
+        elif f.name in CHOICES:
+            kwargs["metavar"] = "{" + ",".join(CHOICES[f.name]) + "}"
+        group.add_argument(flag_name(f.name), **kwargs)
+
+
+def decode_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``DecodeConfig`` fields set on the command line."""
+    names = {f.name for f in dataclasses.fields(DecodeConfig)}
+    return {k: v for k, v in vars(args).items() if k in names and v is not None}
+
+
+def positive_int(text: str) -> int:
+    """argparse type for counts (``--batch``, ``--limit``, ``--prompt-bucket``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
