@@ -3,7 +3,7 @@
 What is shown, each on a case checked to really exercise it:
 - the one batched lookahead call over the ``k_max + 1`` branches equals one call per branch, and
   the branch the decoder commits is the one with the best lookahead score;
-- with no eligible pivot (``pivot_tau > 1``) RPS is exactly the base policy;
+- with no eligible pivot (``pivot_tau = 1``, ``k_max = 1``) RPS is exactly the base policy;
 - replaying recorded trajectories against an independent softmax of the raw logits: when MASK
   wins nothing beyond the policy's commit changes; otherwise exactly one position, the pivot,
   does, it is an eligible masked position of the current block (the truncated-entropy argmax),
@@ -110,7 +110,8 @@ def _scheduled_commit(conf, masked, counts, step):
 
 @pytest.mark.parametrize("base", ["fixed", "threshold"])
 def test_no_eligible_pivot_is_the_base_policy(cases, models, base):
-    """``pivot_tau`` above 1: no position is ever eligible, so RPS is the base policy; the base's
+    """``pivot_tau`` 1 with one candidate value: no position of this checkpoint has a top-1
+    probability of exactly 1, so none is ever eligible and RPS is the base policy; the base's
     tokens and call counts are pinned by the goldens (upstream's reference decoders)."""
     lm = models["llada-tiny"]
     if base == "fixed":
@@ -123,7 +124,7 @@ def test_no_eligible_pivot_is_the_base_policy(cases, models, base):
         rows = [unpad(cases[f"{k}.prompt"][0]) for k in keys]
         outputs = [cases[f"{k}.output"][0, -48:].tolist() for k in keys]
         nfe = [int(cases[f"{k}.nfe"]) for k in keys]
-    settings = DecodeConfig(**LLADA, policy=base, decoder="rps", pivot_tau=1.5)
+    settings = DecodeConfig(**LLADA, policy=base, decoder="rps", pivot_tau=1.0, k_max=1)
     gens = lm.generate(rows, settings, prompt_bucket=None)
     calls = max(g.nfe for g in gens)
     for row, g in enumerate(gens):

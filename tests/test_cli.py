@@ -1,0 +1,231 @@
+"""Bad input on every front end: one clear line, exit code 2, no traceback, no hang, nothing
+silently replaced; and the settings the CLI derives from ``DecodeConfig``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from conftest import GOLDENS
+from psd_jax import DecodeConfig, DecodeConfigError, InputError, bench, load_model
+from psd_jax.api import default_model_path, model_settings
+from psd_jax.config import FIELD_HELP, RECOMMENDED, USED_ONLY_WITH, settings_from
+from psd_jax.flags import decode_fields, flag_name
+from psd_jax.generate import build_parser
+from psd_jax.generate import main as generate_main
+
+TINY = ["--model", str(GOLDENS / "llada-tiny"), "--prompt-ids", "1,2,3"]
+
+
+def _one_line_error(capsys) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("error: ") and "Traceback" not in captured.err
+    return lines[0]
+
+
+# ----------------------------------------------------------------- DecodeConfig validation
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(temperature=math.inf), "temperature must be finite, got inf"),
+        (dict(temperature=math.nan), "temperature must be finite, got nan"),
+        (dict(policy="factor", factor=math.nan), "factor must be finite"),
+        (dict(decoder="rps", lam=math.nan), "lam must be finite"),
+        (dict(decoder="rps", lam=-0.1), r"lam \(RPS\) must be >= 0"),
+        (dict(decoder="rps", pivot_tau=1.5), r"pivot_tau \(RPS\) must be in \[0, 1\], got 1.5"),
+        (dict(decoder="rps", pivot_tau=-0.5), r"pivot_tau \(RPS\) must be in \[0, 1\]"),
+        (dict(decoder="rps", ratio=2.0), r"ratio \(RPS\) must be in \[0, 1\]"),
+        (dict(decoder="rps", k_max=0), r"k_max \(RPS\) must be >= 1"),
+        (dict(decoder="psd", depth=-1), r"depth \(PSD\) must be >= 0"),
+        (dict(gen_length=0), "gen_length must be positive, got 0"),
+        (dict(block_length=0), "block_length must be positive, got 0"),
+        (dict(steps=0), "steps must be positive, got 0"),
+        (dict(gen_length=48.0), "gen_length must be an integer, got 48.0"),
+        (dict(gen_length=True), "gen_length must be an integer, got True"),
+        (dict(threshold="0.9", policy="threshold"), "threshold must be a number"),
+        (dict(eos_early_stop=1), "eos_early_stop must be true or false"),
+        (dict(policy="dream", dream_eps=1.0), r"dream_eps must be in \(0, 1\)"),
+        (dict(cache="full"), "unknown cache 'full'"),
+    ],
+)
+def test_every_field_is_checked(kwargs, message):
+    with pytest.raises(DecodeConfigError, match=message):
+        DecodeConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field, needs",
+    [
+        (dict(depth=5), "depth", "decoder 'psd'"),
+        (dict(acceptance="strict"), "acceptance", "decoder 'psd'"),
+        (dict(decoder="psd", draft_rate=2), "draft_rate", "decoder 'psd' with a policy other than 'fixed'"),
+        (dict(k_max=4), "k_max", "decoder 'rps'"),
+        (dict(decoder="psd", pivot_tau=0.5), "pivot_tau", "decoder 'rps'"),
+        (dict(threshold=0.7), "threshold", "policy 'threshold'"),
+        (dict(factor=2.0), "factor", "policy 'factor'"),
+        (dict(dream_eps=0.01), "dream_eps", "policy 'dream'"),
+        (dict(policy="threshold", steps=64), "steps", "policy 'fixed' or 'dream'"),
+    ],
+)
+def test_a_setting_the_decoder_would_ignore_is_refused(kwargs, field, needs):
+    with pytest.raises(DecodeConfigError, match=f"{field}=.* would be ignored: it is used only with {needs}"):
+        DecodeConfig(**kwargs)
+
+
+def test_every_used_only_setting_is_accepted_where_it_is_used():
+    """The refusal table is not over-strict: each setting is accepted by a config that reads it."""
+    users = {"steps": {}, "threshold": {"policy": "threshold"}, "factor": {"policy": "factor"},
+             "dream_eps": {"policy": "dream"}, "depth": {"decoder": "psd"}, "acceptance": {"decoder": "psd"},
+             "draft_rate": {"decoder": "psd", "policy": "threshold"}, "k_max": {"decoder": "rps"},
+             "ratio": {"decoder": "rps"}, "pivot_tau": {"decoder": "rps"}, "lam": {"decoder": "rps"}}
+    values = {"steps": 64, "threshold": 0.7, "factor": 2.0, "dream_eps": 0.01, "depth": 5, "acceptance": "strict",
+              "draft_rate": 2, "k_max": 4, "ratio": 0.5, "pivot_tau": 0.5, "lam": 0.5}
+    assert set(users) == set(USED_ONLY_WITH)
+    for name, context in users.items():
+        assert getattr(DecodeConfig(**context, **{name: values[name]}), name) == values[name]
+
+
+def test_replace_resets_what_only_the_old_decoder_used():
+    psd = DecodeConfig(policy="threshold", threshold=0.7, decoder="psd", depth=5)
+    plain = settings_from(psd, {"decoder": "plain"})
+    assert (plain.decoder, plain.depth, plain.policy, plain.threshold) == ("plain", 3, "threshold", 0.7)
+    assert settings_from(psd, {"policy": "fixed"}).threshold == 0.9
+    with pytest.raises(DecodeConfigError, match="depth=5 would be ignored"):
+        psd.replace(decoder="plain")  # ``replace`` itself stays strict
+    with pytest.raises(DecodeConfigError, match=r"unknown decoding setting\(s\) \['beam'\]"):
+        psd.replace(beam=4)
+
+
+def test_field_help_covers_every_field_and_steps_follow_gen_length():
+    assert list(FIELD_HELP) == [f.name for f in dataclasses.fields(DecodeConfig)]
+    assert DecodeConfig(gen_length=48, block_length=16).replace(gen_length=96).total_steps == 96
+    DecodeConfig(**RECOMMENDED)
+
+
+# ------------------------------------------------------------------------ CLI: generate
+
+
+def test_cli_flags_are_the_config_fields():
+    parser = build_parser()
+    flags = {a.dest: a.option_strings for a in parser._actions}
+    for f in dataclasses.fields(DecodeConfig):
+        assert flag_name(f.name) in flags[f.name], f.name
+    args = parser.parse_args(["--k-max", "4", "--decoder", "rps", "--no-eos-early-stop", "--pivot-tau", "0.5"])
+    assert decode_fields(args) == {"k_max": 4, "decoder": "rps", "eos_early_stop": False, "pivot_tau": 0.5}
+    assert model_settings(GOLDENS / "llada-tiny", decode_fields(args)) == DecodeConfig(
+        block_length=32, decoder="rps", k_max=4, pivot_tau=0.5, eos_early_stop=False)
+
+
+def test_model_directory_defaults_apply_under_the_flags():
+    default = model_settings(None, {})
+    assert (default.gen_length, default.block_length) == (128, 32)
+    shipped = model_settings(default_model_path(), {})
+    assert (shipped.gen_length, shipped.block_length) == (48, 16)  # models/default/decode_defaults.json
+    assert model_settings(default_model_path(), {"gen_length": 32}).block_length == 16
+    assert model_settings(None, {"gen_length": 16}).block_length == 16
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--temperature", "inf"], "temperature must be finite, got inf"),
+        (["--temperature", "nan"], "temperature must be finite, got nan"),
+        (["--policy", "factor", "--factor", "nan"], "factor must be finite"),
+        (["--decoder", "rps", "--lam", "nan"], "lam must be finite"),
+        (["--decoder", "rps", "--pivot-tau", "2"], r"pivot_tau (RPS) must be in [0, 1]"),
+        (["--gen-length", "0"], "gen_length must be positive, got 0"),
+        (["--block-length", "0"], "block_length must be positive, got 0"),
+        (["--depth", "5"], "depth=5 would be ignored"),
+        (["--kmax", "4"], "unrecognized arguments: --kmax 4"),
+        (["--threshold", "abc"], "argument --threshold: invalid float value: 'abc'"),
+        (["--seed", str(2**64)], "seed must be an integer in [0, 2**32)"),
+        (["--seed", "-1"], "seed must be an integer in [0, 2**32)"),
+        (["--prompt-bucket", "0"], "argument --prompt-bucket: expected a positive integer, got 0"),
+        (["--mesh", "data=3"], "does not divide"),
+        (["--decoder", "nope"], "unknown decoder 'nope'"),
+    ],
+)
+def test_generate_bad_input_is_one_line_and_exit_2(capsys, extra, message):
+    code = None
+    try:
+        code = generate_main(TINY + extra)
+    except SystemExit as exc:  # argparse-level errors
+        code = exc.code
+    assert code == 2
+    assert message in _one_line_error(capsys)
+
+
+def test_generate_prompt_file_errors(capsys, tmp_path):
+    assert generate_main(TINY[:2] + ["--prompt-file", str(tmp_path / "missing.txt")]) == 2
+    assert "missing.txt" in _one_line_error(capsys)
+    assert generate_main(TINY[:2]) == 2  # no prompt, and the golden directory has no test.jsonl
+    assert "no prompt given" in _one_line_error(capsys)
+
+
+def test_text_prompt_on_the_shipped_model_uses_its_chat_template(capsys):
+    """``--model models/default --prompt Q`` answers Q as the shipped model was trained: in its chat
+    template (the rule lives in the API: text prompt + a tokenizer with a template)."""
+    lm = load_model()
+    text = json.loads((default_model_path() / "test.jsonl").read_text().splitlines()[1])["question"]
+    assert lm.uses_chat(text, None) and not lm.uses_chat([1, 2], None) and not lm.uses_chat(text, False)
+    assert lm.encode(text) == lm.encode(text, chat=True) != lm.encode(text, chat=False)
+    assert generate_main(["--model", str(default_model_path()), "--prompt", text, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    (expected,) = lm.generate([text], model_settings(default_model_path(), {}), chat=True)
+    assert out["output_ids"] == expected.output_ids and out["tokens"] > 0
+
+
+# ---------------------------------------------------------------------------- bench
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--limit", "0"], "argument --limit: expected a positive integer, got 0"),
+        (["--batch", "0"], "argument --batch: expected a positive integer, got 0"),
+        (["--batch", "-3"], "argument --batch: expected a positive integer, got -3"),
+        (["--gen-length", "0"], "gen_length must be positive, got 0"),
+        (["--cache", "full"], "unknown cache 'full'"),
+        (["--decoders", ","], "unknown decoder setting(s)"),
+    ],
+)
+def test_bench_bad_input_is_one_line_and_exit_2(capsys, tmp_path, extra, message):
+    try:
+        code = bench.main(extra + ["--out", str(tmp_path)])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
+    assert message in _one_line_error(capsys)
+
+
+def test_bench_data_without_problems(capsys, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert bench.main(["--data", str(empty), "--out", str(tmp_path)]) == 2
+    assert "holds no problems" in _one_line_error(capsys)
+
+
+# ------------------------------------------------------------------------------ API
+
+
+def test_api_bad_input_fails_early(lms):
+    lm = lms["llada-tiny"]
+    with pytest.raises(InputError, match=r"seed must be an integer in \[0, 2\*\*32\)"):
+        lm.generate([[1, 2]], seed=2**40)
+    with pytest.raises(InputError, match="not one string"):
+        lm.generate("1 2 3")
+    with pytest.raises(InputError, match="prompt_bucket must be a positive integer"):
+        lm.generate([[1, 2]], prompt_bucket=0)
+    with pytest.raises(DecodeConfigError, match="k_max 1000 exceeds the vocabulary of 512"):
+        lm.generate([[1, 2]], decoder="rps", k_max=1000)
+    with pytest.raises(DecodeConfigError, match="temperature must be finite"):
+        lm.generate([[1, 2]], temperature=float("inf"))
+    with pytest.raises(InputError, match="settings must be a DecodeConfig"):
+        lm.generate([[1, 2]], {"gen_length": 32})
