@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from psd_jax import DecodeConfig, load_model
-from psd_jax.api import decode_lengths
+from psd_jax.api import model_settings
 from psd_jax.scoring import is_correct, load_jsonl
 from psd_jax.tokenizer import encode_prompt
 from scripts.default_model.tasks import STEP_LINE as LINE, calculate
@@ -143,7 +143,8 @@ def main() -> None:
     args = parser.parse_args()
     lm = load_model(args.model)
     examples = load_jsonl(Path(args.model) / "test.jsonl")[: args.n]
-    gen_length, block_length = decode_lengths(args.model)
+    lengths = model_settings(args.model)  # the directory's decode_defaults.json
+    gen_length, block_length = lengths.gen_length, lengths.block_length
     for probe, scores in teacher_forced(lm, examples, gen_length).items():
         print(f"teacher-forced, {probe}: " + ", ".join(f"{k} {v:.1%}" for k, v in scores.items()))
     g = generation(lm, examples, gen_length, block_length)
