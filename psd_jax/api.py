@@ -7,7 +7,6 @@ reports compilation separately from decoding time.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -27,7 +26,8 @@ from models import DiffusionLM, ModelConfig, load_config
 from models.transformer import default_unroll_layers
 
 from .config import DecodeConfig, DecodeConfigError, settings_from
-from .engine import DecodeOutput, decode
+from .engine import decode
+from .records import DecodeOutput, Generation, generations
 from .sharding import batch_sharding, make_mesh, param_shardings
 from .tokenizer import TokenizerError, encode_prompt, load_tokenizer, resolve_special_ids
 
@@ -37,24 +37,6 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 
 class InputError(ValueError):
     """A prompt or request that cannot be decoded, with the reason."""
-
-
-@dataclasses.dataclass
-class Generation:
-    """One prompt's result. ``tokens`` counts generated tokens before the first EOS/EOT."""
-
-    output_ids: list[int]  # the gen_length generated ids
-    text: str | None
-    nfe: int  # model calls while this row was decoding
-    sequence_forwards: int  # sequences the model processed for the whole batch
-    tokens: int
-    tpf: float  # tokens per forward = tokens / nfe
-    seconds: float  # wall time of the batch's decode (compilation excluded)
-    compile_seconds: float
-    stats: dict[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def default_model_path() -> Path:
@@ -265,28 +247,7 @@ class LoadedModel(PromptIO):
         return compiled, time.perf_counter() - start
 
     def _results(self, out: DecodeOutput, prompt_length: int, dcfg: DecodeConfig, seconds: float, compile_seconds: float):
-        canvas = np.asarray(out.canvas)[:, prompt_length:]
-        row_nfe = np.asarray(out.row_nfe)
-        stats = {k: np.asarray(v) for k, v in out.stats.items()}
-        stop = np.isin(canvas, self.config.stop_ids)
-        tokens = np.where(stop.any(1), stop.argmax(1), canvas.shape[1])
-        results = []
-        for row in range(canvas.shape[0]):
-            ids = canvas[row].tolist()
-            results.append(
-                Generation(
-                    output_ids=ids,
-                    text=self.decode_text(ids),
-                    nfe=int(row_nfe[row]),
-                    sequence_forwards=int(out.sequence_forwards),
-                    tokens=int(tokens[row]),
-                    tpf=float(tokens[row]) / max(int(row_nfe[row]), 1),
-                    seconds=seconds,
-                    compile_seconds=compile_seconds,
-                    stats={k: v[row].tolist() for k, v in stats.items()},
-                )
-            )
-        return results
+        return generations(out, prompt_length, self.config.stop_ids, self.decode_text, seconds, compile_seconds)
 
 
 def load_model(

@@ -33,6 +33,7 @@ from models import ModelConfig
 
 from .config import DecodeConfig
 from .decoders import Decoder, Proposal, decoder_for, forward_size_index, forward_sizes, initial_stats, propose
+from .records import DecodeOutput
 from .predict import ForwardFn, Prediction, forwards_per_call, predict, predict_prefill, predict_window
 
 TRACE_COUNT = {"decode": 0}  # incremented each time the decode loop is traced (compile test)
@@ -354,16 +355,6 @@ def run_python_loop(loop: Loop, prompt_ids, attention_mask, key, max_iterations:
             return state
         state = step_fn(state)
     raise RuntimeError(f"decode did not finish in {max_iterations} iterations")
-
-
-@struct.dataclass
-class DecodeOutput:
-    canvas: jax.Array  # [B, P + gen_length]
-    row_nfe: jax.Array  # [B]
-    nfe: jax.Array
-    sequence_forwards: jax.Array
-    iterations: jax.Array
-    stats: dict
 
 
 def finish(state: DecodeState) -> DecodeOutput:

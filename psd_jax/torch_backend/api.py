@@ -22,10 +22,11 @@ import torch
 from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE, CheckpointError
 from models import ModelConfig
 
-from ..api import Generation, PromptIO, default_model_path, left_pad
+from ..api import PromptIO, check_prompt_bucket, check_seed, default_model_path, left_pad
 from ..config import DecodeConfig
+from ..records import DecodeOutput, Generation, generations
 from ..tokenizer import load_tokenizer, resolve_special_ids
-from .decode import Predictor, TorchDecodeOutput, generate
+from .decode import Predictor, generate
 from .model import TORCH_DTYPES, TorchDiffusionLM, load_hf_torch
 
 
@@ -63,12 +64,15 @@ class TorchLM(PromptIO):
         settings: DecodeConfig | None = None,
         *,
         seed: int = 0,
-        chat: bool = False,
+        chat: bool | None = None,
         prompt_bucket: int | None = 32,
         **overrides: Any,
     ) -> list[Generation]:
-        """Decode a batch of prompts (text or token ids); one ``Generation`` per prompt."""
+        """Decode a batch of prompts (text or token ids); one ``Generation`` per prompt (as
+        ``LoadedModel.generate``: the same chat rule, checks and records)."""
         dcfg = self._decode_config(settings, overrides)
+        check_seed(seed)
+        check_prompt_bucket(prompt_bucket)
         ids = self._prompt_ids(prompts, chat)
         prompt_ids, prompt_mask = left_pad(ids, self.config, dcfg.gen_length, prompt_bucket)
         prompt_ids, prompt_mask = prompt_ids.astype(np.int64), prompt_mask.astype(np.int64)
@@ -86,33 +90,16 @@ class TorchLM(PromptIO):
         seconds = time.perf_counter() - start
         return self._results(out, prompt_ids.shape[1], seconds, compile_seconds)
 
-    def _run(self, args, dcfg: DecodeConfig, predictor: Predictor, seed: int) -> TorchDecodeOutput:
+    def _run(self, args, dcfg: DecodeConfig, predictor: Predictor, seed: int) -> DecodeOutput:
         generator = torch.Generator(device=self.device).manual_seed(seed)
         out = generate(self.model, *args, dcfg, self.config, generator=generator, predictor=predictor)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return out
 
-    def _results(self, out: TorchDecodeOutput, prompt_length: int, seconds: float, compile_seconds: float):
-        canvas = out.canvas[:, prompt_length:].cpu().numpy()
-        row_nfe = out.row_nfe.cpu().numpy()
-        stats = {k: v.cpu().numpy() for k, v in out.stats.items()}
-        stop = np.isin(canvas, self.config.stop_ids)
-        tokens = np.where(stop.any(1), stop.argmax(1), canvas.shape[1])
-        return [
-            Generation(
-                output_ids=canvas[row].tolist(),
-                text=self.decode_text(canvas[row].tolist()),
-                nfe=int(row_nfe[row]),
-                sequence_forwards=int(out.sequence_forwards),
-                tokens=int(tokens[row]),
-                tpf=float(tokens[row]) / max(int(row_nfe[row]), 1),
-                seconds=seconds,
-                compile_seconds=compile_seconds,
-                stats={k: v[row].tolist() for k, v in stats.items()},
-            )
-            for row in range(canvas.shape[0])
-        ]
+    def _results(self, out: DecodeOutput, prompt_length: int, seconds: float, compile_seconds: float):
+        return generations(out, prompt_length, self.config.stop_ids, self.decode_text, seconds, compile_seconds,
+                           to_numpy=lambda t: t.cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t))
 
 
 def load_torch_model(

@@ -31,7 +31,7 @@ are reproducible from the seed but not equal across backends. Greedy decoding wi
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -39,10 +39,10 @@ import torch.nn.functional as F
 from models import ModelConfig
 
 from ..config import DecodeConfig, DecodeConfigError
-from ..decoders import forward_sizes  # the engine's static call sizes
+from ..decoders import decoder_for, forward_sizes  # the engine's decoders' static sizes and statistics
 from ..policies import step_counts  # the engine's own count tables (numpy)
-
-ENTROPY_EPS = 1e-10  # as psd_jax.predict (Dream's epsilon inside the entropy's log)
+from ..predict import ENTROPY_EPS, forwards_per_call
+from ..records import DecodeOutput
 
 
 # ------------------------------------------------------------------------------ predictions
@@ -154,10 +154,6 @@ class Predictor:
         return Prediction(*out).map(lambda a: a.reshape(b, k, *a.shape[1:]))
 
 
-def forwards_per_call(batch: int, dcfg: DecodeConfig) -> int:
-    return batch * dcfg.branches * (2 if dcfg.cfg_scale > 0 else 1)
-
-
 # --------------------------------------------------------------------------------- policies
 
 
@@ -261,13 +257,9 @@ def choose(policy: Policy, proposal: Proposal, preds: Prediction, live, step, ma
 
 
 def initial_stats(dcfg: DecodeConfig, batch: int, device) -> dict:
-    z = lambda *shape: torch.zeros(shape, dtype=torch.long, device=device)  # noqa: E731
-    if dcfg.decoder == "psd":
-        return {"accepted_depth": z(batch, dcfg.depth + 1)}
-    if dcfg.decoder == "rps":
-        return {"pivot_searched": z(batch), "pivot_found": z(batch), "pivot_committed": z(batch),
-                "winner_rank": z(batch, dcfg.k_max)}
-    return {}
+    """The engine's decoder statistics (same names and shapes), as zero torch counters."""
+    shapes = decoder_for(dcfg).stat_shapes(batch)
+    return {name: torch.zeros(shape, dtype=torch.long, device=device) for name, shape in shapes.items()}
 
 
 def _leading_true(flags: torch.Tensor) -> torch.Tensor:
@@ -360,15 +352,6 @@ def _rps_choose(dcfg: DecodeConfig, proposal, preds, live):
 # ------------------------------------------------------------------------------------ loop
 
 
-class TorchDecodeOutput(NamedTuple):
-    canvas: torch.Tensor  # [B, P + gen_length]
-    row_nfe: torch.Tensor  # [B]
-    nfe: int
-    sequence_forwards: int
-    iterations: int
-    stats: dict
-
-
 class _Blocks:
     """Block geometry of one decode (``Loop.in_block``/``advance`` of the JAX engine)."""
 
@@ -409,7 +392,7 @@ def generate(
     *,
     generator: torch.Generator | None = None,
     predictor: Predictor | None = None,
-) -> TorchDecodeOutput:
+) -> DecodeOutput:
     """Decode left-padded prompts [B, P] (0/1 mask [B, P] or None) with the JAX engine's semantics."""
     dcfg = settings
     if dcfg.cache != "none":
@@ -468,4 +451,4 @@ def generate(
             stats[name] += value
         if bool(done.all()):
             break
-    return TorchDecodeOutput(canvas, row_nfe, nfe, sequence_forwards, iterations, stats)
+    return DecodeOutput(canvas, row_nfe, nfe, sequence_forwards, iterations, stats)
