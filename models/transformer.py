@@ -4,21 +4,25 @@ Both families are a Llama-style pre-norm block (RMSNorm, RoPE attention with GQA
 MLP) without a causal mask; Dream adds q/k/v biases. Layer weights are stacked on a leading
 layer axis and run with ``lax.scan``, so compile time does not grow with depth and every layer's
 weights can be sharded by one rule. ``unroll_layers=True`` keeps each layer's weights in arrays of
-their own and runs the layers as an unrolled loop instead: XLA:CPU copies a layer's weights out of
-the stacked arrays at every scan iteration (about a third of a forward of a 58M-parameter model,
-README "XLA against PyTorch"), while separate arrays are read in place.
+their own and runs the layers as an unrolled loop instead (the CPU default, ``default_unroll_layers``).
 
 Numerics follow upstream: RMSNorm normalises in float32, casts back, then multiplies the weight;
-RoPE (rotate-half) is applied in float32; the MLP's SiLU is evaluated in float32 and rounded once;
-logits are returned in float32.
+RoPE (rotate-half) is applied in float32 with upstream's float32 inverse frequencies
+(``rope_inv_freq``); the MLP's SiLU is evaluated in float32 and rounded once; logits are float32.
+
+The functions here are the backend-neutral forms. Where XLA:CPU compiles one of them slowly, the
+function dispatches to its CPU form in ``models.cpu_kernels`` under ``if on_cpu():`` (the reasons
+and measurements: docs/xla-vs-pytorch.md).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
+from . import cpu_kernels
 from .config import ModelConfig
 
 # Parameter names and the logical axes of each (used by the converter and for sharding).
@@ -70,6 +74,7 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def logical_axes(name: str) -> tuple[str, ...]:
+    """The logical axis names of parameter ``name`` (``psd_jax.sharding`` maps them to mesh axes)."""
     return {**LAYER_PARAMS, **BIAS_PARAMS, **TOP_PARAMS}[name]
 
 
@@ -79,24 +84,36 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return weight * x32.astype(x.dtype)
 
 
+def on_cpu() -> bool:
+    """Whether this trace targets XLA:CPU, where ``models.cpu_kernels`` replaces the slow forms."""
+    return jax.default_backend() == "cpu"
+
+
+def rope_inv_freq(head_dim: int, theta: float) -> np.ndarray:
+    """RoPE inverse frequencies [head_dim // 2] in float32, computed on the host as upstream torch does:
+    ``1 / theta ** (arange(0, head_dim, 2) / head_dim)`` in float32 steps. The power is taken in float64
+    and rounded once: that is torch's scalar ``powf`` on these exponents (numpy's float32 power is not).
+
+    torch's vectorised CPU pow (Sleef, within an ulp) can differ from this by one ulp in a few
+    entries; XLA's in-graph pow differs in far more (docs/xla-vs-pytorch.md)."""
+    exponent = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+    power = np.power(np.float64(np.float32(theta)), exponent.astype(np.float64)).astype(np.float32)
+    return np.float32(1.0) / power
+
+
 def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
     """sin/cos tables [B, N, head_dim] in float32 for integer positions [B, N]."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(rope_inv_freq(head_dim, theta))
     angles = jnp.concatenate([freqs, freqs], axis=-1)
-    return _materialized(jnp.sin(angles)), _materialized(jnp.cos(angles))
+    sin, cos = jnp.sin(angles), jnp.cos(angles)
+    if on_cpu():
+        return _materialized(sin), _materialized(cos)
+    return sin, cos
 
 
-def _materialized(table: jax.Array) -> jax.Array:
-    """``table`` itself, read through an identity gather along the sequence axis.
-
-    XLA counts sin/cos as cheap and fuses them into every consumer, so each layer's q and k RoPE
-    re-evaluated the tables once per head (XLA:CPU, 8 layers of 16 heads at 1 x 288 tokens: about
-    13 ms of a 140 ms bfloat16 forward). XLA counts a gather as expensive and does not duplicate it
-    into consumers that reuse its elements, so the tables are computed once per forward (an
-    optimization barrier does not do this: XLA removes it before fusion)."""
-    index = jnp.broadcast_to(jnp.arange(table.shape[1])[None, :, None], table.shape[:2] + (1,))
-    return jnp.take_along_axis(table, index, axis=1)
+# A name of this module (not a call through ``cpu_kernels``) so that scripts/experiments/cpu_forward_ab.py can
+# swap it for the identity when it measures the gather.
+_materialized = cpu_kernels.materialized
 
 
 def apply_rope(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
@@ -110,8 +127,8 @@ def apply_rope(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
 
 def swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
     """``silu(gate) * up`` with the SiLU evaluated in float32 and rounded once, as torch's bfloat16
-    kernel does (upstream numerics). A bfloat16 ``jax.nn.silu`` rounds after each of its four ops,
-    and XLA:CPU pays a pair of converts around each (1.15 against 0.33 ms per layer at 1 x 288)."""
+    kernel does on every device (upstream numerics, for every backend). A bfloat16 ``jax.nn.silu``
+    rounds after each of its four ops (and on XLA:CPU is also slower, docs/xla-vs-pytorch.md)."""
     return jax.nn.silu(gate.astype(jnp.float32)).astype(gate.dtype) * up
 
 
@@ -124,44 +141,28 @@ def default_positions(cfg: ModelConfig, attention_mask: jax.Array | None, batch:
 
 
 def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    """``x @ w`` in ``x``'s dtype. On CPU a bfloat16 product asks XLA for a float32 result, cast back:
-    XLA:CPU then runs one bfloat16 GEMM (YNNPACK's bfloat16 kernel, about 800 GFLOP/s on a
-    2-core Xeon) where a bfloat16-out ``dot`` is rewritten as a float32 one on converted
-    operands (about 200 GFLOP/s). Same arithmetic either way: exact products accumulated in float32,
-    rounded once. Other backends keep the plain product (their bfloat16 GEMMs accumulate in float32)."""
-    if x.dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
-        return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+    """``x @ w`` in ``x``'s dtype: exact products accumulated in float32, rounded once (GPU/TPU
+    bfloat16 GEMMs accumulate in float32)."""
+    if on_cpu():
+        return cpu_kernels.matmul(x, w)
     return x @ w
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None) -> jax.Array:
     """Softmax attention of q [B, N, H, hd] over k, v [B, N, KV, hd] (head h reads kv head
-    h // (H / KV)); key_mask [B, 1, 1, N] or None. Scores and softmax in float32.
-
-    On CPU, one pair of [B, N, hd] products per head: XLA:CPU runs ``jax.nn.dot_product_attention``'s
-    [B, H]-batched products over head-wide contractions, and the head-major transposes around them,
-    slowly (2.2 against 1.2 ms per layer at 8 x 128 tokens of 8 16-wide heads, 4.6 against 3.1 ms
-    at 1 x 288 of 16 64-wide heads). Elsewhere the library function (fused kernels on GPU/TPU)."""
-    if jax.default_backend() != "cpu":
-        return jax.nn.dot_product_attention(q, k, v, mask=key_mask)
-    heads, kv_heads, hd = q.shape[2], k.shape[2], q.shape[3]
-    group = heads // kv_heads
-    low = -0.7 * jnp.finfo(jnp.float32).max  # as jax.nn.dot_product_attention masks
-    outs = []
-    for h in range(heads):
-        kh, vh = k[:, :, h // group], v[:, :, h // group]
-        scores = jnp.einsum("bqd,bkd->bqk", q[:, :, h], kh, preferred_element_type=jnp.float32) / (hd ** 0.5)
-        if key_mask is not None:
-            scores = jnp.where(key_mask[:, 0], scores, low)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        outs.append(jnp.einsum("bqk,bkd->bqd", probs, vh, preferred_element_type=jnp.float32).astype(v.dtype))
-    return jnp.stack(outs, axis=2)
+    h // (H / KV)); key_mask [B, 1, 1, N] or None. Scores and softmax in float32; the library
+    function (fused kernels on GPU/TPU)."""
+    if on_cpu():
+        return cpu_kernels.attention_per_head(q, k, v, key_mask)
+    return jax.nn.dot_product_attention(q, k, v, mask=key_mask)
 
 
 def default_unroll_layers() -> bool:
-    """The layer layout for the current backend: unrolled on CPU (XLA:CPU copies a layer's weights
-    out of stacked arrays at every scan step), ``lax.scan`` elsewhere (compile time independent of depth)."""
-    return jax.default_backend() == "cpu"
+    """The layer layout for the current backend: ``lax.scan`` (compile time independent of depth),
+    except on CPU (``cpu_kernels.UNROLL_LAYERS``)."""
+    if on_cpu():
+        return cpu_kernels.UNROLL_LAYERS
+    return False
 
 
 class DiffusionLM(nnx.Module):
@@ -259,11 +260,15 @@ class DiffusionLM(nnx.Module):
         """
         return self._full(tokens, attention_mask, positions, collect_kv=True, logits_from=logits_from)
 
+    def positions(self, attention_mask: jax.Array | None, batch: int, length: int) -> jax.Array:
+        """Position ids [B, N] of a forward without explicit positions (``default_positions``)."""
+        return default_positions(self.config, attention_mask, batch, length)
+
     def _full(self, tokens, attention_mask, positions, collect_kv: bool, logits_from: int):
         cfg = self.config
         batch, length = tokens.shape
         if positions is None:
-            positions = default_positions(cfg, attention_mask, batch, length)
+            positions = self.positions(attention_mask, batch, length)
         # Keys at pad positions are masked for every query; queries are never masked.
         key_mask = None if attention_mask is None else attention_mask.astype(bool)[:, None, None, :]
         sin, cos = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
@@ -343,41 +348,36 @@ class DiffusionLM(nnx.Module):
         return q, k, v
 
 
-def cached_attention(q, k, v, cache_k, cache_v, cache_mask, window_mask) -> jax.Array:
+def cached_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    cache_k: jax.Array,
+    cache_v: jax.Array,
+    cache_mask: jax.Array,
+    window_mask: jax.Array,
+) -> jax.Array:
     """Attention of window queries over [cached keys (masked by cache_mask) ; the window's own keys].
 
     q [B, M, W, H, hd]; k, v [B, M, W, KV, hd]; cache_k, cache_v [B, N, KV, hd]; cache_mask
     [B, N]; window_mask [B, W]. The M windows of a row share its cache, which is never copied.
     Returns [B, M, W, H, hd]. Softmax in float32; head h uses kv head h // (H / KV) (as GQA).
-    On CPU one set of products per head, as ``attention`` (and for the same reason).
     """
-    if jax.default_backend() == "cpu":
-        return cached_attention_per_head(q, k, v, cache_k, cache_v, cache_mask, window_mask)
+    if on_cpu():
+        return cpu_kernels.cached_attention_per_head(q, k, v, cache_k, cache_v, cache_mask, window_mask)
     return cached_attention_grouped(q, k, v, cache_k, cache_v, cache_mask, window_mask)
 
 
-def cached_attention_per_head(q, k, v, cache_k, cache_v, cache_mask, window_mask) -> jax.Array:
-    """``cached_attention`` as [B, M*W, hd]-by-[B, N, hd] products per head (XLA:CPU's fast form);
-    the value products return float32, rounded once (``matmul``'s reason)."""
-    heads, hd = q.shape[3], q.shape[4]
-    group, n = heads // k.shape[3], cache_k.shape[1]
-    low = jnp.finfo(jnp.float32).min
-    outs = []
-    for h in range(heads):
-        qh, g = q[:, :, :, h], h // group
-        s_cache = jnp.einsum("bmwd,bnd->bmwn", qh, cache_k[:, :, g], preferred_element_type=jnp.float32)
-        s_win = jnp.einsum("bmwd,bmud->bmwu", qh, k[:, :, :, g], preferred_element_type=jnp.float32)
-        s_cache = jnp.where(cache_mask[:, None, None, :], s_cache / (hd ** 0.5), low)
-        s_win = jnp.where(window_mask[:, None, None, :], s_win / (hd ** 0.5), low)
-        probs = jax.nn.softmax(jnp.concatenate([s_cache, s_win], axis=-1), axis=-1).astype(v.dtype)
-        out = jnp.einsum("bmwn,bnd->bmwd", probs[..., :n], cache_v[:, :, g], preferred_element_type=jnp.float32)
-        out += jnp.einsum("bmwu,bmud->bmwd", probs[..., n:], v[:, :, :, g], preferred_element_type=jnp.float32)
-        outs.append(out.astype(v.dtype))
-    return jnp.stack(outs, axis=3)
-
-
-def cached_attention_grouped(q, k, v, cache_k, cache_v, cache_mask, window_mask) -> jax.Array:
-    """``cached_attention`` as head-batched products over [KV, H / KV] groups (GPU/TPU)."""
+def cached_attention_grouped(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    cache_k: jax.Array,
+    cache_v: jax.Array,
+    cache_mask: jax.Array,
+    window_mask: jax.Array,
+) -> jax.Array:
+    """``cached_attention`` as head-batched products over [KV, H / KV] groups (the GPU/TPU form)."""
     batch, m, width, heads, hd = q.shape
     kv_heads = k.shape[3]
     n = cache_k.shape[1]

@@ -18,11 +18,13 @@ from conftest import GOLDENS, HF_CONFIGS
 from convert import CheckpointError, expected_keys, load_hf_model
 from convert.__main__ import main as convert_main
 from models import ConfigError, DiffusionLM, config_from_dict, param_shapes
+from models.cpu_kernels import cached_attention_per_head
 from models.transformer import (
     attention,
     cached_attention_grouped,
-    cached_attention_per_head,
+    default_positions,
     matmul,
+    rope_inv_freq,
     rope_tables,
     swiglu,
 )
@@ -107,6 +109,72 @@ def test_rope_tables_are_evaluated_once_per_forward():
     ids = jnp.zeros((2, 12), jnp.int32)
     hlo = jax.jit(lambda p, ids: nnx.merge(graphdef, p)(ids)).lower(params, ids).compile().as_text()
     assert len(re.findall(r" sine\(", hlo)) == 1 and len(re.findall(r" cosine\(", hlo)) == 1
+
+
+def _torch_inv_freq(torch, head_dim: int, theta: float, elementwise: bool = False) -> np.ndarray:
+    """Upstream's table, Dream's form; ``elementwise`` takes each power of a 1-element tensor, which
+    torch's CPU kernel evaluates with the scalar ``powf`` instead of its vectorised (Sleef) pow."""
+    exponent = torch.arange(0, head_dim, 2).float() / head_dim
+    if elementwise:
+        power = torch.cat([theta ** exponent[i : i + 1] for i in range(len(exponent))])
+    else:
+        power = theta ** exponent
+    return (1.0 / power).numpy()
+
+
+def _rope_pairs() -> list[tuple[str, int, float]]:
+    """(name, head_dim, theta) of the real LLaDA-8B and Dream-7B configs and the golden tiny models."""
+    dirs = {"LLaDA-8B": HF_CONFIGS / "LLaDA-8B-Instruct", "Dream-7B": HF_CONFIGS / "Dream-v0-Instruct-7B"}
+    dirs.update({name: GOLDENS / name for name in ("llada-tiny", "llada-tiny-gqa", "dream-tiny")})
+    pairs = []
+    for name, path in dirs.items():
+        cfg = config_from_dict(json.loads((path / "config.json").read_text()))
+        pairs.append((name, cfg.head_dim, cfg.rope_theta))
+    return pairs
+
+
+def test_rope_inv_freq_is_upstream_float32_table_bit_for_bit():
+    """The host table is torch's ``1 / theta ** (arange(0, d, 2).float() / d)`` bit for bit on the
+    real and golden configs, and on every (head_dim, theta) against torch's scalar pow. torch's
+    vectorised pow is within an ulp of its scalar one and differs from it in a few entries (one of
+    Dream-7B's 64); which entries it takes depends on the CPU's vector width."""
+    torch = pytest.importorskip("torch")
+    pairs = _rope_pairs()
+    assert {(d, t) for _, d, t in pairs} == {(128, 500000.0), (128, 1e6), (16, 500000.0), (16, 1e6)}
+    for name, head_dim, theta in pairs:
+        host = rope_inv_freq(head_dim, theta)
+        assert host.dtype == np.float32 and host.shape == (head_dim // 2,)
+        llada_form = (1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))).numpy()
+        np.testing.assert_array_equal(llada_form, _torch_inv_freq(torch, head_dim, theta), err_msg=name)
+        np.testing.assert_array_equal(host, _torch_inv_freq(torch, head_dim, theta, elementwise=True), err_msg=name)
+        ulps = np.abs(host.view(np.int32) - _torch_inv_freq(torch, head_dim, theta).view(np.int32))
+        assert ulps.max() <= 1 and (name == "Dream-7B" or ulps.max() == 0), name
+    for head_dim in (16, 32, 64, 96, 128):
+        for theta in (10000.0, 500000.0, 1e6, 600000.0):
+            want = _torch_inv_freq(torch, head_dim, theta, elementwise=True)
+            np.testing.assert_array_equal(rope_inv_freq(head_dim, theta), want, err_msg=f"{head_dim}, {theta}")
+
+
+def test_rope_tables_use_the_host_table():
+    """The angles are positions times the host table (one float32 product), not XLA's in-graph pow
+    (which differs in a few entries of (16, 1e6), moving sin/cos at long positions)."""
+    positions = jnp.array([[0, 1, 299, 4095], [7, 8, 9, 1000]])
+    sin, cos = jax.jit(rope_tables, static_argnums=(1, 2))(positions, 16, 1e6)
+    freqs = np.asarray(positions, np.float32)[..., None] * rope_inv_freq(16, 1e6)
+    angles = jnp.asarray(np.concatenate([freqs, freqs], axis=-1))
+    np.testing.assert_array_equal(sin, jax.jit(jnp.sin)(angles))
+    np.testing.assert_array_equal(cos, jax.jit(jnp.cos)(angles))
+
+
+def test_model_positions_method_is_the_position_rule(lms):
+    """``DiffusionLM.positions`` (what the decode engine asks) equals ``default_positions``."""
+    mask = jnp.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    for name in ("llada-tiny", "dream-tiny"):
+        model = lms[name].model
+        for m in (mask, None):
+            np.testing.assert_array_equal(model.positions(m, 2, 5), default_positions(model.config, m, 2, 5))
+    np.testing.assert_array_equal(lms["dream-tiny"].model.positions(mask, 2, 5), [[1, 1, 0, 1, 2], [0, 1, 2, 3, 4]])
+    np.testing.assert_array_equal(lms["llada-tiny"].model.positions(mask, 2, 5), [[0, 1, 2, 3, 4]] * 2)
 
 
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (8, 2)])

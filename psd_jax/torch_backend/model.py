@@ -3,7 +3,8 @@
 The module mirrors ``models.transformer.DiffusionLM`` op for op (same numerics, same config):
 
 - RMSNorm normalises in float32, casts back to the model dtype, then multiplies the weight;
-- RoPE (rotate-half) is computed and applied in float32, then cast back;
+- RoPE (rotate-half) is computed and applied in float32, then cast back, with the inverse
+  frequencies of ``models.transformer.rope_inv_freq`` (one host definition for both backends);
 - LLaDA keeps absolute positions under left padding (pad keys are masked for every query);
   Dream derives positions from the mask (``cumsum(mask) - 1``, pad positions -> 1);
 - attention is ``F.scaled_dot_product_attention`` with grouped-query heads (``enable_gqa``);
@@ -18,6 +19,7 @@ weights as ``[out, in]``, which is ``nn.Linear``'s own layout, so no tensor is t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import ml_dtypes
 import numpy as np
@@ -28,6 +30,7 @@ from torch import nn
 from convert.hf import check_key_set
 from convert.safetensors_dir import SafetensorsDir
 from models import ModelConfig, load_config
+from models.transformer import rope_inv_freq
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -63,7 +66,7 @@ class RMSNorm(nn.Module):
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """sin/cos [B, 1, N, head_dim] in float32 for integer positions [B, N] (heads-first layout)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+    inv_freq = torch.from_numpy(rope_inv_freq(head_dim, theta)).to(positions.device)  # the JAX model's table
     freqs = positions.float()[..., None] * inv_freq
     angles = torch.cat([freqs, freqs], dim=-1)[:, None]
     return angles.sin(), angles.cos()
@@ -94,7 +97,7 @@ class Block(nn.Module):
         self.up_proj = nn.Linear(d, cfg.mlp_hidden, bias=False, **kw)
         self.down_proj = nn.Linear(cfg.mlp_hidden, d, bias=False, **kw)
 
-    def forward(self, h, sin, cos, key_mask):
+    def forward(self, h: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         cfg = self.cfg
         b, n, _ = h.shape
         x = self.attn_norm(h)
@@ -123,7 +126,9 @@ class TorchDiffusionLM(nn.Module):
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, dtype)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False, **kw)
 
-    def positions(self, attention_mask: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:
+    def positions(
+        self, attention_mask: torch.Tensor | None, batch: int, length: int, device: torch.device | str
+    ) -> torch.Tensor:
         if self.config.positions_from_mask and attention_mask is not None:
             mask = attention_mask.long()
             return torch.where(mask > 0, mask.cumsum(-1) - 1, 1)
@@ -151,7 +156,12 @@ def _set(module: nn.Module, path: str, value: torch.Tensor) -> None:
     setattr(module, leaf, nn.Parameter(value, requires_grad=False))
 
 
-def model_from_tensors(cfg: ModelConfig, get, dtype: torch.dtype = torch.float32, device="cpu") -> TorchDiffusionLM:
+def model_from_tensors(
+    cfg: ModelConfig,
+    get: Callable[[str], np.ndarray],
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> TorchDiffusionLM:
     """Build the module from a key-table lookup ``get(hf_key) -> np.ndarray`` (keys checked by the caller)."""
     from convert.keys import expected_keys
 
@@ -172,7 +182,9 @@ def model_from_tensors(cfg: ModelConfig, get, dtype: torch.dtype = torch.float32
     return model.eval()
 
 
-def load_hf_torch(model_dir: str | Path, dtype: torch.dtype = torch.float32, device="cpu") -> TorchDiffusionLM:
+def load_hf_torch(
+    model_dir: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+) -> TorchDiffusionLM:
     """Load a Hugging Face LLaDA/Dream directory into ``TorchDiffusionLM`` (same key table as JAX)."""
     cfg = load_config(model_dir)
     with SafetensorsDir(model_dir) as reader:

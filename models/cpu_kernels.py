@@ -1,0 +1,77 @@
+"""XLA:CPU forms of ``models.transformer``'s kernels, used there when ``jax.default_backend() == "cpu"``.
+
+Each computes what the backend-neutral form it replaces computes (up to float32 summation order)
+and exists only because XLA:CPU compiles that form into slow code. The measurements behind each
+are in docs/xla-vs-pytorch.md.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# XLA:CPU copies a layer's weights out of stacked arrays at every ``lax.scan`` step (about a third
+# of a forward of a 58M-parameter model); weights in arrays of their own are read in place.
+UNROLL_LAYERS = True
+
+
+def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    """``x @ w``; bfloat16 as a float32-out dot rounded once, which YNNPACK's bfloat16 GEMM serves
+    (XLA:CPU rewrites a bfloat16-out dot as a float32 one on upcast operands, about 4x slower)."""
+    if x.dtype == jnp.bfloat16:
+        return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+    return x @ w
+
+
+def attention_per_head(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None) -> jax.Array:
+    """``transformer.attention`` as one pair of [B, N, hd] products per head (XLA:CPU runs the
+    [B, H]-batched products and head-major transposes of ``jax.nn.dot_product_attention`` slowly)."""
+    heads, kv_heads, hd = q.shape[2], k.shape[2], q.shape[3]
+    group = heads // kv_heads
+    low = -0.7 * jnp.finfo(jnp.float32).max  # as jax.nn.dot_product_attention masks
+    outs = []
+    for h in range(heads):
+        kh, vh = k[:, :, h // group], v[:, :, h // group]
+        scores = jnp.einsum("bqd,bkd->bqk", q[:, :, h], kh, preferred_element_type=jnp.float32) / (hd ** 0.5)
+        if key_mask is not None:
+            scores = jnp.where(key_mask[:, 0], scores, low)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        outs.append(jnp.einsum("bqk,bkd->bqd", probs, vh, preferred_element_type=jnp.float32).astype(v.dtype))
+    return jnp.stack(outs, axis=2)
+
+
+def cached_attention_per_head(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    cache_k: jax.Array,
+    cache_v: jax.Array,
+    cache_mask: jax.Array,
+    window_mask: jax.Array,
+) -> jax.Array:
+    """``transformer.cached_attention`` as [B, M*W, hd]-by-[B, N, hd] products per head, values
+    returned in float32 and rounded once (``attention_per_head``'s and ``matmul``'s reasons)."""
+    heads, hd = q.shape[3], q.shape[4]
+    group, n = heads // k.shape[3], cache_k.shape[1]
+    low = jnp.finfo(jnp.float32).min
+    outs = []
+    for h in range(heads):
+        qh, g = q[:, :, :, h], h // group
+        s_cache = jnp.einsum("bmwd,bnd->bmwn", qh, cache_k[:, :, g], preferred_element_type=jnp.float32)
+        s_win = jnp.einsum("bmwd,bmud->bmwu", qh, k[:, :, :, g], preferred_element_type=jnp.float32)
+        s_cache = jnp.where(cache_mask[:, None, None, :], s_cache / (hd ** 0.5), low)
+        s_win = jnp.where(window_mask[:, None, None, :], s_win / (hd ** 0.5), low)
+        probs = jax.nn.softmax(jnp.concatenate([s_cache, s_win], axis=-1), axis=-1).astype(v.dtype)
+        out = jnp.einsum("bmwn,bnd->bmwd", probs[..., :n], cache_v[:, :, g], preferred_element_type=jnp.float32)
+        out += jnp.einsum("bmwu,bmud->bmwd", probs[..., n:], v[:, :, :, g], preferred_element_type=jnp.float32)
+        outs.append(out.astype(v.dtype))
+    return jnp.stack(outs, axis=3)
+
+
+def materialized(table: jax.Array) -> jax.Array:
+    """``table`` [B, N, ...] itself, read through an identity gather along N so that XLA computes it
+    once per forward: it fuses cheap sin/cos into every consumer (each head's q and k RoPE, about 9%
+    of a bfloat16 forward) but does not duplicate an expensive gather (an optimization barrier is
+    removed before fusion, so it does not do this)."""
+    index = jnp.broadcast_to(jnp.arange(table.shape[1])[None, :, None], table.shape[:2] + (1,))
+    return jnp.take_along_axis(table, index, axis=1)
