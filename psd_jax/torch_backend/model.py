@@ -18,8 +18,8 @@ weights as ``[out, in]``, which is ``nn.Linear``'s own layout, so no tensor is t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import ml_dtypes
 import numpy as np
@@ -86,7 +86,7 @@ class Block(nn.Module):
         self.cfg = cfg
         d, hd = cfg.d_model, cfg.head_dim
         q, kv = cfg.n_heads * hd, cfg.n_kv_heads * hd
-        kw = dict(dtype=dtype, device="meta")
+        kw = {"dtype": dtype, "device": "meta"}
         self.attn_norm = RMSNorm(d, cfg.norm_eps, dtype)
         self.q_proj = nn.Linear(d, q, bias=cfg.qkv_bias, **kw)
         self.k_proj = nn.Linear(d, kv, bias=cfg.qkv_bias, **kw)
@@ -120,7 +120,7 @@ class TorchDiffusionLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.dtype = dtype
-        kw = dict(dtype=dtype, device="meta")
+        kw = {"dtype": dtype, "device": "meta"}
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, **kw)
         self.layers = nn.ModuleList(Block(cfg, dtype) for _ in range(cfg.n_layers))
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, dtype)
