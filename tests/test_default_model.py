@@ -15,11 +15,13 @@ from convert.keys import expected_keys
 from models import load_config
 from psd_jax import DecodeConfig, load_model
 from psd_jax.api import decode_defaults
+from psd_jax.config import RECOMMENDED
+from psd_jax.generate import DEMO_PROBLEMS, EXPLAIN_STATS
 from psd_jax.generate import main as generate_main
-from psd_jax.scoring import load_jsonl
+from psd_jax.scoring import extract_answer, gold_answer, load_jsonl
 
 DEFAULT = Path(__file__).resolve().parents[1] / "models" / "default"
-MAX_CHECKPOINT_BYTES = 25 * 2**20  # the issue's budget for a committed checkpoint
+MAX_CHECKPOINT_BYTES = 25 * 2**20  # the budget for a committed checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -38,17 +40,34 @@ def test_checkpoint_is_llada_layout_and_small():
     assert (DEFAULT / "model.safetensors").stat().st_size <= MAX_CHECKPOINT_BYTES
 
 
-def test_cli_without_arguments_answers_a_held_out_question(capsys, test_set):
-    """No arguments: the shipped model, held-out question 0, chat template, the model's decode
-    lengths at one token per step; the printed answer and counts are exactly that decode's."""
+def test_cli_without_arguments_compares_the_recommended_decoder_with_one_token_per_step(capsys, test_set):
+    """No arguments: the shipped model answers its first held-out questions with the recommended
+    decoder and with one token per step (chat template, the model's decode lengths); the question
+    shown, its answer, the reference and both rows of counts are exactly those decodes'."""
     assert generate_main([]) == 0
     out = capsys.readouterr().out.splitlines()
-    question = test_set[0]["question"]
-    (expected,) = load_model(DEFAULT).generate([question], DecodeConfig(gen_length=48, block_length=16), chat=True)
+    examples = test_set[:DEMO_PROBLEMS]
+    questions = [ex["question"] for ex in examples]
+    lm = load_model(DEFAULT)
     assert decode_defaults(DEFAULT) == {"gen_length": 48, "block_length": 16}
-    assert out[0] == f"> {question}"
-    assert "\n".join(out[1:-1]) == expected.text and expected.tokens > 0
-    assert out[-1].startswith(f"[tokens {expected.tokens} | NFE {expected.nfe} | TPF {expected.tpf:.2f} | ")
+    recommended = DecodeConfig(gen_length=48, block_length=16, **RECOMMENDED)
+    baseline = DecodeConfig(gen_length=48, block_length=16)
+    runs = [lm.generate(questions, s, chat=True) for s in (recommended, baseline)]
+    right = [[extract_answer(r.text) == gold_answer(ex) for r, ex in zip(rs, examples)] for rs in runs]
+    shown = right[0].index(True)
+    assert out[0] == f"Question {shown + 1} of {DEMO_PROBLEMS}:  {questions[shown]}"
+    answer_lines = runs[0][shown].text.strip().splitlines()
+    assert out[1] == "Answer:    " + answer_lines[0] and [o.strip() for o in out[2:1 + len(answer_lines)]] == answer_lines[1:]
+    assert out[1 + len(answer_lines)] == f"Reference: {gold_answer(examples[shown])}  ->  right"
+    rows = [line for line in out if line.startswith(("psd, threshold 0.9, depth 3, dual cache", "one token per step"))]
+    assert len(rows) == 2
+    for row, results, ok in zip(rows, runs, right):
+        cells = row.split()
+        nfe = sum(r.nfe for r in results)
+        assert f"{sum(ok)}/{DEMO_PROBLEMS}" in cells
+        assert f"{nfe / DEMO_PROBLEMS:.1f}" in cells and f"{sum(r.tokens for r in results) / nfe:.2f}" in cells
+    assert sum(r.nfe for r in runs[0]) < sum(r.nfe for r in runs[1])  # the point: fewer model calls
+    assert out[-1] == EXPLAIN_STATS
 
 
 def test_decode_defaults_reject_unknown_keys(tmp_path):
