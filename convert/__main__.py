@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from models import ConfigError, load_config
+
 from .hf import iter_params
 from .orbax_io import save_params
 from .safetensors_dir import CheckpointError, SafetensorsDir
-from models import ConfigError, load_config
 
 
 def main(argv: list[str] | None = None) -> int:

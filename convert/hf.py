@@ -9,8 +9,8 @@ parameter and the tensor being read (scripts/convert_peak_memory.py measures the
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -29,10 +29,13 @@ def check_key_set(cfg: ModelConfig, available: dict[str, tuple[int, ...]], sourc
     missing = sorted(set(expected) - set(available))
     unexpected = sorted(set(available) - set(expected))
     if missing:
-        raise CheckpointError(f"{source}: missing tensor(s) {', '.join(missing[:10])}" + (" ..." if len(missing) > 10 else ""))
+        raise CheckpointError(
+            f"{source}: missing tensor(s) {', '.join(missing[:10])}" + (" ..." if len(missing) > 10 else "")
+        )
     if unexpected:
         raise CheckpointError(
-            f"{source}: unexpected tensor(s) {', '.join(unexpected[:10])}" + (" ..." if len(unexpected) > 10 else "")
+            f"{source}: unexpected tensor(s) {', '.join(unexpected[:10])}"
+            + (" ..." if len(unexpected) > 10 else "")
             + f" (not in the {cfg.family} key table for this config)"
         )
     for key, target in expected.items():
@@ -62,7 +65,9 @@ def iter_params(reader: SafetensorsDir, cfg: ModelConfig, dtype: jnp.dtype) -> I
             for key, target in by_param[name]:
                 tensor = reader.get(key)
                 if tensor.shape != target.source_shape:
-                    raise CheckpointError(f"{reader.location[key]}: tensor '{key}' has shape {tensor.shape}, expected {target.source_shape}")
+                    raise CheckpointError(
+                        f"{reader.location[key]}: tensor '{key}' has shape {tensor.shape}, expected {target.source_shape}"
+                    )
                 tensor = tensor.T if target.transpose else tensor
                 if target.layer is None:
                     host[...] = tensor.astype(np_dtype, copy=False)

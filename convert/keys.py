@@ -76,4 +76,3 @@ def expected_keys(cfg: ModelConfig) -> dict[str, Target]:
             key = pattern.replace("{i}", str(layer)) if layer is not None else pattern
             out[key] = Target(param, layer, transpose, source_shape)
     return out
-

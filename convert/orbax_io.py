@@ -81,7 +81,9 @@ def load_checkpoint(
     cfg: ModelConfig = load_config(path)
     fmt = json.loads((path / MARKER).read_text()).get("format")
     if fmt != FORMAT:
-        raise CheckpointError(f"{path}: checkpoint format {fmt!r}, this version reads {FORMAT!r}; convert it again with python -m convert")
+        raise CheckpointError(
+            f"{path}: checkpoint format {fmt!r}, this version reads {FORMAT!r}; convert it again with python -m convert"
+        )
     dtype = jnp.dtype(dtype)
     shapes = param_shapes(cfg)
     stored = {p.name for p in (path / PARAMS_DIR).iterdir() if p.is_dir()}

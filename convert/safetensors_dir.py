@@ -27,8 +27,16 @@ class CheckpointError(ValueError):
 
 
 _NUMPY_DTYPES = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
-    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": ml_dtypes.bfloat16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
 }
 _DTYPE_BYTES = {name: np.dtype(dtype).itemsize for name, dtype in _NUMPY_DTYPES.items()}
 
@@ -98,7 +106,7 @@ class SafetensorsDir:
             return [single]
         raise CheckpointError(f"{self.dir}: no {SINGLE_FILE} or {INDEX_FILE} found")
 
-    def __enter__(self) -> "SafetensorsDir":
+    def __enter__(self) -> SafetensorsDir:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -110,7 +118,7 @@ class SafetensorsDir:
         if info["dtype"] not in _NUMPY_DTYPES:
             raise CheckpointError(f"{path}: tensor '{name}' has unsupported dtype {info['dtype']}")
         if path not in self._handles:
-            self._handles[path] = self._stack.enter_context(open(path, "rb"))
+            self._handles[path] = self._stack.enter_context(open(path, "rb"))  # noqa: SIM115 (closed by the ExitStack)
         f = self._handles[path]
         out = np.empty(self.shapes[name], _NUMPY_DTYPES[info["dtype"]])
         f.seek(info["file_offset"])

@@ -59,7 +59,7 @@ class ModelConfig:
         ids = [self.eos_id] + ([self.eot_id] if self.eot_id is not None else [])
         return tuple(dict.fromkeys(ids))
 
-    def replace(self, **changes: Any) -> "ModelConfig":
+    def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
     def param_count(self) -> int:

@@ -32,7 +32,7 @@ def attention_per_head(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.A
     outs = []
     for h in range(heads):
         kh, vh = k[:, :, h // group], v[:, :, h // group]
-        scores = jnp.einsum("bqd,bkd->bqk", q[:, :, h], kh, preferred_element_type=jnp.float32) / (hd ** 0.5)
+        scores = jnp.einsum("bqd,bkd->bqk", q[:, :, h], kh, preferred_element_type=jnp.float32) / (hd**0.5)
         if key_mask is not None:
             scores = jnp.where(key_mask[:, 0], scores, low)
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
@@ -59,8 +59,8 @@ def cached_attention_per_head(
         qh, g = q[:, :, :, h], h // group
         s_cache = jnp.einsum("bmwd,bnd->bmwn", qh, cache_k[:, :, g], preferred_element_type=jnp.float32)
         s_win = jnp.einsum("bmwd,bmud->bmwu", qh, k[:, :, :, g], preferred_element_type=jnp.float32)
-        s_cache = jnp.where(cache_mask[:, None, None, :], s_cache / (hd ** 0.5), low)
-        s_win = jnp.where(window_mask[:, None, None, :], s_win / (hd ** 0.5), low)
+        s_cache = jnp.where(cache_mask[:, None, None, :], s_cache / (hd**0.5), low)
+        s_win = jnp.where(window_mask[:, None, None, :], s_win / (hd**0.5), low)
         probs = jax.nn.softmax(jnp.concatenate([s_cache, s_win], axis=-1), axis=-1).astype(v.dtype)
         out = jnp.einsum("bmwn,bnd->bmwd", probs[..., :n], cache_v[:, :, g], preferred_element_type=jnp.float32)
         out += jnp.einsum("bmwu,bmud->bmwd", probs[..., n:], v[:, :, :, g], preferred_element_type=jnp.float32)

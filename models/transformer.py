@@ -193,8 +193,11 @@ class DiffusionLM(nnx.Module):
                 setattr(self, name, nnx.Param(value))
         # Unrolled: layers[i][name] is layer i's slice of the stacked parameter ``name``.
         self.layers = (
-            nnx.List([nnx.Dict({name: nnx.Param(v[i]) for name, v in per_layer.items()}) for i in range(config.n_layers)])
-            if unroll_layers else None
+            nnx.List(
+                [nnx.Dict({name: nnx.Param(v[i]) for name, v in per_layer.items()}) for i in range(config.n_layers)]
+            )
+            if unroll_layers
+            else None
         )
 
     @property
@@ -382,7 +385,7 @@ def cached_attention_grouped(
     kv_heads = k.shape[3]
     n = cache_k.shape[1]
     qg = q.reshape(batch, m, width, kv_heads, heads // kv_heads, hd)
-    scale = 1.0 / (hd ** 0.5)
+    scale = 1.0 / (hd**0.5)
     s_cache = jnp.einsum("bmwkgd,bnkd->bmkgwn", qg, cache_k, preferred_element_type=jnp.float32) * scale
     s_win = jnp.einsum("bmwkgd,bmukd->bmkgwu", qg, k, preferred_element_type=jnp.float32) * scale
     low = jnp.finfo(jnp.float32).min

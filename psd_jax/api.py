@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from convert.hf import load_hf_model
 from convert.orbax_io import is_orbax_dir, load_checkpoint
 from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE, CheckpointError
-from jax.sharding import Mesh
-
 from models import DiffusionLM, ModelConfig, load_config
 from models.transformer import default_unroll_layers
 
@@ -105,7 +105,9 @@ def _bucket(length: int, bucket: int | None) -> int:
     return length if not bucket else -(-length // bucket) * bucket
 
 
-def left_pad(ids: list[list[int]], cfg: ModelConfig, gen_length: int, bucket: int | None) -> tuple[np.ndarray, np.ndarray]:
+def left_pad(
+    ids: list[list[int]], cfg: ModelConfig, gen_length: int, bucket: int | None
+) -> tuple[np.ndarray, np.ndarray]:
     """Prompts left-padded with the pad id to a bucketed length, and their attention mask [B, P]."""
     length = _bucket(max(len(p) for p in ids), bucket)
     if length + gen_length > cfg.max_length:
@@ -116,8 +118,8 @@ def left_pad(ids: list[list[int]], cfg: ModelConfig, gen_length: int, bucket: in
     prompt_ids = np.full((len(ids), length), cfg.pad_id, np.int32)
     prompt_mask = np.zeros((len(ids), length), np.int32)
     for row, p in enumerate(ids):
-        prompt_ids[row, length - len(p):] = p
-        prompt_mask[row, length - len(p):] = 1
+        prompt_ids[row, length - len(p) :] = p
+        prompt_mask[row, length - len(p) :] = 1
     return prompt_ids, prompt_mask
 
 
@@ -172,7 +174,9 @@ class PromptIO:
                 raise InputError(f"prompt {i} is empty")
             bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
             if bad:
-                raise InputError(f"prompt {i} has token ids outside the vocabulary [0, {self.config.vocab_size}): {bad[:5]}")
+                raise InputError(
+                    f"prompt {i} has token ids outside the vocabulary [0, {self.config.vocab_size}): {bad[:5]}"
+                )
             out.append(ids)
         if not out:
             raise InputError("no prompts given")
@@ -201,7 +205,9 @@ class LoadedModel(PromptIO):
         if ids.shape[1] > self.config.max_length:
             raise InputError(f"input length {ids.shape[1]} exceeds the model's context of {self.config.max_length}")
         if int(ids.max()) >= self.config.vocab_size or int(ids.min()) < 0:
-            raise InputError(f"token ids must be in [0, {self.config.vocab_size}), got {int(ids.min())}..{int(ids.max())}")
+            raise InputError(
+                f"token ids must be in [0, {self.config.vocab_size}), got {int(ids.min())}..{int(ids.max())}"
+            )
         mask = None if attention_mask is None else jnp.asarray(attention_mask, jnp.int32)
         return self._forward(self.params, ids, mask)
 
@@ -246,7 +252,9 @@ class LoadedModel(PromptIO):
         self._compiled[cache_key] = compiled
         return compiled, time.perf_counter() - start
 
-    def _results(self, out: DecodeOutput, prompt_length: int, dcfg: DecodeConfig, seconds: float, compile_seconds: float):
+    def _results(
+        self, out: DecodeOutput, prompt_length: int, dcfg: DecodeConfig, seconds: float, compile_seconds: float
+    ):
         return generations(out, prompt_length, self.config.stop_ids, self.decode_text, seconds, compile_seconds)
 
 

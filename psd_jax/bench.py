@@ -29,7 +29,14 @@ BASELINE = "fixed-1"
 # (--all or --decoders runs them): depth 5 of PSD, which lies between depths 3 and 7 on every
 # base, and RPS on one token per step (9% more TPF than fixed-1, a sixth of the whole matrix's
 # time). Measured in docs/bench (all 28 settings, 500 problems): the rest takes 16 minutes.
-OPT_IN = ("psd-fixed-1-d5", "psd-fixed-2-d5", "psd-fixed-4-d5", "psd-threshold-0.9-d5", "psd-threshold-0.7-d5", "rps-fixed-1")
+OPT_IN = (
+    "psd-fixed-1-d5",
+    "psd-fixed-2-d5",
+    "psd-fixed-4-d5",
+    "psd-threshold-0.9-d5",
+    "psd-threshold-0.7-d5",
+    "rps-fixed-1",
+)
 
 
 @dataclass
@@ -93,17 +100,28 @@ def decoder_matrix(base: DecodeConfig, names: list[str] | None = None) -> dict[s
     return {name: base.replace(**fields[name]) for name in (fields if names is None else names)}
 
 
-def run_setting(lm: LoadedModel, name: str, settings: DecodeConfig, examples: list[dict], batch: int,
-                chat: bool | None, prompt_bucket: int, progress=None, warm_up: bool = True) -> Row:
+def run_setting(
+    lm: LoadedModel,
+    name: str,
+    settings: DecodeConfig,
+    examples: list[dict],
+    batch: int,
+    chat: bool | None,
+    prompt_bucket: int,
+    progress=None,
+    warm_up: bool = True,
+) -> Row:
     """One decoder setting over every batch. Compilation is ahead of time (``LoadedModel``) and
     reported apart; ``warm_up`` runs the first batch once untimed before the timed pass. Only the
     run's first setting does: a later setting's first batch was measured 5-8% slower than its
     repeats, about 1% of a 10-batch setting, where a warm-up batch per setting costs 10%."""
-    row = Row(name, {k: v for k, v in vars(settings).items()})
+    row = Row(name, dict(vars(settings)))
     batches = [examples[i : i + batch] for i in range(0, len(examples), batch)]
     prompts = [[ex["question"] for ex in b] for b in batches]
     if warm_up:
-        row.compile_seconds = lm.generate(prompts[0], settings, chat=chat, prompt_bucket=prompt_bucket)[0].compile_seconds
+        row.compile_seconds = lm.generate(prompts[0], settings, chat=chat, prompt_bucket=prompt_bucket)[
+            0
+        ].compile_seconds
     for chunk, texts in zip(batches, prompts):
         results = lm.generate(texts, settings, chat=chat, prompt_bucket=prompt_bucket)
         row.compile_seconds += results[0].compile_seconds  # another prompt bucket compiles too
@@ -130,8 +148,15 @@ def paired_difference(correct_a: str, correct_b: str) -> dict:
     a, b = (np.array([c == "1" for c in s], float) for s in (correct_a, correct_b))
     d, n = b - a, len(a)
     se = float(d.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
-    return {"n": n, "accuracy_a": a.mean(), "accuracy_b": b.mean(), "difference": float(d.mean()),
-            "standard_error": se, "only_a": int(((a == 1) & (b == 0)).sum()), "only_b": int(((a == 0) & (b == 1)).sum())}
+    return {
+        "n": n,
+        "accuracy_a": a.mean(),
+        "accuracy_b": b.mean(),
+        "difference": float(d.mean()),
+        "standard_error": se,
+        "only_a": int(((a == 1) & (b == 0)).sum()),
+        "only_b": int(((a == 0) & (b == 1)).sum()),
+    }
 
 
 def with_speedups(summaries: list[dict]) -> list[dict]:
@@ -168,7 +193,10 @@ def pareto_plot(summaries: list[dict], path: Path, title: str) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     families = {"fixed": "tab:blue", "threshold": "tab:orange", "psd": "tab:green", "rps": "tab:red"}
-    for ax, key, label in ((axes[0], "tpf", "tokens per forward (TPF)"), (axes[1], "tokens_per_second", "tokens/s (warm)")):
+    for ax, key, label in (
+        (axes[0], "tpf", "tokens per forward (TPF)"),
+        (axes[1], "tokens_per_second", "tokens/s (warm)"),
+    ):
         for s in summaries:
             family = s["name"].split("-")[0]
             ax.scatter(s[key], 100 * s["accuracy"], color=families.get(family, "gray"), s=30)
@@ -195,12 +223,19 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--limit", type=positive_int, help="use only the first N problems")
     p.add_argument("--batch", type=positive_int, default=50, help="prompts per decode (default 50)")
     add_decode_flags(p, MATRIX_FIELDS)
-    p.add_argument("--decoders", help="comma-separated settings of the matrix (default: all but the opt-in ones); "
-                   "--list shows names")
+    p.add_argument(
+        "--decoders",
+        help="comma-separated settings of the matrix (default: all but the opt-in ones); --list shows names",
+    )
     p.add_argument("--all", action="store_true", help="every setting of the matrix, the opt-in ones too")
     p.add_argument("--list", action="store_true", help="list the decoder settings and exit")
-    p.add_argument("--no-chat", action="store_false", dest="chat", default=None,
-                   help="do not wrap questions in the chat template (default: when the tokenizer has one)")
+    p.add_argument(
+        "--no-chat",
+        action="store_false",
+        dest="chat",
+        default=None,
+        help="do not wrap questions in the chat template (default: when the tokenizer has one)",
+    )
     p.add_argument("--prompt-bucket", type=positive_int, default=32, help="pad prompt lengths up to a multiple of this")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--out", default="bench_out", help="output directory for JSON, Markdown and PNG")
@@ -239,11 +274,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     summaries = run_matrix(lm, matrix, examples, args)
-    meta = {"model": str(model_dir), "data": str(data), "n": len(examples), "batch": args.batch,
-            "gen_length": base.gen_length, "block_length": base.block_length, "cache": base.cache,
-            "backend": jax.default_backend(), "devices": str(jax.devices()), "time": time.strftime("%Y-%m-%d %H:%M")}
-    write_report(summaries, meta, Path(args.out), f"{model_dir.name}: {len(examples)} problems, gen {base.gen_length}, "
-                 f"block {base.block_length}, cache {base.cache}")
+    meta = {
+        "model": str(model_dir),
+        "data": str(data),
+        "n": len(examples),
+        "batch": args.batch,
+        "gen_length": base.gen_length,
+        "block_length": base.block_length,
+        "cache": base.cache,
+        "backend": jax.default_backend(),
+        "devices": str(jax.devices()),
+        "time": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    write_report(
+        summaries,
+        meta,
+        Path(args.out),
+        f"{model_dir.name}: {len(examples)} problems, gen {base.gen_length}, "
+        f"block {base.block_length}, cache {base.cache}",
+    )
     return 0
 
 
@@ -254,8 +303,11 @@ def run_matrix(lm: LoadedModel, matrix: dict[str, DecodeConfig], examples: list[
     with tqdm(total=len(matrix) * len(examples), desc="bench", unit="prompt", file=sys.stderr) as bar:
         for i, (name, settings) in enumerate(matrix.items()):
             bar.set_postfix_str(name)
-            rows.append(run_setting(lm, name, settings, examples, args.batch, args.chat, args.prompt_bucket, bar,
-                                    warm_up=i == 0).summary())
+            rows.append(
+                run_setting(
+                    lm, name, settings, examples, args.batch, args.chat, args.prompt_bucket, bar, warm_up=i == 0
+                ).summary()
+            )
     return with_speedups(rows)
 
 

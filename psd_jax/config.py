@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 POLICIES = ("fixed", "threshold", "factor", "dream")
 CONFIDENCES = ("prob", "margin", "entropy", "random")
@@ -75,7 +76,7 @@ class DecodeConfig:
         _check_values(self)
         _check_used(self)
 
-    def replace(self, **changes: Any) -> "DecodeConfig":
+    def replace(self, **changes: Any) -> DecodeConfig:
         unknown = sorted(set(changes) - set(FIELD_HELP))
         if unknown:
             raise DecodeConfigError(f"unknown decoding setting(s) {unknown}; known: {', '.join(FIELD_HELP)}")
@@ -190,7 +191,9 @@ def _check_values(c: DecodeConfig) -> None:
     if c.gen_length % c.block_length:
         _fail(f"block_length {c.block_length} does not divide gen_length {c.gen_length}")
     if c.total_steps % c.num_blocks:
-        _fail(f"steps {c.total_steps} is not divisible by the number of blocks {c.num_blocks} (gen_length / block_length)")
+        _fail(
+            f"steps {c.total_steps} is not divisible by the number of blocks {c.num_blocks} (gen_length / block_length)"
+        )
     if c.cache != "none" and c.cfg_scale > 0:
         _fail(f"cache {c.cache!r} does not support classifier-free guidance (cfg_scale > 0); use cache='none'")
 
@@ -204,8 +207,10 @@ USED_ONLY_WITH: dict[str, tuple[Callable[[DecodeConfig], bool], str]] = {
     "dream_eps": (lambda c: c.policy == "dream", "policy 'dream'"),
     "depth": (lambda c: c.decoder == "psd", "decoder 'psd'"),
     "acceptance": (lambda c: c.decoder == "psd", "decoder 'psd'"),
-    "draft_rate": (lambda c: c.decoder == "psd" and c.policy != "fixed",
-                   "decoder 'psd' with a policy other than 'fixed' (fixed drafts the schedule's own counts)"),
+    "draft_rate": (
+        lambda c: c.decoder == "psd" and c.policy != "fixed",
+        "decoder 'psd' with a policy other than 'fixed' (fixed drafts the schedule's own counts)",
+    ),
     "k_max": (lambda c: c.decoder == "rps", "decoder 'rps'"),
     "ratio": (lambda c: c.decoder == "rps", "decoder 'rps'"),
     "pivot_tau": (lambda c: c.decoder == "rps", "decoder 'rps'"),
@@ -218,8 +223,10 @@ def _check_used(c: DecodeConfig) -> None:
     for name, (used, needs) in USED_ONLY_WITH.items():
         value = getattr(c, name)
         if value != defaults[name] and not used(c):
-            _fail(f"{name}={value!r} would be ignored: it is used only with {needs} "
-                  f"(here policy={c.policy!r}, decoder={c.decoder!r})")
+            _fail(
+                f"{name}={value!r} would be ignored: it is used only with {needs} "
+                f"(here policy={c.policy!r}, decoder={c.decoder!r})"
+            )
 
 
 # The library's recommended decoder, shown next to one token per step by the first run: PSD's

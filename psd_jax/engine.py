@@ -22,8 +22,8 @@ static window of positions (the rest of the canvas, or the block) against it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -33,8 +33,8 @@ from models import ModelConfig
 
 from .config import DecodeConfig
 from .decoders import Decoder, Proposal, decoder_for, forward_size_index, forward_sizes, initial_stats, propose
-from .records import DecodeOutput
 from .predict import ForwardFn, Prediction, forwards_per_call, predict, predict_prefill, predict_window
+from .records import DecodeOutput
 
 TRACE_COUNT = {"decode": 0}  # incremented each time the decode loop is traced (compile test)
 
@@ -132,7 +132,9 @@ def init_state(loop: Loop, prompt_ids: jax.Array, attention_mask: jax.Array, key
     cached = {}
     if loop.dcfg.cache != "none":
         # Block 0's block-start full forward, which also fills the KV cache.
-        pred, keys, values = predict_prefill(loop.prefill, canvas, attention_mask, loop.prompt_length, sub, loop.mcfg, loop.dcfg)
+        pred, keys, values = predict_prefill(
+            loop.prefill, canvas, attention_mask, loop.prompt_length, sub, loop.mcfg, loop.dcfg
+        )
         cached = {"cache": (keys, values), "stale": jnp.zeros(batch, bool)}
     else:
         pred = jax.tree.map(lambda a: a[:, 0], loop.call(canvas[:, None], attention_mask, sub))
@@ -170,8 +172,14 @@ def step(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeSta
     return _apply_choice(loop, state, proposal, preds, live, state.done, key, live, calls, sequences)
 
 
-def _forward_leading(proposal: Proposal, rows: jax.Array, pred: Prediction, call: Callable,
-                     variants: tuple = (None,), variant_index: jax.Array | int = 0):
+def _forward_leading(
+    proposal: Proposal,
+    rows: jax.Array,
+    pred: Prediction,
+    call: Callable,
+    variants: tuple = (None,),
+    variant_index: jax.Array | int = 0,
+):
     """The candidates' predictions [B, K, ...] from one call over the leading ones ``rows`` can choose.
 
     ``call(candidates)`` (or ``call(candidates, variant)`` for several ``variants``, chosen by
@@ -195,9 +203,19 @@ def _forward_leading(proposal: Proposal, rows: jax.Array, pred: Prediction, call
     return preds, calls, calls * jnp.asarray(sizes)[size_index]
 
 
-def _apply_choice(loop: Loop, state: DecodeState, proposal: Proposal, preds: Prediction, live: jax.Array,
-                  frozen: jax.Array, key: jax.Array, row_calls: jax.Array, calls: jax.Array, sequences: jax.Array,
-                  **cached) -> DecodeState:
+def _apply_choice(
+    loop: Loop,
+    state: DecodeState,
+    proposal: Proposal,
+    preds: Prediction,
+    live: jax.Array,
+    frozen: jax.Array,
+    key: jax.Array,
+    row_calls: jax.Array,
+    calls: jax.Array,
+    sequences: jax.Array,
+    **cached,
+) -> DecodeState:
     """The tail shared by both steps: each row's choice, its canvas and forward, block advance, counters.
 
     ``frozen`` rows (finished, or waiting for a block-start refresh) keep their canvas and step."""
@@ -239,7 +257,9 @@ def _refresh(loop: Loop, attention_mask: jax.Array, state: DecodeState, rows: ja
     prediction and KV cache rows replaced by those of their current canvas."""
 
     def do_refresh(_):
-        pred, keys, values = predict_prefill(loop.prefill, state.canvas, attention_mask, loop.prompt_length, key, loop.mcfg, loop.dcfg)
+        pred, keys, values = predict_prefill(
+            loop.prefill, state.canvas, attention_mask, loop.prompt_length, key, loop.mcfg, loop.dcfg
+        )
         return _where_rows(rows, pred, state.pred), _where_rows(rows, (keys, values), state.cache, axis=1)
 
     return jax.lax.cond(jnp.any(rows), do_refresh, lambda _: (state.pred, state.cache), None)
@@ -283,15 +303,34 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
     preds, window_calls, forwarded = _forward_leading(proposal, windowed, pred, call, lengths, bucket)
     refresh_calls = jnp.any(refresh).astype(jnp.int32)
     sequences = refresh_calls * batch + forwards_per_call(batch, dcfg) // proposal.candidates.shape[1] * forwarded
-    new = _apply_choice(loop, state, proposal, preds, live, frozen, key,
-                        refresh.astype(jnp.int32) + windowed.astype(jnp.int32),
-                        refresh_calls + window_calls, sequences, cache=cache, stale=state.stale)
+    new = _apply_choice(
+        loop,
+        state,
+        proposal,
+        preds,
+        live,
+        frozen,
+        key,
+        refresh.astype(jnp.int32) + windowed.astype(jnp.int32),
+        refresh_calls + window_calls,
+        sequences,
+        cache=cache,
+        stale=state.stale,
+    )
     done = new.done & ~waiting
     return new.replace(done=done, stale=waiting | ((new.block != state.block) & ~done))
 
 
-def _window_call(loop: Loop, attention_mask: jax.Array, cache: tuple, pred: Prediction, start: jax.Array,
-                 key: jax.Array, candidates: jax.Array, w: int) -> Prediction:
+def _window_call(
+    loop: Loop,
+    attention_mask: jax.Array,
+    cache: tuple,
+    pred: Prediction,
+    start: jax.Array,
+    key: jax.Array,
+    candidates: jax.Array,
+    w: int,
+) -> Prediction:
     """Forward candidates [B, M, N] as windows of w positions from each row's block start, against
     the cache; the window's fresh keys/values replace the cached ones at its positions, and its
     predictions overwrite the candidates' (``pred``'s) at those positions."""

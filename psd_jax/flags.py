@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import Any, NoReturn, Sequence
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from .config import BOOL_FIELDS, CHOICES, FIELD_HELP, FLOAT_FIELDS, INT_FIELDS, DecodeConfig
 
@@ -33,7 +34,8 @@ def flag_name(field: str) -> str:
 def _default_text(field: str) -> str:
     if field in ("gen_length", "block_length"):
         return "the model directory's decode_defaults.json, else " + (
-            str(DecodeConfig.gen_length) if field == "gen_length" else f"min({DecodeConfig.block_length}, gen_length)")
+            str(DecodeConfig.gen_length) if field == "gen_length" else f"min({DecodeConfig.block_length}, gen_length)"
+        )
     default = getattr(DecodeConfig, field)
     if field == "steps":
         return "gen_length"

@@ -28,9 +28,15 @@ def build_parser() -> ArgumentParser:
     src = p.add_argument_group("prompts (default: the first question of the model directory's test.jsonl)")
     src.add_argument("--prompt", action="append", default=[], help="prompt text (repeatable)")
     src.add_argument("--prompt-file", help="file with one prompt per line")
-    src.add_argument("--prompt-ids", action="append", default=[], help='comma-separated token ids, e.g. "1,2,3" (repeatable)')
-    p.add_argument("--chat", action="store_true", default=None,
-                   help="wrap text prompts in the tokenizer's chat template (default: when the tokenizer has one)")
+    src.add_argument(
+        "--prompt-ids", action="append", default=[], help='comma-separated token ids, e.g. "1,2,3" (repeatable)'
+    )
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        default=None,
+        help="wrap text prompts in the tokenizer's chat template (default: when the tokenizer has one)",
+    )
     p.add_argument("--no-chat", action="store_false", dest="chat", help="never use the chat template")
     p.add_argument("--seed", type=int, default=0, help="PRNG seed for sampling and random confidences, in [0, 2**32)")
     add_decode_flags(p)
@@ -68,8 +74,10 @@ def prompts_from(args) -> list:
 
 def stats_line(r: Generation) -> str:
     tps = r.tokens / r.seconds if r.seconds > 0 else float("inf")
-    return (f"[tokens {r.tokens} | NFE {r.nfe} | TPF {r.tpf:.2f} | {tps:.1f} tokens/s | "
-            f"decode {r.seconds:.2f}s | compile {r.compile_seconds:.2f}s]")
+    return (
+        f"[tokens {r.tokens} | NFE {r.nfe} | TPF {r.tpf:.2f} | {tps:.1f} tokens/s | "
+        f"decode {r.seconds:.2f}s | compile {r.compile_seconds:.2f}s]"
+    )
 
 
 def describe(settings: DecodeConfig) -> str:
@@ -87,8 +95,9 @@ def describe(settings: DecodeConfig) -> str:
     return ", ".join(parts)
 
 
-def run_demo(lm: LoadedModel, examples: list[dict], settings: DecodeConfig, seed: int, chat: bool | None,
-             as_json: bool) -> None:
+def run_demo(
+    lm: LoadedModel, examples: list[dict], settings: DecodeConfig, seed: int, chat: bool | None, as_json: bool
+) -> None:
     """Answer held-out questions with ``settings`` and with one token per step, in one batch each;
     show the first question in full and both decoders' accuracy and stats side by side."""
     from .scoring import extract_answer, gold_answer
@@ -100,8 +109,18 @@ def run_demo(lm: LoadedModel, examples: list[dict], settings: DecodeConfig, seed
     if as_json:
         for s, results in runs:
             for ex, ref, r in zip(examples, references, results):
-                print(json.dumps({"question": ex["question"], "reference": ref, "decoder": describe(s),
-                                  "answer": extract_answer(r.text or ""), "settings": s.changed(), **r.to_json()}))
+                print(
+                    json.dumps(
+                        {
+                            "question": ex["question"],
+                            "reference": ref,
+                            "decoder": describe(s),
+                            "answer": extract_answer(r.text or ""),
+                            "settings": s.changed(),
+                            **r.to_json(),
+                        }
+                    )
+                )
         return
     # In full: the first question the decoder answers right (the table below counts every one).
     rights = [extract_answer(r.text or "") == ref for r, ref in zip(runs[0][1], references)]
@@ -111,14 +130,18 @@ def run_demo(lm: LoadedModel, examples: list[dict], settings: DecodeConfig, seed
     print(f"Reference: {references[shown]}  ->  {'right' if rights[shown] else 'wrong'}")
     print()
     width = max(len(describe(s)) for s, _ in runs)
-    print(f"{'decoder':<{width}}  answer {shown + 1}  right on {len(examples):<2}  NFE/question   TPF  tokens/s  compile s")
+    print(
+        f"{'decoder':<{width}}  answer {shown + 1}  right on {len(examples):<2}  NFE/question   TPF  tokens/s  compile s"
+    )
     for s, results in runs:
         answers = [extract_answer(r.text or "") for r in results]
         correct = sum(a == ref for a, ref in zip(answers, references))
         tokens, nfe, r = sum(x.tokens for x in results), sum(x.nfe for x in results), results[0]
         tps = tokens / r.seconds if r.seconds > 0 else float("inf")
-        print(f"{describe(s):<{width}}  {str(answers[shown]):>8}  {correct:>8}/{len(examples):<2}  {nfe / len(results):>12.1f}  "
-              f"{tokens / max(nfe, 1):>4.2f}  {tps:>8.1f}  {r.compile_seconds:>9.2f}")
+        print(
+            f"{describe(s):<{width}}  {str(answers[shown]):>8}  {correct:>8}/{len(examples):<2}  {nfe / len(results):>12.1f}  "
+            f"{tokens / max(nfe, 1):>4.2f}  {tps:>8.1f}  {r.compile_seconds:>9.2f}"
+        )
     print(f"(the first {len(examples)} questions of {lm.path / HELD_OUT_FILE}, one batch per decoder)")
     print(EXPLAIN_STATS)
 
@@ -143,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         prompts = prompts_from(args)
         examples = [] if prompts else held_out_examples(model_dir)
         if not prompts and not examples:
-            raise InputError(f"no prompt given and {model_dir} has no {HELD_OUT_FILE}: use --prompt, --prompt-file or --prompt-ids")
+            raise InputError(
+                f"no prompt given and {model_dir} has no {HELD_OUT_FILE}: use --prompt, --prompt-file or --prompt-ids"
+            )
         settings = model_settings(model_dir, fields if fields or not examples else {**RECOMMENDED})
         if args.distributed:
             import jax

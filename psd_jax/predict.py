@@ -10,7 +10,7 @@ prompt is never committed); the Prediction still spans the canvas, the prompt pr
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -97,7 +97,9 @@ def logits_to_prediction(logits: jax.Array, key: jax.Array, mcfg: ModelConfig, d
     return pred
 
 
-ForwardFn = Callable[..., jax.Array]  # (tokens [M, N], mask [M, N] | None, logits_from=) -> logits [M, N - logits_from, V]
+ForwardFn = Callable[
+    ..., jax.Array
+]  # (tokens [M, N], mask [M, N] | None, logits_from=) -> logits [M, N - logits_from, V]
 
 
 def predict(
@@ -135,7 +137,13 @@ def forwards_per_call(batch: int, dcfg: DecodeConfig) -> int:
 
 
 def predict_prefill(
-    prefill, canvas: jax.Array, attention_mask: jax.Array, prompt_length: int, key: jax.Array, mcfg: ModelConfig, dcfg: DecodeConfig
+    prefill,
+    canvas: jax.Array,
+    attention_mask: jax.Array,
+    prompt_length: int,
+    key: jax.Array,
+    mcfg: ModelConfig,
+    dcfg: DecodeConfig,
 ):
     """Full-canvas call [B, N] that also returns the KV cache: (Prediction [B, N], keys, values)."""
     logits, (keys, values) = generated_logits(prefill, canvas, attention_mask, prompt_length, mcfg.logit_shift)

@@ -8,7 +8,8 @@ the eager one: a NamedTuple is a JAX pytree, so the jitted loop returns it as is
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -40,8 +41,15 @@ class Generation:
         return dataclasses.asdict(self)
 
 
-def generations(out: DecodeOutput, prompt_length: int, stop_ids: tuple[int, ...], decode_text: Callable,
-                seconds: float, compile_seconds: float, to_numpy: Callable = np.asarray) -> list[Generation]:
+def generations(
+    out: DecodeOutput,
+    prompt_length: int,
+    stop_ids: tuple[int, ...],
+    decode_text: Callable,
+    seconds: float,
+    compile_seconds: float,
+    to_numpy: Callable = np.asarray,
+) -> list[Generation]:
     """One ``Generation`` per row of ``out``; ``to_numpy`` reads the backend's arrays."""
     canvas = to_numpy(out.canvas)[:, prompt_length:]
     row_nfe = to_numpy(out.row_nfe)

@@ -60,7 +60,9 @@ def parse_mesh(spec: str | None, n_devices: int | None = None) -> dict[str, int]
                 raise MeshError(f"{other}={sizes[other]} does not divide the {n} devices")
             sizes[axis] = n // sizes[other]
     if sizes["data"] * sizes["model"] != n:
-        raise MeshError(f"mesh data={sizes['data']} x model={sizes['model']} needs {sizes['data'] * sizes['model']} devices, found {n}")
+        raise MeshError(
+            f"mesh data={sizes['data']} x model={sizes['model']} needs {sizes['data'] * sizes['model']} devices, found {n}"
+        )
     return {axis: sizes[axis] for axis in AXES}
 
 
@@ -83,7 +85,10 @@ def spec_for(axes: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> Parti
 
 
 def param_shardings(cfg: ModelConfig, mesh: Mesh) -> dict[str, NamedSharding]:
-    return {name: NamedSharding(mesh, spec_for(logical_axes(name), shape, mesh)) for name, shape in param_shapes(cfg).items()}
+    return {
+        name: NamedSharding(mesh, spec_for(logical_axes(name), shape, mesh))
+        for name, shape in param_shapes(cfg).items()
+    }
 
 
 def batch_sharding(mesh: Mesh, batch: int) -> NamedSharding:

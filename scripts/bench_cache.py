@@ -76,8 +76,12 @@ def main() -> None:
     args = p.parse_args()
 
     gens = [int(g) for g in args.gen_lengths.split(",")]
-    lm = random_model(args.layers, args.d_model, args.heads, args.vocab, args.head_scale, args.prompt_length + max(gens))
-    print(f"backend {jax.default_backend()}; {args.layers} layers, d_model {args.d_model}, {args.heads} heads, vocab {args.vocab}")
+    lm = random_model(
+        args.layers, args.d_model, args.heads, args.vocab, args.head_scale, args.prompt_length + max(gens)
+    )
+    print(
+        f"backend {jax.default_backend()}; {args.layers} layers, d_model {args.d_model}, {args.heads} heads, vocab {args.vocab}"
+    )
     print("| gen | batch | decoder | policy | cache | NFE/row | s | tokens/s | vs none | compile s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     rng = np.random.default_rng(0)

@@ -55,16 +55,17 @@ MATMUL_PRECISION = {"float32": ("highest", "highest"), "tf32": ("tensorfloat32",
 def decoder_settings(name: str, args):
     from psd_jax import DecodeConfig
 
-    base = DecodeConfig(gen_length=args.gen_length, block_length=args.block_length, threshold=args.threshold)
+    base = DecodeConfig(gen_length=args.gen_length, block_length=args.block_length)
+    threshold = {"policy": "threshold", "threshold": args.threshold}
     table = {
-        "fixed": base.replace(policy="fixed", steps=args.steps or args.gen_length),
-        "threshold": base.replace(policy="threshold"),
-        "psd": base.replace(policy="threshold", decoder="psd", depth=args.depth),
-        "rps": base.replace(policy="threshold", decoder="rps", k_max=args.k_max),
+        "fixed": {"policy": "fixed", "steps": args.steps or args.gen_length},
+        "threshold": threshold,
+        "psd": {**threshold, "decoder": "psd", "depth": args.depth},
+        "rps": {**threshold, "decoder": "rps", "k_max": args.k_max},
     }
     if name not in table:
         raise SystemExit(f"unknown decoder {name!r}; choose from {', '.join(DECODERS)}")
-    return table[name]
+    return base.replace(**table[name])
 
 
 # ------------------------------------------------------------------------------------ models
@@ -75,9 +76,18 @@ def random_llada_config(args):
     from models import ModelConfig
 
     return ModelConfig(
-        family="llada", vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-        n_kv_heads=args.kv_heads or args.heads, mlp_hidden=args.mlp or int(args.d_model * 8 / 3) // 64 * 64,
-        rope_theta=500000.0, norm_eps=1e-5, max_length=4096, mask_id=args.vocab - 2, eos_id=args.vocab - 1,
+        family="llada",
+        vocab_size=args.vocab,
+        d_model=args.d_model,
+        n_layers=args.layers,
+        n_heads=args.heads,
+        n_kv_heads=args.kv_heads or args.heads,
+        mlp_hidden=args.mlp or int(args.d_model * 8 / 3) // 64 * 64,
+        rope_theta=500000.0,
+        norm_eps=1e-5,
+        max_length=4096,
+        mask_id=args.vocab - 2,
+        eos_id=args.vocab - 1,
         pad_id=args.vocab - 1,
     )
 
@@ -213,9 +223,15 @@ def measure(decoder: str, settings, backends: dict, batches, args) -> dict:
             b.passes.append(b.run_pass(batches, settings, args.prompt_bucket)[0])
             if args.breakdown and b.name != "torch.compile":
                 b.forward_passes.append(b.replay_forwards(batches, settings, args.prompt_bucket))
-        print(f"  pass {rep + 1}: " + ", ".join(
-            f"{b.name} {b.passes[-1]:.2f}s" + (f" (model forwards {b.forward_passes[-1]:.2f}s)" if b.forward_passes else "")
-            for b in ok), file=sys.stderr)
+        print(
+            f"  pass {rep + 1}: "
+            + ", ".join(
+                f"{b.name} {b.passes[-1]:.2f}s"
+                + (f" (model forwards {b.forward_passes[-1]:.2f}s)" if b.forward_passes else "")
+                for b in ok
+            ),
+            file=sys.stderr,
+        )
     ref = everyone.get("jax")
     ref = ref if ref is not None and ref.error is None else None
     rows = {}
@@ -269,8 +285,10 @@ def markdown(title: str, results: list[dict]) -> str:
                 f"{row['nfe_per_prompt']:.1f} | {row['sequence_forwards']} | {row['compile_seconds']:.1f} | "
                 f"{row['warmup_seconds']:.1f} | {same} | {rel} | {fwd} |"
             )
-    lines.append("\nJAX / this: JAX tokens/s over this backend's, median of the per-pass ratios (passes interleaved). "
-                 "model fwd share: time of the same model calls replayed as bare forwards / decode time.")
+    lines.append(
+        "\nJAX / this: JAX tokens/s over this backend's, median of the per-pass ratios (passes interleaved). "
+        "model fwd share: time of the same model calls replayed as bare forwards / decode time."
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -300,9 +318,16 @@ def run_model(label: str, path: Path, args, random_model: bool) -> dict:
     return {
         "label": label,
         "path": str(path),
-        "model": {"family": cfg.family, "layers": cfg.n_layers, "d_model": cfg.d_model, "heads": cfg.n_heads,
-                  "kv_heads": cfg.n_kv_heads, "mlp": cfg.mlp_hidden, "vocab": cfg.vocab_size,
-                  "params": cfg.param_count()},
+        "model": {
+            "family": cfg.family,
+            "layers": cfg.n_layers,
+            "d_model": cfg.d_model,
+            "heads": cfg.n_heads,
+            "kv_heads": cfg.n_kv_heads,
+            "mlp": cfg.mlp_hidden,
+            "vocab": cfg.vocab_size,
+            "params": cfg.param_count(),
+        },
         "prompts": len(prompts),
         "prompt_lengths": sorted({len(p) for p in prompts}),
         "batch": args.batch,
@@ -311,7 +336,7 @@ def run_model(label: str, path: Path, args, random_model: bool) -> dict:
     }
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="model directory (default: models/default when it has been trained)")
     p.add_argument("--no-default-model", action="store_true", help="do not benchmark the shipped model")
@@ -322,10 +347,14 @@ def main(argv=None) -> int:
     p.add_argument("--kv-heads", type=int, help="default: --heads")
     p.add_argument("--mlp", type=int, help="MLP hidden size (default: 8/3 d_model, rounded to 64)")
     p.add_argument("--vocab", type=int, default=4096)
-    p.add_argument("--head-std", type=float, default=0.5,
-                   help="std of the random LM head: larger = more confident predictions (0.5 at d_model 1024: "
-                        "threshold 0.9 commits ~2 tokens per forward, PSD accepts drafts, RPS finds pivots; "
-                        "0.02 = near-uniform)")
+    p.add_argument(
+        "--head-std",
+        type=float,
+        default=0.5,
+        help="std of the random LM head: larger = more confident predictions (0.5 at d_model 1024: "
+        "threshold 0.9 commits ~2 tokens per forward, PSD accepts drafts, RPS finds pivots; "
+        "0.02 = near-uniform)",
+    )
     p.add_argument("--random-dir", help="keep the random model here instead of a temp dir")
     p.add_argument("--gen-length", type=int, default=256)
     p.add_argument("--block-length", type=int, default=32)
@@ -340,28 +369,48 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-bucket", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3, help="timed passes (the median is reported)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
-                   help="also run the torch.compile variant")
-    p.add_argument("--threads", type=int,
-                   help="CPU threads for both backends: torch.set_num_threads and XLA's intra-op pool "
-                        "(default: each library's default, all cores)")
-    p.add_argument("--jax-scan", action="store_true",
-                   help="also run JAX with the layers in a lax.scan over stacked weights (its GPU/TPU layout)")
+    p.add_argument(
+        "--compile", action=argparse.BooleanOptionalAction, default=True, help="also run the torch.compile variant"
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="CPU threads for both backends: torch.set_num_threads and XLA's intra-op pool "
+        "(default: each library's default, all cores)",
+    )
+    p.add_argument(
+        "--jax-scan",
+        action="store_true",
+        help="also run JAX with the layers in a lax.scan over stacked weights (its GPU/TPU layout)",
+    )
     p.add_argument("--torch-device", help="default: cuda when available, else cpu")
-    p.add_argument("--matmul-precision", default="float32", choices=list(MATMUL_PRECISION),
-                   help="float32 matrix products in both backends: true float32 (default; JAX's own GPU default "
-                        "is TF32 while torch's is float32, so leaving each at its default compares unlike work) "
-                        "or TF32 tensor cores in both. No effect on CPU or on bfloat16 weights")
-    p.add_argument("--breakdown", action="store_true",
-                   help="after each timed pass, replay its model calls as bare forwards (same count and shapes) "
-                        "and report the share of decode time spent in the model")
+    p.add_argument(
+        "--matmul-precision",
+        default="float32",
+        choices=list(MATMUL_PRECISION),
+        help="float32 matrix products in both backends: true float32 (default; JAX's own GPU default "
+        "is TF32 while torch's is float32, so leaving each at its default compares unlike work) "
+        "or TF32 tensor cores in both. No effect on CPU or on bfloat16 weights",
+    )
+    p.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="after each timed pass, replay its model calls as bare forwards (same count and shapes) "
+        "and report the share of decode time spent in the model",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write all results as JSON here")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     args.decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
     if args.threads:  # read when XLA's CPU client starts, so set before the first JAX computation
         flags = "--xla_cpu_multi_thread_eigen=false" if args.threads == 1 else ""
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags} intra_op_parallelism_threads={args.threads}".strip()
+        os.environ["XLA_FLAGS"] = (
+            f"{os.environ.get('XLA_FLAGS', '')} {flags} intra_op_parallelism_threads={args.threads}".strip()
+        )
     for d in args.decoders:
         decoder_settings(d, args)  # fail early on a bad name or bad settings
 
@@ -373,6 +422,39 @@ def main(argv=None) -> int:
     jax_precision, torch_precision = MATMUL_PRECISION[args.matmul_precision]
     jax.config.update("jax_default_matmul_precision", jax_precision)
     torch.set_float32_matmul_precision(torch_precision)
+    tmp = tempfile.TemporaryDirectory(prefix="random-llada-") if args.random_llada and not args.random_dir else None
+    models = models_to_run(args, None if tmp is None else Path(tmp.name))
+    if not models:
+        print("nothing to benchmark: pass --model, --random-llada, or train the shipped model", file=sys.stderr)
+        return 2
+    report = {"meta": run_meta(args, argv), "models": []}
+    try:
+        for label, path, random_model in models:
+            res = run_model(label, path, args, random_model)
+            report["models"].append(res)
+            print(markdown(table_title(label, res, args), res["results"]), flush=True)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def table_title(label: str, res: dict, args) -> str:
+    m = res["model"]
+    precision = f" (matmuls {args.matmul_precision})" if args.dtype == "float32" else ""  # bf16: n/a
+    return (
+        f"{label}: {m['params'] / 1e6:.1f}M params, {args.dtype}{precision}, "
+        f"gen {args.gen_length}, block {args.block_length}, "
+        f"{res['prompts']} prompts x batch {args.batch}, median of {args.repeats}, "
+        f"torch threads {res['torch_threads']}"
+    )
+
+
+def models_to_run(args, tmp_dir: Path | None) -> list[tuple[str, Path, bool]]:
+    """(label, directory, is random) of each model to compare; the random one is written on first use."""
     from psd_jax.api import DEFAULT_MODEL_DIR
 
     models: list[tuple[str, Path, bool]] = []
@@ -383,51 +465,36 @@ def main(argv=None) -> int:
             models.append(("shipped default model", DEFAULT_MODEL_DIR, False))
         else:
             print("shipped default model not trained yet (models/default has no config.json): skipped", file=sys.stderr)
-    tmp = None
     if args.random_llada:
-        if args.random_dir:
-            rdir = Path(args.random_dir)
-        else:
-            tmp = tempfile.TemporaryDirectory(prefix="random-llada-")
-            rdir = Path(tmp.name)
+        rdir = Path(args.random_dir) if args.random_dir else tmp_dir
         if not (rdir / "config.json").is_file():
             write_random_llada(rdir, args)
-        models.append((f"random LLaDA-shaped ({args.layers} layers, d_model {args.d_model}, vocab {args.vocab})", rdir, True))
-    if not models:
-        print("nothing to benchmark: pass --model, --random-llada, or train the shipped model", file=sys.stderr)
-        return 2
+        models.append(
+            (f"random LLaDA-shaped ({args.layers} layers, d_model {args.d_model}, vocab {args.vocab})", rdir, True)
+        )
+    return models
 
-    meta = {
+
+def run_meta(args, argv) -> dict:
+    import jax
+    import torch
+
+    return {
         "time": time.strftime("%Y-%m-%d %H:%M"),
         "argv": sys.argv[1:] if argv is None else argv,
-        "jax": jax.__version__, "jax_devices": [str(d) for d in jax.devices()],
-        "torch": torch.__version__, "torch_device": args.torch_device or ("cuda" if torch.cuda.is_available() else "cpu"),
-        "cpu_count": os.cpu_count(), "platform": platform.platform(), "threads": args.threads,
-        "xla_flags": os.environ.get("XLA_FLAGS", ""), "matmul_precision": args.matmul_precision,
+        "jax": jax.__version__,
+        "jax_devices": [str(d) for d in jax.devices()],
+        "torch": torch.__version__,
+        "torch_device": args.torch_device or ("cuda" if torch.cuda.is_available() else "cpu"),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "threads": args.threads,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "matmul_precision": args.matmul_precision,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "gen_length": args.gen_length, "block_length": args.block_length,
+        "gen_length": args.gen_length,
+        "block_length": args.block_length,
     }
-    report = {"meta": meta, "models": []}
-    tables = []
-    try:
-        for label, path, random_model in models:
-            res = run_model(label, path, args, random_model)
-            report["models"].append(res)
-            m = res["model"]
-            precision = f" (matmuls {args.matmul_precision})" if args.dtype == "float32" else ""  # bf16: n/a
-            title = (f"{label}: {m['params'] / 1e6:.1f}M params, {args.dtype}{precision}, "
-                     f"gen {args.gen_length}, block {args.block_length}, "
-                     f"{res['prompts']} prompts x batch {args.batch}, median of {args.repeats}, "
-                     f"torch threads {res['torch_threads']}")
-            tables.append(markdown(title, res["results"]))
-            print(tables[-1], flush=True)
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.out}", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

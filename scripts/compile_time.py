@@ -38,10 +38,16 @@ def main(argv=None) -> int:
     from psd_jax.engine import decode
 
     cfg = load_config(MODELS[args.model])
-    decoder = {"fixed": dict(policy="fixed"), "threshold": dict(policy="threshold"),
-               "psd": dict(policy="threshold", decoder="psd"), "rps": dict(policy="threshold", decoder="rps")}
+    decoder = {
+        "fixed": dict(policy="fixed"),
+        "threshold": dict(policy="threshold"),
+        "psd": dict(policy="threshold", decoder="psd"),
+        "rps": dict(policy="threshold", decoder="rps"),
+    }
     dcfg = DecodeConfig(gen_length=args.gen_length, block_length=args.block_length, **decoder[args.decoder])
-    model = nnx.eval_shape(lambda: DiffusionLM(cfg, dtype=jnp.dtype(args.dtype), unroll_layers=args.layout == "unrolled"))
+    model = nnx.eval_shape(
+        lambda: DiffusionLM(cfg, dtype=jnp.dtype(args.dtype), unroll_layers=args.layout == "unrolled")
+    )
     graphdef, state = nnx.split(model)
     params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
     ids = jax.ShapeDtypeStruct((1, args.prompt_length), jnp.int32)
@@ -51,8 +57,10 @@ def main(argv=None) -> int:
     lowered_at = time.perf_counter()
     lowered.compile()
     done = time.perf_counter()
-    print(f"{args.model} {args.layout} {args.decoder} on {jax.default_backend()}: "
-          f"lower {lowered_at - start:.1f} s, compile {done - lowered_at:.1f} s")
+    print(
+        f"{args.model} {args.layout} {args.decoder} on {jax.default_backend()}: "
+        f"lower {lowered_at - start:.1f} s, compile {done - lowered_at:.1f} s"
+    )
     return 0
 
 

@@ -64,7 +64,7 @@ def write_shard(path: Path, tensors: list[tuple[str, tuple[int, ...]]], pool: np
             left, shift = int(np.prod(shape)), (salt * 7919 + i * 104729) % len(pool)
             while left:
                 n = min(left, len(pool) - shift)
-                f.write(pool[shift:shift + n].tobytes())
+                f.write(pool[shift : shift + n].tobytes())
                 left, shift = left - n, 0
     return offset
 
@@ -78,7 +78,9 @@ def make_checkpoint(hf_dir: Path, out: Path, n_layers: int | None) -> dict:
     keys = expected_keys(cfg)
     weight_map = {k: v for k, v in json.loads((hf_dir / INDEX).read_text())["weight_map"].items() if k in keys}
     if set(weight_map) != set(keys):
-        raise SystemExit(f"{hf_dir / INDEX} does not list the key table's tensors: {sorted(set(keys) ^ set(weight_map))[:5]}")
+        raise SystemExit(
+            f"{hf_dir / INDEX} does not list the key table's tensors: {sorted(set(keys) ^ set(weight_map))[:5]}"
+        )
     out.mkdir(parents=True)
     for name in SIDE_FILES:
         if (hf_dir / name).is_file():
@@ -90,7 +92,13 @@ def make_checkpoint(hf_dir: Path, out: Path, n_layers: int | None) -> dict:
         tensors = [(k, keys[k].source_shape) for k in sorted(weight_map) if weight_map[k] == file]
         total += write_shard(out / file, tensors, pool, salt)
     (out / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-    return {"params": cfg.param_count(), "bytes": total, "files": len(files), "tensors": len(keys), "layers": cfg.n_layers}
+    return {
+        "params": cfg.param_count(),
+        "bytes": total,
+        "files": len(files),
+        "tensors": len(keys),
+        "layers": cfg.n_layers,
+    }
 
 
 def _lowest_priority() -> None:
@@ -104,7 +112,9 @@ def run_converter(hf_dir: Path, out: Path) -> dict:
     cmd = [sys.executable, "-m", "convert", "--hf-dir", str(hf_dir), "--out", str(out), "--dtype", "bfloat16"]
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_lowest_priority)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_lowest_priority
+    )
     low = {"min_available": psutil.virtual_memory().available, "killed": False}
 
     def watchdog() -> None:
@@ -140,10 +150,16 @@ def gib(n: int) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--hf-config-dir", type=Path, default=DEFAULT_HF, help="config.json + model.safetensors.index.json")
+    parser.add_argument(
+        "--hf-config-dir", type=Path, default=DEFAULT_HF, help="config.json + model.safetensors.index.json"
+    )
     parser.add_argument("--n-layers", type=int, default=None, help="fewer layers (smoke test); default: the config's")
-    parser.add_argument("--golden", type=Path, default=None, help="also convert this small HF checkpoint, for comparison")
-    parser.add_argument("--workdir", type=Path, default=None, help="where the temporary checkpoint goes (default: $TMPDIR)")
+    parser.add_argument(
+        "--golden", type=Path, default=None, help="also convert this small HF checkpoint, for comparison"
+    )
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="where the temporary checkpoint goes (default: $TMPDIR)"
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     report: dict = {"total_ram_bytes": psutil.virtual_memory().total}
@@ -158,10 +174,14 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     ck, cv = report["checkpoint"], report["convert"]
-    print(f"checkpoint: {ck['params']:,} params, {gib(ck['bytes'])} in {ck['files']} files, {ck['layers']} layers, written in {ck['write_seconds']} s")
-    print(f"convert: rc={cv['returncode']} peak RSS {gib(cv['peak_rss_bytes'])} ({cv['peak_rss_bytes'] / ck['bytes']:.2f}x the checkpoint), "
-          f"{cv['seconds']} s, output {gib(cv['output_bytes'])}, machine RAM {gib(report['total_ram_bytes'])}, "
-          f"lowest available {gib(cv['min_machine_available_bytes'])}{' KILLED (low memory)' if cv['killed_by_watchdog'] else ''}")
+    print(
+        f"checkpoint: {ck['params']:,} params, {gib(ck['bytes'])} in {ck['files']} files, {ck['layers']} layers, written in {ck['write_seconds']} s"
+    )
+    print(
+        f"convert: rc={cv['returncode']} peak RSS {gib(cv['peak_rss_bytes'])} ({cv['peak_rss_bytes'] / ck['bytes']:.2f}x the checkpoint), "
+        f"{cv['seconds']} s, output {gib(cv['output_bytes'])}, machine RAM {gib(report['total_ram_bytes'])}, "
+        f"lowest available {gib(cv['min_machine_available_bytes'])}{' KILLED (low memory)' if cv['killed_by_watchdog'] else ''}"
+    )
     if "golden" in report:
         g = report["golden"]
         print(f"golden {g['source']}: rc={g['returncode']} peak RSS {gib(g['peak_rss_bytes'])}, {g['seconds']} s")

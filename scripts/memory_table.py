@@ -45,9 +45,8 @@ PROMPT = 128
 
 def _leaf_bytes(shape, dtype, sharding) -> int:
     """Bytes of one array on one device under ``sharding`` (the largest shard)."""
-    import numpy as np
-
     import jax
+    import numpy as np
 
     shard = sharding.shard_shape(tuple(shape)) if sharding is not None else tuple(shape)
     if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):  # a PRNG key is its raw key data
@@ -71,11 +70,16 @@ def measure(cfg, mesh, batch: int, gen: int, full_decode: bool) -> dict:
     graphdef, state = nnx.split(nnx.eval_shape(lambda: DiffusionLM(cfg, dtype=jnp.bfloat16)))
     shardings = param_shardings(cfg, mesh)
     params = jax.tree_util.tree_map_with_path(
-        lambda path, x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=shardings[str(getattr(path[0], "key", path[0]))]), state
+        lambda path, x: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=shardings[str(getattr(path[0], "key", path[0]))]
+        ),
+        state,
     )
     rows = batch_sharding(mesh, batch)
     ids = jax.ShapeDtypeStruct((batch, PROMPT), jnp.int32, sharding=rows)
-    key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=NamedSharding(mesh, PartitionSpec()))
+    key = jax.ShapeDtypeStruct(
+        (), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=NamedSharding(mesh, PartitionSpec())
+    )
 
     def init(params, prompt_ids, prompt_mask, key):
         model = nnx.merge(graphdef, params)
@@ -101,17 +105,30 @@ def measure(cfg, mesh, batch: int, gen: int, full_decode: bool) -> dict:
         "kv_spec": str(out_shardings.cache[0].spec),
         "state": sum(_leaf_bytes(a.shape, a.dtype, s) for a, s in zip(state_leaves, state_shard)),
         "activations": mem.temp_size_in_bytes,
-        "xla_init": {"argument": mem.argument_size_in_bytes, "output": mem.output_size_in_bytes,
-                     "temp": mem.temp_size_in_bytes, "alias": mem.alias_size_in_bytes, "compile_s": round(seconds, 1)},
+        "xla_init": {
+            "argument": mem.argument_size_in_bytes,
+            "output": mem.output_size_in_bytes,
+            "temp": mem.temp_size_in_bytes,
+            "alias": mem.alias_size_in_bytes,
+            "compile_s": round(seconds, 1),
+        },
         # f32 logits of one full forward over the whole canvas, split over the vocabulary
-        "logits_f32": 4 * batch * (PROMPT + gen) * cfg.vocab_size // (mesh.shape["model"] if cfg.vocab_size % mesh.shape["model"] == 0 else 1),
+        "logits_f32": 4
+        * batch
+        * (PROMPT + gen)
+        * cfg.vocab_size
+        // (mesh.shape["model"] if cfg.vocab_size % mesh.shape["model"] == 0 else 1),
     }
     if full_decode:
         start = time.perf_counter()
         whole = decode.lower(graphdef, params, ids, ids, key, mcfg=cfg, dcfg=dcfg).compile().memory_analysis()
-        out["xla_decode"] = {"argument": whole.argument_size_in_bytes, "output": whole.output_size_in_bytes,
-                             "temp": whole.temp_size_in_bytes, "alias": whole.alias_size_in_bytes,
-                             "compile_s": round(time.perf_counter() - start, 1)}
+        out["xla_decode"] = {
+            "argument": whole.argument_size_in_bytes,
+            "output": whole.output_size_in_bytes,
+            "temp": whole.temp_size_in_bytes,
+            "alias": whole.alias_size_in_bytes,
+            "compile_s": round(time.perf_counter() - start, 1),
+        }
     return out
 
 
@@ -130,7 +147,15 @@ def worker(batches: list[int], gens: list[int], full_decode: bool) -> list[dict]
             for batch in batches:
                 for gen in gens:
                     last = batch == max(batches) and gen == max(gens)
-                    row = {"model": model, "target": target, "mesh": spec, "hbm": hbm, "batch": batch, "prompt": PROMPT, "gen": gen}
+                    row = {
+                        "model": model,
+                        "target": target,
+                        "mesh": spec,
+                        "hbm": hbm,
+                        "batch": batch,
+                        "prompt": PROMPT,
+                        "gen": gen,
+                    }
                     row.update(measure(cfg, mesh, batch, gen, full_decode and last))
                     row["total"] = row["params"] + row["kv_cache"] + row["state"] + row["activations"]
                     row["fits"] = row["total"] <= hbm
@@ -145,7 +170,7 @@ def gib(n: int) -> str:
 
 def markdown(rows: list[dict]) -> str:
     lines = [
-        f"Per-device memory, bfloat16 weights, prompt {PROMPT} tokens, `cache=\"dual\"`, plain decoder (K = 1), GiB.",
+        f'Per-device memory, bfloat16 weights, prompt {PROMPT} tokens, `cache="dual"`, plain decoder (K = 1), GiB.',
         "Params, KV cache and state: exact from shapes and shardings. Activations: XLA:CPU `temp_size_in_bytes` "
         "of the block-start full forward (a proxy for TPU/GPU).",
         "",
@@ -159,13 +184,19 @@ def markdown(rows: list[dict]) -> str:
         )
     whole = [r for r in rows if "xla_decode" in r]
     if whole:
-        lines += ["", "Whole jitted `engine.decode` loop (XLA:CPU memory analysis), GiB per device:", "",
-                  "| model | target | batch | gen | arguments | temp | output | arguments + temp + output | table total |",
-                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [
+            "",
+            "Whole jitted `engine.decode` loop (XLA:CPU memory analysis), GiB per device:",
+            "",
+            "| model | target | batch | gen | arguments | temp | output | arguments + temp + output | table total |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
         for r in whole:
             d = r["xla_decode"]
-            lines.append(f"| {r['model']} | {r['target']} | {r['batch']} | {r['gen']} | {gib(d['argument'])} | {gib(d['temp'])} | "
-                         f"{gib(d['output'])} | {gib(d['argument'] + d['temp'] + d['output'])} | {gib(r['total'])} |")
+            lines.append(
+                f"| {r['model']} | {r['target']} | {r['batch']} | {r['gen']} | {gib(d['argument'])} | {gib(d['temp'])} | "
+                f"{gib(d['output'])} | {gib(d['argument'] + d['temp'] + d['output'])} | {gib(r['total'])} |"
+            )
     return "\n".join(lines)
 
 
@@ -174,15 +205,21 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--gens", default="256,1024")
-    parser.add_argument("--decode", action="store_true", help="also compile the whole decode loop at the largest batch/gen")
+    parser.add_argument(
+        "--decode", action="store_true", help="also compile the whole decode loop at the largest batch/gen"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     batches, gens = [int(b) for b in args.batches.split(",")], [int(g) for g in args.gens.split(",")]
     if args.worker:
         print(json.dumps(worker(batches, gens, args.decode)))
         return 0
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-    cmd = [sys.executable, __file__, "--worker", "--batches", args.batches, "--gens", args.gens] + (["--decode"] if args.decode else [])
+    env = dict(
+        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO)
+    )
+    cmd = [sys.executable, __file__, "--worker", "--batches", args.batches, "--gens", args.gens] + (
+        ["--decode"] if args.decode else []
+    )
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
     if proc.returncode:
         return proc.returncode

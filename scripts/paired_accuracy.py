@@ -26,8 +26,10 @@ def main() -> None:
     runs = [json.loads(path.read_text()) for path in (args.a, args.b)]
     (a_meta, b_meta) = (run["meta"] for run in runs)
     if a_meta["n"] != b_meta["n"]:
-        sys.exit(f"error: the runs scored different problem counts: {a_meta['data']} ({a_meta['n']}) "
-                 f"and {b_meta['data']} ({b_meta['n']})")
+        sys.exit(
+            f"error: the runs scored different problem counts: {a_meta['data']} ({a_meta['n']}) "
+            f"and {b_meta['data']} ({b_meta['n']})"
+        )
     if Path(a_meta["data"]).name != Path(b_meta["data"]).name:
         print(f"warning: different data files {a_meta['data']} and {b_meta['data']}: is problem i the same in both?")
     a_rows, b_rows = ({r["name"]: r for r in run["results"]} for run in runs)
@@ -39,8 +41,10 @@ def main() -> None:
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in (n for n in a_rows if n in b_rows):
         p = paired_difference(a_rows[name]["correct_by_problem"], b_rows[name]["correct_by_problem"])
-        print(f"| {name} | {100 * p['accuracy_a']:.1f}% | {100 * p['accuracy_b']:.1f}% | "
-              f"{100 * p['difference']:+.1f} | {100 * p['standard_error']:.1f} | {p['only_a']} | {p['only_b']} |")
+        print(
+            f"| {name} | {100 * p['accuracy_a']:.1f}% | {100 * p['accuracy_b']:.1f}% | "
+            f"{100 * p['difference']:+.1f} | {100 * p['standard_error']:.1f} | {p['only_a']} | {p['only_b']} |"
+        )
 
 
 if __name__ == "__main__":

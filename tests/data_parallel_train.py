@@ -17,8 +17,21 @@ from flax import nnx
 from models import DiffusionLM, ModelConfig
 from scripts.default_model import train as train_default
 
-CFG = ModelConfig(family="llada", vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, mlp_hidden=64,
-                  rope_theta=10000.0, norm_eps=1e-5, max_length=64, mask_id=62, eos_id=63, pad_id=63)
+CFG = ModelConfig(
+    family="llada",
+    vocab_size=64,
+    d_model=32,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=4,
+    mlp_hidden=64,
+    rope_theta=10000.0,
+    norm_eps=1e-5,
+    max_length=64,
+    mask_id=62,
+    eos_id=63,
+    pad_id=63,
+)
 GEN, PROMPT, BATCH, STEPS = 16, 8, 8, 3
 
 
@@ -44,8 +57,17 @@ def main() -> None:
     single_losses, single = run(False)
     sharded_losses, sharded = run(True)
     diffs = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), single, sharded))
-    print(json.dumps({"devices": len(jax.devices()), "single": single_losses, "sharded": sharded_losses,
-                      "max_param_diff": max(diffs), "batch_sharding": put_batch_sharding()}))
+    print(
+        json.dumps(
+            {
+                "devices": len(jax.devices()),
+                "single": single_losses,
+                "sharded": sharded_losses,
+                "max_param_diff": max(diffs),
+                "batch_sharding": put_batch_sharding(),
+            }
+        )
+    )
 
 
 def put_batch_sharding() -> dict:
@@ -54,8 +76,12 @@ def put_batch_sharding() -> dict:
     put_batch, _, _ = train_default.data_parallel(True, {}, {}, (BATCH,))
     (batch,) = put_batch((np.zeros((BATCH, 4), np.int32),))
     (uneven,) = put_batch((np.zeros((BATCH - 1, 4), np.int32),))
-    return {"spec": list(batch.sharding.spec), "devices": len(batch.sharding.device_set), "rows": batch.shape[0],
-            "uneven_rows": uneven.shape[0]}
+    return {
+        "spec": list(batch.sharding.spec),
+        "devices": len(batch.sharding.device_set),
+        "rows": batch.shape[0],
+        "uneven_rows": uneven.shape[0],
+    }
 
 
 if __name__ == "__main__":

@@ -46,8 +46,8 @@ class Driver:
         ids = np.full((self.batch, self.prompt_length), self.lm.config.pad_id, np.int32)
         mask = np.zeros_like(ids)
         for r, p in enumerate(prompt_rows):
-            ids[r, self.prompt_length - len(p):] = p
-            mask[r, self.prompt_length - len(p):] = 1
+            ids[r, self.prompt_length - len(p) :] = p
+            mask[r, self.prompt_length - len(p) :] = 1
         full = np.concatenate([mask, np.ones((self.batch, self.dcfg.gen_length), np.int32)], axis=1)
         return jnp.asarray(ids), jnp.asarray(full)
 

@@ -41,11 +41,15 @@ def main(ckpt: str) -> None:
     for mesh in MESHES:
         lm = load_model(ckpt, mesh=mesh)
         # Parameter names (a path's last key: the same in the stacked and the unrolled layout).
-        split = sorted({path[-1] for path, param in lm.params.flat_state() if not param[...].sharding.is_fully_replicated})
+        split = sorted(
+            {path[-1] for path, param in lm.params.flat_state() if not param[...].sharding.is_fully_replicated}
+        )
         out["meshes"][mesh] = {"split_params": split}
         for name, settings in {**DECODERS, **CACHED}.items():
             start = time.perf_counter()
-            out["meshes"][mesh][name] = [[r.output_ids, r.nfe] for r in lm.generate(PROMPTS, settings, prompt_bucket=16)]
+            out["meshes"][mesh][name] = [
+                [r.output_ids, r.nfe] for r in lm.generate(PROMPTS, settings, prompt_bucket=16)
+            ]
             print(f"{mesh} {name}: {time.perf_counter() - start:.1f}s", file=sys.stderr)
     print(json.dumps(out))
 

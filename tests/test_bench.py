@@ -7,8 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from psd_jax import bench
-from psd_jax import DecodeConfig
+from psd_jax import DecodeConfig, bench
 from psd_jax.api import InputError, load_model, model_settings
 from psd_jax.scoring import is_correct, load_jsonl
 
@@ -38,7 +37,9 @@ def test_bench_counts_match_a_direct_generate_call(run):
     lm = load_model()
     examples = load_jsonl(lm.path / "test.jsonl")[:6]
     settings = bench.decoder_matrix(model_settings(lm.path, {"cache": "dual"}))["psd-fixed-4-d3"]
-    results = [r for i in (0, 3) for r in lm.generate([e["question"] for e in examples[i:i + 3]], settings, chat=True)]
+    results = [
+        r for i in (0, 3) for r in lm.generate([e["question"] for e in examples[i : i + 3]], settings, chat=True)
+    ]
     row = rows["psd-fixed-4-d3"]
     assert row["n"] == 6
     assert row["accuracy"] == sum(is_correct(r.text, e) for r, e in zip(results, examples)) / 6

@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from conftest import GOLDENS
+from models.transformer import default_positions
 from psd_jax import DecodeConfig, DecodeConfigError
-from psd_jax.engine import decode, decode_python_loop
 from psd_jax.api import model_settings
+from psd_jax.engine import decode, decode_python_loop
 from psd_jax.flags import decode_fields
 from psd_jax.generate import build_parser
-from models.transformer import default_positions
+
+from conftest import GOLDENS
 
 FUNCTIONS = {"none": "generate", "prefix": "generate_with_prefix_cache", "dual": "generate_with_dual_cache"}
 PROMPTS = [[474, 488, 482, 450, 262, 258, 71, 195, 146, 187, 330, 492], [280, 242, 425, 15, 2, 138, 188]]
@@ -39,7 +40,7 @@ def test_fast_dllm_cache_goldens(lms, cache_cases, cache, thr):
     settings = DecodeConfig(gen_length=48, block_length=16, cache=cache, **_policy(thr))
     out = lms["llada-tiny"].generate(prompts, settings, prompt_bucket=32)
     for k, prompt, row in zip(pre, prompts, out):
-        assert row.output_ids == cache_cases[k + "output"][0, len(prompt):].tolist()
+        assert row.output_ids == cache_cases[k + "output"][0, len(prompt) :].tolist()
         assert row.nfe == int(cache_cases[k + "nfe"])
 
 
@@ -50,11 +51,15 @@ def test_fast_dllm_cache_goldens(lms, cache_cases, cache, thr):
         ("dream-tiny", DecodeConfig(gen_length=32, block_length=8, steps=16, policy="fixed", cache="prefix")),
         (
             "llada-tiny-gqa",
-            DecodeConfig(gen_length=32, block_length=8, policy="threshold", threshold=0.7, decoder="psd", depth=2, cache="dual"),
+            DecodeConfig(
+                gen_length=32, block_length=8, policy="threshold", threshold=0.7, decoder="psd", depth=2, cache="dual"
+            ),
         ),
         (
             "llada-tiny",
-            DecodeConfig(gen_length=32, block_length=16, policy="factor", decoder="rps", k_max=4, pivot_tau=0.5, cache="dual"),
+            DecodeConfig(
+                gen_length=32, block_length=16, policy="factor", decoder="rps", k_max=4, pivot_tau=0.5, cache="dual"
+            ),
         ),
     ],
     ids=["dream-dual", "dream-prefix", "gqa-psd-dual", "rps-dual"],
@@ -90,7 +95,14 @@ def test_rps_prefix_and_dual_run(lms):
     lm = lms["llada-tiny-gqa"]
     for cache in ("prefix", "dual"):
         settings = DecodeConfig(
-            gen_length=32, block_length=16, policy="threshold", threshold=0.7, decoder="rps", k_max=4, pivot_tau=0.5, cache=cache
+            gen_length=32,
+            block_length=16,
+            policy="threshold",
+            threshold=0.7,
+            decoder="rps",
+            k_max=4,
+            pivot_tau=0.5,
+            cache=cache,
         )
         out = lm.generate(PROMPTS, settings, prompt_bucket=16)
         for row in out:
@@ -106,7 +118,7 @@ def test_cached_while_loop_equals_python_loop(lms):
     ids = np.full((2, 16), lm.config.pad_id, np.int32)
     mask = np.zeros_like(ids)
     for r, p in enumerate(PROMPTS):
-        ids[r, 16 - len(p):], mask[r, 16 - len(p):] = p, 1
+        ids[r, 16 - len(p) :], mask[r, 16 - len(p) :] = p, 1
     ids, mask, key = jnp.asarray(ids), jnp.asarray(mask), jax.random.key(0)
     compiled = decode(lm.graphdef, lm.params, ids, mask, key, mcfg=lm.config, dcfg=settings)
     oracle = decode_python_loop(lm.model, ids, mask, key, mcfg=lm.config, dcfg=settings)

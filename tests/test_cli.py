@@ -9,13 +9,14 @@ import math
 
 import pytest
 
-from conftest import GOLDENS
 from psd_jax import DecodeConfig, DecodeConfigError, InputError, bench, load_model
 from psd_jax.api import default_model_path, model_settings
 from psd_jax.config import FIELD_HELP, RECOMMENDED, USED_ONLY_WITH, settings_from
 from psd_jax.flags import decode_fields, flag_name
 from psd_jax.generate import build_parser
 from psd_jax.generate import main as generate_main
+
+from conftest import GOLDENS
 
 TINY = ["--model", str(GOLDENS / "llada-tiny"), "--prompt-ids", "1,2,3"]
 
@@ -81,12 +82,32 @@ def test_a_setting_the_decoder_would_ignore_is_refused(kwargs, field, needs):
 
 def test_every_used_only_setting_is_accepted_where_it_is_used():
     """The refusal table is not over-strict: each setting is accepted by a config that reads it."""
-    users = {"steps": {}, "threshold": {"policy": "threshold"}, "factor": {"policy": "factor"},
-             "dream_eps": {"policy": "dream"}, "depth": {"decoder": "psd"}, "acceptance": {"decoder": "psd"},
-             "draft_rate": {"decoder": "psd", "policy": "threshold"}, "k_max": {"decoder": "rps"},
-             "ratio": {"decoder": "rps"}, "pivot_tau": {"decoder": "rps"}, "lam": {"decoder": "rps"}}
-    values = {"steps": 64, "threshold": 0.7, "factor": 2.0, "dream_eps": 0.01, "depth": 5, "acceptance": "strict",
-              "draft_rate": 2, "k_max": 4, "ratio": 0.5, "pivot_tau": 0.5, "lam": 0.5}
+    users = {
+        "steps": {},
+        "threshold": {"policy": "threshold"},
+        "factor": {"policy": "factor"},
+        "dream_eps": {"policy": "dream"},
+        "depth": {"decoder": "psd"},
+        "acceptance": {"decoder": "psd"},
+        "draft_rate": {"decoder": "psd", "policy": "threshold"},
+        "k_max": {"decoder": "rps"},
+        "ratio": {"decoder": "rps"},
+        "pivot_tau": {"decoder": "rps"},
+        "lam": {"decoder": "rps"},
+    }
+    values = {
+        "steps": 64,
+        "threshold": 0.7,
+        "factor": 2.0,
+        "dream_eps": 0.01,
+        "depth": 5,
+        "acceptance": "strict",
+        "draft_rate": 2,
+        "k_max": 4,
+        "ratio": 0.5,
+        "pivot_tau": 0.5,
+        "lam": 0.5,
+    }
     assert set(users) == set(USED_ONLY_WITH)
     for name, context in users.items():
         assert getattr(DecodeConfig(**context, **{name: values[name]}), name) == values[name]
@@ -120,7 +141,8 @@ def test_cli_flags_are_the_config_fields():
     args = parser.parse_args(["--k-max", "4", "--decoder", "rps", "--no-eos-early-stop", "--pivot-tau", "0.5"])
     assert decode_fields(args) == {"k_max": 4, "decoder": "rps", "eos_early_stop": False, "pivot_tau": 0.5}
     assert model_settings(GOLDENS / "llada-tiny", decode_fields(args)) == DecodeConfig(
-        block_length=32, decoder="rps", k_max=4, pivot_tau=0.5, eos_early_stop=False)
+        block_length=32, decoder="rps", k_max=4, pivot_tau=0.5, eos_early_stop=False
+    )
 
 
 def test_model_directory_defaults_apply_under_the_flags():

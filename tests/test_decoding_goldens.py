@@ -20,7 +20,9 @@ def test_llada_generate_batch_with_padding(lms, cases, steps):
     pre = f"llada-tiny.generate_s{steps}."
     assert int(cases[pre + "gen_length"]) == 48 and int(cases[pre + "block_length"]) == 16
     settings = DecodeConfig(gen_length=48, block_length=16, steps=steps, policy="fixed", confidence="prob")
-    out = lms["llada-tiny"].generate(_rows(cases[pre + "prompt"], cases[pre + "attention_mask"]), settings, prompt_bucket=None)
+    out = lms["llada-tiny"].generate(
+        _rows(cases[pre + "prompt"], cases[pre + "attention_mask"]), settings, prompt_bucket=None
+    )
     expected = cases[pre + "output"][:, 20:]
     np.testing.assert_array_equal(np.array([r.output_ids for r in out]), expected)
     assert [r.nfe for r in out] == [steps, steps]
@@ -36,7 +38,9 @@ def test_fast_dllm_threshold(lms, cases, threshold, row):
     assert out.nfe == int(cases[pre + "nfe"])
 
 
-@pytest.mark.parametrize("alg, confidence", [("maskgit_plus", "prob"), ("topk_margin", "margin"), ("entropy", "entropy")])
+@pytest.mark.parametrize(
+    "alg, confidence", [("maskgit_plus", "prob"), ("topk_margin", "margin"), ("entropy", "entropy")]
+)
 @pytest.mark.parametrize("steps", [32, 8])
 def test_dream_diffusion_generate(lms, cases, alg, confidence, steps):
     pre = f"dream-tiny.generate_{alg}_s{steps}."
@@ -51,5 +55,7 @@ def test_prompt_bucketing_keeps_llada_tokens(lms, cases):
     """Left padding to a bucket keeps RoPE's relative positions, so tokens stay the same."""
     pre = "llada-tiny.generate_s24."
     settings = DecodeConfig(gen_length=48, block_length=16, steps=24)
-    out = lms["llada-tiny"].generate(_rows(cases[pre + "prompt"], cases[pre + "attention_mask"]), settings, prompt_bucket=32)
+    out = lms["llada-tiny"].generate(
+        _rows(cases[pre + "prompt"], cases[pre + "attention_mask"]), settings, prompt_bucket=32
+    )
     np.testing.assert_array_equal(np.array([r.output_ids for r in out]), cases[pre + "output"][:, 20:])

@@ -34,7 +34,7 @@ def test_checkpoint_is_llada_layout_and_small():
     raw = json.loads((DEFAULT / "config.json").read_text())
     assert cfg.family == "llada" and raw["model_type"] == "llada"
     with safe_open(str(DEFAULT / "model.safetensors"), "np") as f:
-        shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+        shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
     check_key_set(cfg, shapes, str(DEFAULT))  # raises, naming any missing/extra/misshaped tensor
     assert set(shapes) == set(expected_keys(cfg))
     assert (DEFAULT / "model.safetensors").stat().st_size <= MAX_CHECKPOINT_BYTES
@@ -57,7 +57,10 @@ def test_cli_without_arguments_compares_the_recommended_decoder_with_one_token_p
     shown = right[0].index(True)
     assert out[0] == f"Question {shown + 1} of {DEMO_PROBLEMS}:  {questions[shown]}"
     answer_lines = runs[0][shown].text.strip().splitlines()
-    assert out[1] == "Answer:    " + answer_lines[0] and [o.strip() for o in out[2:1 + len(answer_lines)]] == answer_lines[1:]
+    assert (
+        out[1] == "Answer:    " + answer_lines[0]
+        and [o.strip() for o in out[2 : 1 + len(answer_lines)]] == answer_lines[1:]
+    )
     assert out[1 + len(answer_lines)] == f"Reference: {gold_answer(examples[shown])}  ->  right"
     rows = [line for line in out if line.startswith(("psd, threshold 0.9, depth 3, dual cache", "one token per step"))]
     assert len(rows) == 2

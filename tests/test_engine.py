@@ -9,12 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import GOLDENS
 from psd_jax import DecodeConfig, DecodeConfigError, InputError, load_model
 from psd_jax.api import LoadedModel
 from psd_jax.engine import TRACE_COUNT, decode, decode_python_loop
 from psd_jax.generate import main as cli_main
 from psd_jax.predict import predict
+
+from conftest import GOLDENS
 
 PROMPTS = [[474, 488, 482, 450, 262, 258, 71, 195, 146, 187, 330, 492], [280, 242, 425, 15, 2, 138, 188]]
 
@@ -23,8 +24,8 @@ def _padded(lm, prompts, length):
     ids = np.full((len(prompts), length), lm.config.pad_id, np.int32)
     mask = np.zeros_like(ids)
     for r, p in enumerate(prompts):
-        ids[r, length - len(p):] = p
-        mask[r, length - len(p):] = 1
+        ids[r, length - len(p) :] = p
+        mask[r, length - len(p) :] = 1
     return jnp.asarray(ids), jnp.asarray(mask)
 
 
@@ -65,7 +66,9 @@ def test_same_bucket_prompt_does_not_recompile(lms):
 @pytest.mark.parametrize("policy", ["fixed", "threshold"])
 def test_rows_decode_independently(lms, policy):
     lm = lms["llada-tiny"]
-    settings = DecodeConfig(gen_length=32, block_length=16, policy=policy, **({"threshold": 0.7} if policy == "threshold" else {}))
+    settings = DecodeConfig(
+        gen_length=32, block_length=16, policy=policy, **({"threshold": 0.7} if policy == "threshold" else {})
+    )
     batch = lm.generate(PROMPTS, settings, prompt_bucket=16)
     for prompt, row in zip(PROMPTS, batch):
         (alone,) = lm.generate([prompt], settings, prompt_bucket=16)
@@ -105,7 +108,10 @@ def test_mask_token_is_never_committed(lms):
     boosted.params["lm_head"].set_value(head.at[:, lm.config.mask_id].set(2.0 * head[:, 62]))
     canvas = [PROMPTS[0] + [lm.config.mask_id] * 16]
     assert (np.asarray(boosted.logits(canvas)).argmax(-1) == lm.config.mask_id).sum() >= 4
-    for settings in [DecodeConfig(gen_length=16, block_length=16), DecodeConfig(gen_length=16, block_length=16, policy="threshold", decoder="psd")]:
+    for settings in [
+        DecodeConfig(gen_length=16, block_length=16),
+        DecodeConfig(gen_length=16, block_length=16, policy="threshold", decoder="psd"),
+    ]:
         (out,) = boosted.generate([PROMPTS[0]], settings)
         assert lm.config.mask_id not in out.output_ids
 
@@ -205,8 +211,25 @@ def test_chat_without_template_is_an_error():
 
 
 def test_cli_json_output(capsys):
-    args = ["--model", str(GOLDENS / "llada-tiny"), "--prompt-ids", "1,2,3", "--prompt-ids", "4,5", "--gen-length", "32",
-            "--block-length", "16", "--policy", "threshold", "--decoder", "psd", "--depth", "2", "--json"]
+    args = [
+        "--model",
+        str(GOLDENS / "llada-tiny"),
+        "--prompt-ids",
+        "1,2,3",
+        "--prompt-ids",
+        "4,5",
+        "--gen-length",
+        "32",
+        "--block-length",
+        "16",
+        "--policy",
+        "threshold",
+        "--decoder",
+        "psd",
+        "--depth",
+        "2",
+        "--json",
+    ]
     assert cli_main(args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2

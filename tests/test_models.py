@@ -14,7 +14,6 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from conftest import GOLDENS, HF_CONFIGS
 from convert import CheckpointError, expected_keys, load_hf_model
 from convert.__main__ import main as convert_main
 from models import ConfigError, DiffusionLM, config_from_dict, param_shapes
@@ -29,6 +28,8 @@ from models.transformer import (
     swiglu,
 )
 from psd_jax import load_model
+
+from conftest import GOLDENS, HF_CONFIGS
 
 LOGIT_ATOL = 1e-4  # float32 parity with upstream PyTorch
 
@@ -118,7 +119,7 @@ def _torch_inv_freq(torch, head_dim: int, theta: float, elementwise: bool = Fals
     if elementwise:
         power = torch.cat([theta ** exponent[i : i + 1] for i in range(len(exponent))])
     else:
-        power = theta ** exponent
+        power = theta**exponent
     return (1.0 / power).numpy()
 
 
@@ -264,8 +265,10 @@ def test_reader_returns_bf16_and_f32_tensors_exactly(tmp_path):
 
     a = np.arange(-6, 6, dtype=np.float32).reshape(3, 4) / 4  # exactly representable in bf16
     b = np.linspace(0, 1, 5, dtype=np.float32)
-    header = {"a": {"dtype": "BF16", "shape": [3, 4], "data_offsets": [0, 24]},
-              "b": {"dtype": "F32", "shape": [5], "data_offsets": [24, 44]}}
+    header = {
+        "a": {"dtype": "BF16", "shape": [3, 4], "data_offsets": [0, 24]},
+        "b": {"dtype": "F32", "shape": [5], "data_offsets": [24, 44]},
+    }
     raw = json.dumps(header).encode()
     with open(tmp_path / "model.safetensors", "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw + a.astype(ml_dtypes.bfloat16).tobytes() + b.tobytes())
@@ -309,7 +312,10 @@ def test_wrong_shape_is_named(tmp_path):
     tensors["model.transformer.blocks.0.k_proj.weight"] = tensors["model.transformer.blocks.0.k_proj.weight"].T.copy()
     tensors["model.transformer.blocks.0.k_proj.weight"] = np.zeros((64, 32), np.float32)
     save_file(tensors, str(d / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"'model\.transformer\.blocks\.0\.k_proj\.weight' has shape \(64, 32\), expected \(64, 64\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"'model\.transformer\.blocks\.0\.k_proj\.weight' has shape \(64, 32\), expected \(64, 64\)",
+    ):
         load_hf_model(d)
 
 
@@ -344,7 +350,9 @@ def test_truncated_file_is_named(tmp_path):
     path = d / "model.safetensors"
     data = path.read_bytes()
     path.write_bytes(data[: len(data) - 1000])
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: truncated safetensors file: tensor '.*' needs bytes"):
+    with pytest.raises(
+        CheckpointError, match=r"model\.safetensors: truncated safetensors file: tensor '.*' needs bytes"
+    ):
         load_hf_model(d)
     path.write_bytes(data[:5])
     with pytest.raises(CheckpointError, match=r"truncated safetensors file \(5 bytes, no header\)"):
@@ -367,7 +375,9 @@ def test_unknown_model_type_is_named(tmp_path):
 def test_missing_weights_file_is_named(tmp_path):
     d = _copy_ckpt(tmp_path)
     (d / "model.safetensors").unlink()
-    with pytest.raises(CheckpointError, match="neither a Hugging Face safetensors directory nor a converted checkpoint"):
+    with pytest.raises(
+        CheckpointError, match="neither a Hugging Face safetensors directory nor a converted checkpoint"
+    ):
         load_model(d)
 
 
@@ -378,7 +388,10 @@ def test_dream_real_tokenizer_encodes_and_applies_chat_template():
     ids = tok("Hello world", add_special_tokens=False)["input_ids"]
     assert tok.decode(ids) == "Hello world" and len(ids) == 2
     text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False)
-    assert text == "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        text
+        == "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
     cfg = config_from_dict(json.loads((HF_CONFIGS / "Dream-v0-Instruct-7B" / "config.json").read_text()))
     assert tok.convert_ids_to_tokens(cfg.mask_id) == "<|mask|>"
     resolved = resolve_special_ids(cfg, tok, "dream")
@@ -406,11 +419,21 @@ def test_unrolled_layers_equal_scanned_layers(name):
     for a, b in zip(*outs):  # logits, keys [L, ...], values [L, ...]
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=LOGIT_ATOL)
     _, keys, values = outs[0]
-    window = (tokens[:, None, 8:16], jnp.broadcast_to(jnp.arange(8, 16), (2, 1, 8)), keys, values,
-              jnp.ones((2, 24), bool).at[:, 8:16].set(False), jnp.ones((2, 8), bool), 8)
-    np.testing.assert_allclose(np.asarray(scanned.model.window(*window)), np.asarray(unrolled.model.window(*window)),
-                               rtol=0, atol=LOGIT_ATOL)
-    settings = DecodeConfig(gen_length=32, block_length=8, policy="threshold", threshold=0.7, decoder="psd", depth=3, cache="dual")
+    window = (
+        tokens[:, None, 8:16],
+        jnp.broadcast_to(jnp.arange(8, 16), (2, 1, 8)),
+        keys,
+        values,
+        jnp.ones((2, 24), bool).at[:, 8:16].set(False),
+        jnp.ones((2, 8), bool),
+        8,
+    )
+    np.testing.assert_allclose(
+        np.asarray(scanned.model.window(*window)), np.asarray(unrolled.model.window(*window)), rtol=0, atol=LOGIT_ATOL
+    )
+    settings = DecodeConfig(
+        gen_length=32, block_length=8, policy="threshold", threshold=0.7, decoder="psd", depth=3, cache="dual"
+    )
     prompts = [[5, 9, 31, 7], [12, 4, 4, 8, 100, 3]]
     a, b = scanned.generate(prompts, settings), unrolled.generate(prompts, settings)
     assert [(g.output_ids, g.nfe) for g in a] == [(g.output_ids, g.nfe) for g in b]

@@ -27,6 +27,7 @@ from safetensors.numpy import load_file
 import psd_jax
 from psd_jax import DecodeConfig
 from psd_jax.decoders import forward_sizes
+
 from decode_driver import Driver, unpad
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -43,7 +44,11 @@ BASES = {
     "fixed": ("llada-tiny", "generate_s48", DecodeConfig(**LLADA, policy="fixed")),
     "fixed-s24": ("llada-tiny", "generate_s24", DecodeConfig(**LLADA, steps=24, policy="fixed")),
     "threshold": ("llada-tiny", "threshold_0.9", DecodeConfig(**LLADA, policy="threshold", threshold=0.9)),
-    "dream": ("dream-tiny", "generate_maskgit_plus_s32", DecodeConfig(**DREAM, policy="dream", confidence="maskgit_plus")),
+    "dream": (
+        "dream-tiny",
+        "generate_maskgit_plus_s32",
+        DecodeConfig(**DREAM, policy="dream", confidence="maskgit_plus"),
+    ),
 }
 # (base, depth) pairs for the strict check: several depths, and 1 and 2 tokens per step for `fixed`.
 STRICT = [("fixed", 1), ("fixed-s24", 5), ("threshold", 3), ("threshold", 5)]
@@ -71,12 +76,12 @@ def golden(cases):
         if case.startswith("threshold"):
             rows = [f"{name}.{case}_row{r}" for r in (0, 1)]
             prompts = [unpad(cases[f"{r}.prompt"][0]) for r in rows]
-            outputs = [cases[f"{r}.output"][0, -settings.gen_length:].tolist() for r in rows]
+            outputs = [cases[f"{r}.output"][0, -settings.gen_length :].tolist() for r in rows]
             nfe = [int(cases[f"{r}.nfe"]) for r in rows]
         else:
             key = f"{name}.{case}"
             prompts = [unpad(p, m) for p, m in zip(cases[f"{key}.prompt"], cases[f"{key}.attention_mask"])]
-            outputs = [o[-settings.gen_length:].tolist() for o in cases[f"{key}.output"]]
+            outputs = [o[-settings.gen_length :].tolist() for o in cases[f"{key}.output"]]
             nfe = [settings.total_steps] * len(prompts)  # upstream: one model call per step
         return name, prompts, settings, outputs, nfe
 
@@ -179,7 +184,7 @@ def test_strict_acceptance_is_lossless(run, golden, policy):
 def test_strict_is_stronger_than_tokens_acceptance(traj, golden, prompts):
     """Plain token acceptance does change these outputs, so the strict check is not vacuous."""
     _, rows, settings, outputs, _ = golden("threshold")
-    final = np.asarray(traj[0][-1].canvas)[:, -settings.gen_length:]
+    final = np.asarray(traj[0][-1].canvas)[:, -settings.gen_length :]
     assert prompts[:2] == rows
     assert any(final[r].tolist() != outputs[r] for r in range(2))
 
@@ -197,7 +202,7 @@ def test_batched_verification_equals_one_forward_per_depth(driver, traj):
         candidates = proposal.candidates
         assert candidates.shape == (driver.batch, d + 1, driver.loop.total_length)
         for depth in range(d + 1):
-            single = driver.call(candidates[:, depth:depth + 1], mask)
+            single = driver.call(candidates[:, depth : depth + 1], mask)
             np.testing.assert_array_equal(np.asarray(batched.token[:, depth]), np.asarray(single.token[:, 0]))
             np.testing.assert_allclose(np.asarray(batched.conf[:, depth]), np.asarray(single.conf[:, 0]), atol=1e-5)
         # States where every level adds positions: all D + 1 candidates really differ.
@@ -210,7 +215,7 @@ def test_batched_verification_equals_one_forward_per_depth(driver, traj):
 
 def _final(states, settings):
     last = states[-1]
-    canvas = np.asarray(last.canvas)[:, -settings.gen_length:]
+    canvas = np.asarray(last.canvas)[:, -settings.gen_length :]
     hist = np.asarray(last.stats["accepted_depth"])
     return canvas, np.asarray(last.row_nfe), hist
 
@@ -224,7 +229,10 @@ def test_rows_with_different_depths_decode_as_alone(driver, traj, prompts):
     canvas, nfe, hist = _final(traj[0], TRAJ)
     assert len({tuple(h) for h in hist}) == len(prompts), f"rows accepted the same depths {hist.tolist()}"
     # Iteration by iteration, the rows really accepted different depths at the same time.
-    deltas = [np.asarray(a.stats["accepted_depth"]) - np.asarray(b.stats["accepted_depth"]) for b, a in zip(traj[0], traj[0][1:])]
+    deltas = [
+        np.asarray(a.stats["accepted_depth"]) - np.asarray(b.stats["accepted_depth"])
+        for b, a in zip(traj[0], traj[0][1:])
+    ]
     assert any(len({int(r.argmax()) for r, live in zip(dl, dl.sum(-1)) if live}) > 1 for dl in deltas)
     for row, prompt in enumerate(prompts):
         alone_states, _ = driver.trajectory([prompt] * len(prompts))
@@ -278,9 +286,9 @@ def test_tokens_acceptance_matches_verifier_argmax(driver, traj, models):
             row = stack[b]  # a view (one advanced index per assignment below)
             row[1:, s0] = token[b, s0]
             for j in range(1, d + 1):
-                idx = np.asarray(rest[(j - 1) * size: j * size], int)
+                idx = np.asarray(rest[(j - 1) * size : j * size], int)
                 levels[b, j, idx] = True
-                row[j + 1:, idx] = token[b, idx]
+                row[j + 1 :, idx] = token[b, idx]
         # The call forwards the leading candidates a live row can choose: s0 and the levels up to
         # its first empty one, in the fewest of the engine's static sizes that cover every row.
         live_rows = delta.sum(-1) > 0
@@ -289,7 +297,9 @@ def test_tokens_acceptance_matches_verifier_argmax(driver, traj, models):
         call_sizes.add(forwarded // driver.batch)
         # One forward per canvas: verifier[:, 0] = argmax F(x), verifier[:, j + 1] = argmax F(s_j)
         # ([MASK] excluded, temperature 0).
-        verifier = np.stack([np.asarray(driver.call(jnp.asarray(stack[:, k:k + 1]), mask).token[:, 0]) for k in range(d + 2)], 1)
+        verifier = np.stack(
+            [np.asarray(driver.call(jnp.asarray(stack[:, k : k + 1]), mask).token[:, 0]) for k in range(d + 2)], 1
+        )
         for b in range(driver.batch):
             if done[b]:
                 assert (new_canvas[b] == canvas[b]).all()
@@ -303,8 +313,8 @@ def test_tokens_acceptance_matches_verifier_argmax(driver, traj, models):
             if delta[b].sum() == 0:
                 assert bool(after.done[b])  # not live: finished with its policy commit, no forward
             committed = masked & (new_canvas[b] != mask_id)
-            np.testing.assert_array_equal(committed, s0_sets[b] | levels[b, 1:j_star + 1].any(0))
-            assert committed.sum() == s0_sets[b].sum() + levels[b, 1:j_star + 1].sum()
+            np.testing.assert_array_equal(committed, s0_sets[b] | levels[b, 1 : j_star + 1].any(0))
+            assert committed.sum() == s0_sets[b].sum() + levels[b, 1 : j_star + 1].sum()
             for j in range(1, j_star + 1):
                 at = levels[b, j]
                 assert at.any()  # accepted levels are never empty
@@ -354,4 +364,3 @@ def test_accepted_depth_histogram_counts_forwards(run, golden, driver, traj):
     final = traj[0][-1]
     np.testing.assert_array_equal(np.asarray(final.stats["accepted_depth"]).sum(-1), np.asarray(final.row_nfe) - 1)
     assert checked == 2 * len(STRICT)
-

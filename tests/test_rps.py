@@ -26,9 +26,10 @@ from safetensors.numpy import load_file
 
 import psd_jax
 from psd_jax import DecodeConfig
-from decode_driver import Driver, unpad
 from psd_jax.decoders import forward_sizes
 from psd_jax.policies import step_counts
+
+from decode_driver import Driver, unpad
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 GOLDENS = SHARED / "goldens"
@@ -154,10 +155,12 @@ def test_batched_lookahead_equals_one_forward_per_branch(trajectories, models):
     winners = []
     for index, proposal, batched in picked:
         assert proposal.candidates.shape == (driver.batch, k, driver.loop.total_length)
-        singles = [driver.call(proposal.candidates[:, c:c + 1], mask) for c in range(k)]
+        singles = [driver.call(proposal.candidates[:, c : c + 1], mask) for c in range(k)]
         for c, single in enumerate(singles):
             for field in ("token", "topk_id"):
-                np.testing.assert_array_equal(np.asarray(getattr(batched, field)[:, c]), np.asarray(getattr(single, field)[:, 0]))
+                np.testing.assert_array_equal(
+                    np.asarray(getattr(batched, field)[:, c]), np.asarray(getattr(single, field)[:, 0])
+                )
             for field in ("conf", "entropy", "topk_prob"):
                 np.testing.assert_allclose(
                     np.asarray(getattr(batched, field)[:, c]), np.asarray(getattr(single, field)[:, 0]), atol=1e-5
@@ -304,6 +307,10 @@ def test_stats_are_consistent(trajectories):
         assert (stats["pivot_searched"] <= row_nfe - 1).all(), name  # at most one search per forward
         np.testing.assert_array_equal(stats["winner_rank"].sum(-1), stats["pivot_committed"])
         calls = int(final.nfe)
-        assert driver.batch * calls <= int(final.sequence_forwards) <= driver.batch * (1 + (calls - 1) * (driver.dcfg.k_max + 1))
+        assert (
+            driver.batch * calls
+            <= int(final.sequence_forwards)
+            <= driver.batch * (1 + (calls - 1) * (driver.dcfg.k_max + 1))
+        )
         committed += int(stats["pivot_committed"].sum())
     assert committed > 0

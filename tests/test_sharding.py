@@ -11,15 +11,18 @@ from pathlib import Path
 import jax
 import pytest
 
-from conftest import GOLDENS
 from psd_jax.sharding import MeshError, make_mesh, param_shardings, parse_mesh, spec_for
+
+from conftest import GOLDENS
 
 
 @pytest.fixture(scope="module")
 def sharded_run():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     script = Path(__file__).with_name("sharded_decode.py")
-    proc = subprocess.run([sys.executable, str(script), str(GOLDENS / "llada-tiny")], env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(GOLDENS / "llada-tiny")], env=env, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

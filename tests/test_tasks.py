@@ -24,33 +24,37 @@ DEFAULT = ROOT / "models" / "default"
 
 GSM8K_LINE = {
     "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many "
-                "clips in May. How many clips did Natalia sell altogether in April and May?",
+    "clips in May. How many clips did Natalia sell altogether in April and May?",
     "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
-              "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72",
+    "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72",
 }
 
 
 # ----------------------------------------------------------------- extraction
 
-@pytest.mark.parametrize("text, expected", [
-    (GSM8K_LINE["answer"], "72"),
-    ("She pays 1,000+234 = <<1000+234=1234>>1,234 dollars.\n#### 1,234", "1234"),
-    ("#### 1,234.", "1234"),
-    ("#### 72.", "72"),
-    ("####72", "72"),
-    ("#### $18", "18"),
-    ("#### -5", "-5"),
-    ("#### 2.50", "2.5"),
-    ("#### 3\n#### 4", "4"),  # the last ####
-    ("6 * 12 = 72\n72 - 9 = 63\n63 / 7 = 9\n#### 9", "9"),
-    ("12 + 7 = 19\n19 * 3 = 57\n#### 57<|endoftext|>", "57"),
-    ("so the answer is 42.", "42"),  # fallback: last number
-    ("3 + 4 = 7 and then 7 * 2 = 14", "14"),
-    ("it costs 1,200 dollars", "1200"),
-    ("no numbers here", None),
-    ("", None),
-    ("12 + 7 = 19\n####", None),  # #### but no number after it
-])
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (GSM8K_LINE["answer"], "72"),
+        ("She pays 1,000+234 = <<1000+234=1234>>1,234 dollars.\n#### 1,234", "1234"),
+        ("#### 1,234.", "1234"),
+        ("#### 72.", "72"),
+        ("####72", "72"),
+        ("#### $18", "18"),
+        ("#### -5", "-5"),
+        ("#### 2.50", "2.5"),
+        ("#### 3\n#### 4", "4"),  # the last ####
+        ("6 * 12 = 72\n72 - 9 = 63\n63 / 7 = 9\n#### 9", "9"),
+        ("12 + 7 = 19\n19 * 3 = 57\n#### 57<|endoftext|>", "57"),
+        ("so the answer is 42.", "42"),  # fallback: last number
+        ("3 + 4 = 7 and then 7 * 2 = 14", "14"),
+        ("it costs 1,200 dollars", "1200"),
+        ("no numbers here", None),
+        ("", None),
+        ("12 + 7 = 19\n####", None),  # #### but no number after it
+    ],
+)
 def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
 
@@ -82,6 +86,7 @@ def test_load_jsonl_gsm8k_format(tmp_path):
 
 # ----------------------------------------------------------------- generator
 
+
 def test_make_dataset_deterministic():
     a, b = make_dataset(300, seed=7), make_dataset(300, seed=7)
     assert a == b
@@ -98,8 +103,7 @@ def test_make_dataset_exclude_and_unique():
     assert len({ex["question"] for ex in unique}) == 300
 
 
-_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b,
-        "*": lambda a, b: a * b, "/": lambda a, b: a / b}
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b}
 
 
 def test_generated_arithmetic_is_correct():
@@ -145,7 +149,11 @@ def test_training_drills_work_out_the_expressions_they_list(tok):
         assert drill["question"] == plain["question"]
         pairs = list(zip(drill["answer"].splitlines(), plain["answer"].splitlines()))
         assert all(line.split(" ", 1)[1] == bare and line.split(" ", 1)[0].isalpha() for line, bare in pairs), drill
-    fits = [d for d in labelled if len(tok(d["answer"], add_special_tokens=False)["input_ids"]) < train_default.LABELLED_DRILL_GEN_LENGTH]
+    fits = [
+        d
+        for d in labelled
+        if len(tok(d["answer"], add_special_tokens=False)["input_ids"]) < train_default.LABELLED_DRILL_GEN_LENGTH
+    ]
     assert len(fits) == len(labelled)
     unlisted = train_default.make_drills(300, seed=3, listed=False)  # same lines, a question without them
     assert [d["answer"] for d in unlisted] == [d["answer"] for d in drills]
@@ -202,6 +210,7 @@ def test_every_template_and_step_count(name):
 
 # ----------------------------------------------------------------- shipped files
 
+
 @pytest.fixture(scope="module")
 def tok():
     transformers = pytest.importorskip("transformers")
@@ -218,8 +227,7 @@ def test_tokenizer_special_tokens(tok):
     assert tok.mask_token == "<|mask|>" and tok.mask_token_id is not None
     assert tok.eos_token == "<|endoftext|>" and tok.pad_token_id == tok.eos_token_id
     assert tok.bos_token == "<|startoftext|>"
-    for t in ["<|mask|>", "<|endoftext|>", "<|startoftext|>", "<|eot_id|>",
-              "<|start_header_id|>", "<|end_header_id|>"]:
+    for t in ["<|mask|>", "<|endoftext|>", "<|startoftext|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"]:
         assert tok.convert_tokens_to_ids(t) is not None
         assert tok.encode(t, add_special_tokens=False) == [tok.convert_tokens_to_ids(t)]
     assert len(tok) % 64 == 0 and len(tok) <= 1024
@@ -236,10 +244,11 @@ def test_tokenizer_digits_are_single_tokens(tok):
 
 
 def test_chat_template(tok):
-    text = tok.apply_chat_template([{"role": "user", "content": "hi"}],
-                                   add_generation_prompt=True, tokenize=False)
-    assert text == ("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
-                    "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert text == (
+        "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
 
 
 def test_shipped_test_set():
@@ -262,7 +271,7 @@ def test_training_rows_end_with_the_answer_padded_to_the_response_length(tok):
     for row, drill in zip(ids, fits):
         answer = tok(drill["answer"], add_special_tokens=False)["input_ids"]
         assert list(row[-gen:]) == answer + [tok.eos_token_id] * (gen - len(answer))
-        assert tok.decode(row[: -gen]).endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+        assert tok.decode(row[:-gen]).endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
     assert list(attn.sum(1)) == [len(encode_prompt(tok, d["question"], chat=True, source="test")) + gen for d in fits]
 
 
@@ -307,8 +316,12 @@ def test_data_parallel_training_step_matches_one_device():
     the same optimiser steps as one device: equal losses and parameters after three AdamW steps to
     float32 reduction-order tolerance (1e-5); a batch one row short of dividing by the devices
     (a skipped drill) is trimmed, not an error."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))  # scripts.*
+    env = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )  # scripts.*
     script = Path(__file__).with_name("data_parallel_train.py")
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

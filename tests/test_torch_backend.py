@@ -47,16 +47,36 @@ SETTINGS = {
 # Plain decoding is compared with the upstream goldens, which pin the JAX engine token for token
 # (tests/test_decoding_goldens.py): (checkpoint, settings, golden output/nfe keys per row).
 PLAIN = {
-    "llada-fixed-s24": ("llada-tiny", dict(gen_length=48, block_length=16, steps=24),
-                        ["llada-tiny.generate_s24."] * 2, 20),
-    "llada-threshold-0.9": ("llada-tiny", dict(gen_length=48, block_length=16, policy="threshold", threshold=0.9),
-                            ["llada-tiny.threshold_0.9_row0.", "llada-tiny.threshold_0.9_row1."], 20),
-    "llada-threshold-0.7": ("llada-tiny", dict(gen_length=48, block_length=16, policy="threshold", threshold=0.7),
-                            ["llada-tiny.threshold_0.7_row0.", "llada-tiny.threshold_0.7_row1."], 20),
-    "dream-maskgit-s32": ("dream-tiny", dict(gen_length=32, block_length=32, steps=32, policy="dream"),
-                          ["dream-tiny.generate_maskgit_plus_s32."] * 2, 20),
-    "dream-margin-s8": ("dream-tiny", dict(gen_length=32, block_length=32, steps=8, policy="dream", confidence="margin"),
-                        ["dream-tiny.generate_topk_margin_s8."] * 2, 20),
+    "llada-fixed-s24": (
+        "llada-tiny",
+        dict(gen_length=48, block_length=16, steps=24),
+        ["llada-tiny.generate_s24."] * 2,
+        20,
+    ),
+    "llada-threshold-0.9": (
+        "llada-tiny",
+        dict(gen_length=48, block_length=16, policy="threshold", threshold=0.9),
+        ["llada-tiny.threshold_0.9_row0.", "llada-tiny.threshold_0.9_row1."],
+        20,
+    ),
+    "llada-threshold-0.7": (
+        "llada-tiny",
+        dict(gen_length=48, block_length=16, policy="threshold", threshold=0.7),
+        ["llada-tiny.threshold_0.7_row0.", "llada-tiny.threshold_0.7_row1."],
+        20,
+    ),
+    "dream-maskgit-s32": (
+        "dream-tiny",
+        dict(gen_length=32, block_length=32, steps=32, policy="dream"),
+        ["dream-tiny.generate_maskgit_plus_s32."] * 2,
+        20,
+    ),
+    "dream-margin-s8": (
+        "dream-tiny",
+        dict(gen_length=32, block_length=32, steps=8, policy="dream", confidence="margin"),
+        ["dream-tiny.generate_topk_margin_s8."] * 2,
+        20,
+    ),
 }
 
 
@@ -75,7 +95,9 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def torch_lms() -> dict:
-    return {name: load_torch_model(GOLDENS / name, device="cpu") for name in ("llada-tiny", "llada-tiny-gqa", "dream-tiny")}
+    return {
+        name: load_torch_model(GOLDENS / name, device="cpu") for name in ("llada-tiny", "llada-tiny-gqa", "dream-tiny")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +174,10 @@ def test_eos_early_exit_equals_jax(torch_lms, jax_lms, cases):
     from psd_jax.torch_backend import TorchLM
 
     path = GOLDENS / "llada-tiny"
-    jax_lm, torch_lm = LoadedModel(jax_lms["llada-tiny"].model, None, path), TorchLM(torch_lms["llada-tiny"].model, None, path)
+    jax_lm, torch_lm = (
+        LoadedModel(jax_lms["llada-tiny"].model, None, path),
+        TorchLM(torch_lms["llada-tiny"].model, None, path),
+    )
     jax_lm.config = jax_lm.config.replace(eos_id=460)
     torch_lm.config = torch_lm.config.replace(eos_id=460)
     settings = DecodeConfig(gen_length=48, block_length=16, policy="threshold", decoder="psd", depth=3)
@@ -197,7 +222,8 @@ def test_bf16_checkpoint_loads_the_bf16_values(tmp_path):
     import shutil
 
     import torch
-    from safetensors.torch import load_file as load_torch_file, save_file as save_torch_file
+    from safetensors.torch import load_file as load_torch_file
+    from safetensors.torch import save_file as save_torch_file
 
     from psd_jax.torch_backend.model import load_hf_torch
 
@@ -223,10 +249,35 @@ def test_compare_backends_reports_every_decoder_with_equal_float32_tokens(tmp_pa
 
     out = tmp_path / "compare.json"
     script = Path(__file__).resolve().parents[1] / "scripts" / "compare_backends.py"
-    args = ["--no-default-model", "--random-llada", "--layers", "1", "--d-model", "64", "--heads", "4",
-            "--vocab", "256", "--gen-length", "16", "--block-length", "8", "--prompt-length", "8",
-            "--prompt-bucket", "8", "--prompts", "1", "--repeats", "1", "--no-compile", "--threads", "1",
-            "--out", str(out)]
+    args = [
+        "--no-default-model",
+        "--random-llada",
+        "--layers",
+        "1",
+        "--d-model",
+        "64",
+        "--heads",
+        "4",
+        "--vocab",
+        "256",
+        "--gen-length",
+        "16",
+        "--block-length",
+        "8",
+        "--prompt-length",
+        "8",
+        "--prompt-bucket",
+        "8",
+        "--prompts",
+        "1",
+        "--repeats",
+        "1",
+        "--no-compile",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+    ]
     run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     report = json.loads(out.read_text())
@@ -239,4 +290,8 @@ def test_compare_backends_reports_every_decoder_with_equal_float32_tokens(tmp_pa
         assert torch_row["nfe_per_prompt"] == jax_row["nfe_per_prompt"] > 0, r["decoder"]
         assert torch_row["sequence_forwards"] == jax_row["sequence_forwards"], r["decoder"]
     assert [line.split("] ")[1] for line in run.stderr.splitlines() if line.endswith(" done**")] == [
-        "fixed done**", "threshold done**", "psd done**", "rps done**"]
+        "fixed done**",
+        "threshold done**",
+        "psd done**",
+        "rps done**",
+    ]

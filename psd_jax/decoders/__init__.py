@@ -35,12 +35,28 @@ def propose(pred: Prediction, canvas: jax.Array, valid: jax.Array, step: jax.Arr
     return decoder_for(dcfg).candidates(pred, s0, chosen, valid, step)
 
 
-def choose(proposal: Proposal, preds: Prediction, live: jax.Array, step: jax.Array, dcfg: DecodeConfig, mask_id: int) -> Choice:
+def choose(
+    proposal: Proposal, preds: Prediction, live: jax.Array, step: jax.Array, dcfg: DecodeConfig, mask_id: int
+) -> Choice:
     """Pick one candidate per row given the forward of every candidate (``preds`` [B, K, N])."""
     return decoder_for(dcfg).choose(proposal, preds, live, step, mask_id)
 
 
 __all__ = [
-    "Choice", "DECODERS", "Decoder", "PSD", "PSDState", "Plain", "Proposal", "RPS", "RPSState", "choose",
-    "decoder_for", "forward_size_index", "forward_sizes", "initial_stats", "propose", "spatial_commit",
+    "Choice",
+    "DECODERS",
+    "Decoder",
+    "PSD",
+    "PSDState",
+    "Plain",
+    "Proposal",
+    "RPS",
+    "RPSState",
+    "choose",
+    "decoder_for",
+    "forward_size_index",
+    "forward_sizes",
+    "initial_stats",
+    "propose",
+    "spatial_commit",
 ]

@@ -48,7 +48,9 @@ class Decoder(Protocol):
     def stat_shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
         """Names and shapes of the per-row integer counters carried in the loop state."""
 
-    def candidates(self, pred: Prediction, s0: jax.Array, chosen: jax.Array, valid: jax.Array, step: jax.Array) -> Proposal:
+    def candidates(
+        self, pred: Prediction, s0: jax.Array, chosen: jax.Array, valid: jax.Array, step: jax.Array
+    ) -> Proposal:
         """The K candidates of every row from ``F(x)`` and the policy's commit (``chosen``, ``s0``)."""
 
     def choose(self, proposal: Proposal, preds: Prediction, live: jax.Array, step: jax.Array, mask_id: int) -> Choice:

@@ -23,7 +23,9 @@ class Plain:
     def stat_shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
         return {}
 
-    def candidates(self, pred: Prediction, s0: jax.Array, chosen: jax.Array, valid: jax.Array, step: jax.Array) -> Proposal:
+    def candidates(
+        self, pred: Prediction, s0: jax.Array, chosen: jax.Array, valid: jax.Array, step: jax.Array
+    ) -> Proposal:
         return Proposal(s0[:, None], s0, valid, jnp.ones(s0.shape[:1], jnp.int32))
 
     def choose(self, proposal: Proposal, preds: Prediction, live: jax.Array, step: jax.Array, mask_id: int) -> Choice:

@@ -52,7 +52,9 @@ class PSD:
             rate = jnp.maximum(1, chosen.sum(-1)).astype(jnp.int32)
         return jnp.broadcast_to(rate[:, None], (chosen.shape[0], dcfg.depth))
 
-    def candidates(self, pred: Prediction, s0: jax.Array, chosen: jax.Array, valid: jax.Array, step: jax.Array) -> Proposal:
+    def candidates(
+        self, pred: Prediction, s0: jax.Array, chosen: jax.Array, valid: jax.Array, step: jax.Array
+    ) -> Proposal:
         remaining = valid & ~chosen
         rank = ranks(pred.conf, remaining)  # confidence descending, ties to the lower position
         sizes = self.draft_sizes(chosen, step)  # [B, D]

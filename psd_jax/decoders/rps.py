@@ -43,10 +43,16 @@ class RPS:
         return self.dcfg.k_max + 1
 
     def stat_shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
-        return {"pivot_searched": (batch,), "pivot_found": (batch,), "pivot_committed": (batch,),
-                "winner_rank": (batch, self.dcfg.k_max)}
+        return {
+            "pivot_searched": (batch,),
+            "pivot_found": (batch,),
+            "pivot_committed": (batch,),
+            "winner_rank": (batch, self.dcfg.k_max),
+        }
 
-    def candidates(self, pred: Prediction, s0: jax.Array, chosen: jax.Array, valid: jax.Array, step: jax.Array) -> Proposal:
+    def candidates(
+        self, pred: Prediction, s0: jax.Array, chosen: jax.Array, valid: jax.Array, step: jax.Array
+    ) -> Proposal:
         dcfg = self.dcfg
         remaining = valid & ~chosen
         p, ids = pred.topk_prob, pred.topk_id  # [B, N, k] from F(x)
@@ -59,8 +65,9 @@ class RPS:
         branch_ok = found[:, None] & (pivot_p >= dcfg.ratio * pivot_p[:, :1])
         at_pivot = jnp.arange(s0.shape[-1])[None, :] == pivot[:, None]  # [B, N]
         branches = jnp.where(at_pivot[:, None, :], pivot_ids[:, :, None], s0[:, None, :])  # [B, k, N]
-        state = RPSState(remaining.any(-1), found, pivot, branch_ok, jnp.log(jnp.maximum(pivot_p, LOG_FLOOR)),
-                         remaining & ~at_pivot)
+        state = RPSState(
+            remaining.any(-1), found, pivot, branch_ok, jnp.log(jnp.maximum(pivot_p, LOG_FLOOR)), remaining & ~at_pivot
+        )
         candidates = jnp.concatenate([s0[:, None], branches], axis=1)
         return Proposal(candidates, s0, valid, 1 + leading_true(branch_ok), state)
 

@@ -13,8 +13,9 @@ that call is the warm-up decode itself.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,7 +51,6 @@ class TorchLM(PromptIO):
         ids = torch.as_tensor(np.asarray(input_ids), dtype=torch.long, device=self.device)
         mask = None if attention_mask is None else torch.as_tensor(np.asarray(attention_mask), device=self.device)
         return self.model(ids, mask)
-
 
     def predictor(self, dcfg: DecodeConfig) -> Predictor:
         if dcfg not in self._predictors:
@@ -98,8 +98,15 @@ class TorchLM(PromptIO):
         return out
 
     def _results(self, out: DecodeOutput, prompt_length: int, seconds: float, compile_seconds: float):
-        return generations(out, prompt_length, self.config.stop_ids, self.decode_text, seconds, compile_seconds,
-                           to_numpy=lambda t: t.cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t))
+        return generations(
+            out,
+            prompt_length,
+            self.config.stop_ids,
+            self.decode_text,
+            seconds,
+            compile_seconds,
+            to_numpy=lambda t: t.cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t),
+        )
 
 
 def load_torch_model(

@@ -31,7 +31,8 @@ are reproducible from the seed but not equal across backends. Greedy decoding wi
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +45,6 @@ from ..policies import step_counts  # the engine's own count tables (numpy)
 from ..predict import ENTROPY_EPS, forwards_per_call
 from ..records import DecodeOutput
 
-
 # ------------------------------------------------------------------------------ predictions
 
 
@@ -56,7 +56,7 @@ class Prediction:
     topk_prob: torch.Tensor | None = None  # [..., N, k_max] (RPS)
     topk_id: torch.Tensor | None = None  # [..., N, k_max] (RPS)
 
-    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "Prediction":
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Prediction:
         return Prediction(*(None if v is None else fn(v) for v in dataclasses.astuple(self)))
 
 
@@ -146,7 +146,9 @@ class Predictor:
         vocab, dev = self.mcfg.vocab_size, canvases.device
         gumbel = random_conf = None
         if self.dcfg.temperature > 0:  # Gumbel-max sampling, as LLaDA's add_gumbel_noise
-            u = torch.rand((b * k, n, vocab), generator=generator, device=dev).clamp_(min=torch.finfo(torch.float32).tiny)
+            u = torch.rand((b * k, n, vocab), generator=generator, device=dev).clamp_(
+                min=torch.finfo(torch.float32).tiny
+            )
             gumbel = -torch.log(-torch.log(u))
         if self.dcfg.confidence == "random":
             random_conf = torch.rand((b * k, n), generator=generator, device=dev)
@@ -404,12 +406,7 @@ def generate(
     predictor = predictor or Predictor(model, mcfg, dcfg)
     policy = Policy(dcfg, device)
     blocks = _Blocks(mcfg, dcfg, prompt_length, device)
-    # An all-ones mask changes nothing; passing None lets SDPA take its unmasked kernel.
-    attention_mask = None
-    if prompt_mask is not None and not bool(prompt_mask.bool().all()):
-        gen_mask = torch.ones(batch, dcfg.gen_length, dtype=torch.long, device=device)
-        attention_mask = torch.cat([prompt_mask.long(), gen_mask], dim=1)
-
+    attention_mask = _canvas_mask(prompt_mask, dcfg.gen_length)
     gen = torch.full((batch, dcfg.gen_length), mcfg.mask_id, dtype=torch.long, device=device)
     canvas = torch.cat([prompt_ids.long(), gen], dim=1)
     pred = predictor(canvas[:, None], attention_mask, prompt_length, generator).map(lambda a: a[:, 0])
@@ -420,6 +417,7 @@ def generate(
     nfe, sequence_forwards, iterations = 1, batch * (2 if dcfg.cfg_scale > 0 else 1), 0
     stats = initial_stats(dcfg, batch, device)
     rows = torch.arange(batch, device=device)
+    call = partial(predictor, attention_mask=attention_mask, prompt_length=prompt_length, generator=generator)
 
     while True:
         iterations += 1
@@ -427,28 +425,43 @@ def generate(
         proposal = propose(policy, pred, canvas, valid, step)
         # A row is live if it still decodes after its policy commit; only live rows need a forward.
         live = ~blocks.advance(proposal.s0, block, step + 1, done)[3]
-        any_live, most_needed = torch.stack([live.any().long(), torch.where(live, proposal.needed, 1).max()]).tolist()
-        if not any_live:
+        preds, size = _forward_leading(call, proposal, live)
+        if preds is None:
             # Every row finishes with its policy commit: no model call (the engine's `skip`).
             canvas, block, step, done = blocks.advance(proposal.s0, block, step + 1, done)
             break
-        k = proposal.candidates.shape[1]
-        # The leading candidates some live row can choose, in the engine's static sizes; the
-        # others repeat candidate 0's prediction (no row can choose them).
-        size = min(s for s in forward_sizes(k) if s >= most_needed)
-        preds = predictor(proposal.candidates[:, :size], attention_mask, prompt_length, generator)
-        if size < k:
-            preds = preds.map(lambda a: torch.cat([a, a[:, :1].expand(a.shape[0], k - size, *a.shape[2:])], dim=1))
-        sequences = forwards_per_call(batch, dcfg) // k * size
         index, steps, increments = choose(policy, proposal, preds, live, step, mcfg.mask_id)
         chosen = torch.where(done[:, None], canvas, proposal.candidates[rows, index])
-        pred = preds.map(lambda a: a[rows, index])
+        pred = preds.map(lambda a: a[rows, index])  # noqa: B023 (called at once)
         canvas, block, step, done = blocks.advance(chosen, block, step + steps, done)
         row_nfe += live
         nfe += 1
-        sequence_forwards += sequences
+        sequence_forwards += forwards_per_call(batch, dcfg) // proposal.candidates.shape[1] * size
         for name, value in increments.items():
             stats[name] += value
         if bool(done.all()):
             break
     return DecodeOutput(canvas, row_nfe, nfe, sequence_forwards, iterations, stats)
+
+
+def _canvas_mask(prompt_mask: torch.Tensor | None, gen_length: int) -> torch.Tensor | None:
+    """The canvas attention mask, or None when nothing is padded (SDPA then takes its unmasked kernel)."""
+    if prompt_mask is None or bool(prompt_mask.bool().all()):
+        return None
+    gen_mask = torch.ones(prompt_mask.shape[0], gen_length, dtype=torch.long, device=prompt_mask.device)
+    return torch.cat([prompt_mask.long(), gen_mask], dim=1)
+
+
+def _forward_leading(call: Callable, proposal: Proposal, live: torch.Tensor) -> tuple[Prediction | None, int]:
+    """(predictions [B, K, ...], candidates forwarded) of one call over the leading candidates some
+    live row can choose, in the engine's static sizes; the others repeat candidate 0's prediction
+    (no row can choose them). (None, 0) when no row is live: no call."""
+    any_live, most_needed = torch.stack([live.any().long(), torch.where(live, proposal.needed, 1).max()]).tolist()
+    if not any_live:
+        return None, 0
+    k = proposal.candidates.shape[1]
+    size = min(s for s in forward_sizes(k) if s >= most_needed)
+    preds = call(proposal.candidates[:, :size])
+    if size < k:
+        preds = preds.map(lambda a: torch.cat([a, a[:, :1].expand(a.shape[0], k - size, *a.shape[2:])], dim=1))
+    return preds, size

@@ -97,7 +97,9 @@ class Block(nn.Module):
         self.up_proj = nn.Linear(d, cfg.mlp_hidden, bias=False, **kw)
         self.down_proj = nn.Linear(cfg.mlp_hidden, d, bias=False, **kw)
 
-    def forward(self, h: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor, key_mask: torch.Tensor | None
+    ) -> torch.Tensor:
         cfg = self.cfg
         b, n, _ = h.shape
         x = self.attn_norm(h)
@@ -105,9 +107,7 @@ class Block(nn.Module):
         k = self.k_proj(x).view(b, n, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, n, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
         q, k = apply_rope(q, sin, cos), apply_rope(k, sin, cos)
-        attn = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=key_mask, enable_gqa=cfg.n_kv_heads != cfg.n_heads
-        )
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, enable_gqa=cfg.n_kv_heads != cfg.n_heads)
         h = h + self.o_proj(attn.transpose(1, 2).reshape(b, n, cfg.n_heads * cfg.head_dim))
         y = self.mlp_norm(h)
         return h + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
@@ -190,4 +190,3 @@ def load_hf_torch(
     with SafetensorsDir(model_dir) as reader:
         check_key_set(cfg, reader.shapes, str(reader.dir))
         return model_from_tensors(cfg, reader.get, dtype, device)
-

@@ -21,17 +21,23 @@ def main() -> None:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--n", type=int, default=500)
     ap.add_argument("--seed", type=int, default=TEST_SEED)
-    ap.add_argument("--exclude", type=Path, action="append", default=[],
-                    help="jsonl whose questions must not appear in the output (repeatable)")
-    ap.add_argument("--max-value", type=int, default=MAX_VALUE,
-                    help="upper bound on every intermediate result (lower = easier)")
-    ap.add_argument("--allow-duplicates", action="store_true",
-                    help="allow a question to appear more than once")
+    ap.add_argument(
+        "--exclude",
+        type=Path,
+        action="append",
+        default=[],
+        help="jsonl whose questions must not appear in the output (repeatable)",
+    )
+    ap.add_argument(
+        "--max-value", type=int, default=MAX_VALUE, help="upper bound on every intermediate result (lower = easier)"
+    )
+    ap.add_argument("--allow-duplicates", action="store_true", help="allow a question to appear more than once")
     args = ap.parse_args()
 
     exclude = {ex["question"] for path in args.exclude for ex in load_jsonl(path)}
-    examples = make_dataset(args.n, args.seed, exclude=exclude, unique=not args.allow_duplicates,
-                            max_value=args.max_value)
+    examples = make_dataset(
+        args.n, args.seed, exclude=exclude, unique=not args.allow_duplicates, max_value=args.max_value
+    )
     save_jsonl(examples, args.out)
     print(f"wrote {len(examples)} problems to {args.out}")
 

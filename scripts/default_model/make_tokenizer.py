@@ -80,14 +80,17 @@ def corpus(n: int, seed: int) -> list[str]:
     return texts
 
 
-def build(n: int = 20000, seed: int = 0, vocab_size: int = VOCAB_SIZE,
-          number_groups: bool = False) -> PreTrainedTokenizerFast:
+def build(
+    n: int = 20000, seed: int = 0, vocab_size: int = VOCAB_SIZE, number_groups: bool = False
+) -> PreTrainedTokenizerFast:
     """Train the BPE tokenizer and wrap it as a PreTrainedTokenizerFast."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(NUMBER_GROUPS_PATTERN if number_groups else SPLIT_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(NUMBER_GROUPS_PATTERN if number_groups else SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -144,8 +147,11 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20000, help="problems in the training corpus")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocab-size", type=int, default=VOCAB_SIZE)
-    ap.add_argument("--number-groups", action="store_true",
-                    help="numbers split into digit groups of up to three (one token per number of the corpus)")
+    ap.add_argument(
+        "--number-groups",
+        action="store_true",
+        help="numbers split into digit groups of up to three (one token per number of the corpus)",
+    )
     args = ap.parse_args()
 
     hf_tok = build(args.n, args.seed, args.vocab_size, args.number_groups)
@@ -160,8 +166,10 @@ def main() -> None:
         assert loaded.decode(ids) == text, text
     for n in range(21 if args.number_groups else 10):
         assert len(loaded.encode(str(n), add_special_tokens=False)) == 1, n
-    print(f"wrote {args.out}: vocab size {len(loaded)} "
-          f"(mask={loaded.mask_token_id}, eos=pad={loaded.eos_token_id}, bos={loaded.bos_token_id})")
+    print(
+        f"wrote {args.out}: vocab size {len(loaded)} "
+        f"(mask={loaded.mask_token_id}, eos=pad={loaded.eos_token_id}, bos={loaded.bos_token_id})"
+    )
 
 
 if __name__ == "__main__":

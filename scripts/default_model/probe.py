@@ -26,7 +26,8 @@ from psd_jax import DecodeConfig, load_model
 from psd_jax.api import model_settings
 from psd_jax.scoring import is_correct, load_jsonl
 from psd_jax.tokenizer import encode_prompt
-from scripts.default_model.tasks import STEP_LINE as LINE, calculate
+from scripts.default_model.tasks import STEP_LINE as LINE
+from scripts.default_model.tasks import calculate
 
 GROUPS = {"operand1": 1, "operand2": 3, "result": 4}  # LINE's group of each probed number
 KINDS = ("operand1", "operand2", "result", "all_digits", "all")
@@ -58,8 +59,8 @@ def _canvas(lm, examples: list[dict], gen_length: int):
     gold = np.full((len(examples), gen_length), cfg.eos_id, np.int32)
     for row, (prompt, answer) in enumerate(zip(prompts, answers)):
         gold[row, : len(answer["input_ids"])] = answer["input_ids"]
-        ids[row, width - gen_length - len(prompt):] = prompt + gold[row].tolist()
-        attn[row, width - gen_length - len(prompt):] = 1
+        ids[row, width - gen_length - len(prompt) :] = prompt + gold[row].tolist()
+        attn[row, width - gen_length - len(prompt) :] = 1
     return ids, attn, gold, answers
 
 
@@ -90,7 +91,7 @@ def teacher_forced(lm, examples: list[dict], gen_length: int) -> dict[str, dict[
     left_to_right = np.zeros_like(gold, bool)
     for j in range(gen_length):
         noisy = ids.copy()
-        noisy[:, ids.shape[1] - gen_length + j:] = cfg.mask_id
+        noisy[:, ids.shape[1] - gen_length + j :] = cfg.mask_id
         left_to_right[:, j] = logits(noisy)[:, j].argmax(-1) == gold[:, j]
     noisy = ids.copy()
     noisy[:, -gen_length:][kinds["all_digits"]] = cfg.mask_id
@@ -109,9 +110,19 @@ def generation(lm, examples: list[dict], gen_length: int, block_length: int) -> 
     number of two digits)."""
     settings = DecodeConfig(gen_length=gen_length, block_length=block_length, steps=gen_length)
     out = lm.generate([ex["question"] for ex in examples], settings, chat=True, prompt_bucket=32)
-    counts = dict.fromkeys(["problems", "correct", "gold_operands",
-                            "reached_small", "right_small", "reached_large", "right_large",
-                            *(f"{kind}{op}" for kind in ("lines", "right") for op in "+-*/")], 0)
+    counts = dict.fromkeys(
+        [
+            "problems",
+            "correct",
+            "gold_operands",
+            "reached_small",
+            "right_small",
+            "reached_large",
+            "right_large",
+            *(f"{kind}{op}" for kind in ("lines", "right") for op in "+-*/"),
+        ],
+        0,
+    )
     counts["problems"] = len(examples)
     for ex, row in zip(examples, out):
         counts["correct"] += is_correct(row.text, ex)
@@ -148,11 +159,13 @@ def main() -> None:
     for probe, scores in teacher_forced(lm, examples, gen_length).items():
         print(f"teacher-forced, {probe}: " + ", ".join(f"{k} {v:.1%}" for k, v in scores.items()))
     g = generation(lm, examples, gen_length, block_length)
-    print(f"one token per step: {g['correct']}/{g['problems']} correct; {g['lines']} calculator lines, "
-          f"{g['gold_operands']} with the gold operands, {g['arithmetic_right']} arithmetically right; "
-          f"gold lines reached with every earlier line right: {g['right_small']}/{g['reached_small']} right with "
-          f"one-digit numbers only, {g['right_large']}/{g['reached_large']} with a two-digit number; arithmetically "
-          "right by operator: " + ", ".join(f"{op} {g['right' + op]}/{g['lines' + op]}" for op in "+-*/"))
+    print(
+        f"one token per step: {g['correct']}/{g['problems']} correct; {g['lines']} calculator lines, "
+        f"{g['gold_operands']} with the gold operands, {g['arithmetic_right']} arithmetically right; "
+        f"gold lines reached with every earlier line right: {g['right_small']}/{g['reached_small']} right with "
+        f"one-digit numbers only, {g['right_large']}/{g['reached_large']} with a two-digit number; arithmetically "
+        "right by operator: " + ", ".join(f"{op} {g['right' + op]}/{g['lines' + op]}" for op in "+-*/")
+    )
 
 
 if __name__ == "__main__":

@@ -102,12 +102,51 @@ class _Person(NamedTuple):
         return self.sub.capitalize()
 
 
-_FEMALE = ["Mia", "Emma", "Olivia", "Ava", "Sofia", "Lily", "Grace", "Chloe", "Nora", "Zoe",
-           "Hannah", "Ella", "Ruby", "Lucy", "Sara", "Julia", "Maya", "Anna", "Rosa", "Kate"]
-_MALE = ["Tom", "Jack", "Liam", "Noah", "Ben", "Sam", "Leo", "Max", "Ryan", "Adam",
-         "Owen", "Luke", "Eli", "Omar", "Carlos", "David", "Henry", "Paul", "Ivan", "Mark"]
-_PEOPLE = [_Person(n, "she", "her", "her") for n in _FEMALE] + [
-    _Person(n, "he", "him", "his") for n in _MALE]
+_FEMALE = [
+    "Mia",
+    "Emma",
+    "Olivia",
+    "Ava",
+    "Sofia",
+    "Lily",
+    "Grace",
+    "Chloe",
+    "Nora",
+    "Zoe",
+    "Hannah",
+    "Ella",
+    "Ruby",
+    "Lucy",
+    "Sara",
+    "Julia",
+    "Maya",
+    "Anna",
+    "Rosa",
+    "Kate",
+]
+_MALE = [
+    "Tom",
+    "Jack",
+    "Liam",
+    "Noah",
+    "Ben",
+    "Sam",
+    "Leo",
+    "Max",
+    "Ryan",
+    "Adam",
+    "Owen",
+    "Luke",
+    "Eli",
+    "Omar",
+    "Carlos",
+    "David",
+    "Henry",
+    "Paul",
+    "Ivan",
+    "Mark",
+]
+_PEOPLE = [_Person(n, "she", "her", "her") for n in _FEMALE] + [_Person(n, "he", "him", "his") for n in _MALE]
 
 
 def _people(rng: random.Random, k: int) -> list[_Person]:
@@ -176,9 +215,10 @@ _Template = Callable[[random.Random, int, _Steps], str]
 
 
 def _shopping(rng: random.Random, k: int, st: _Steps) -> str:
-    p, = _people(rng, 1)
-    item = rng.choice(["notebooks", "pens", "apples", "candles", "mugs", "toy cars",
-                       "comic books", "socks", "plates", "plants"])
+    (p,) = _people(rng, 1)
+    item = rng.choice(
+        ["notebooks", "pens", "apples", "candles", "mugs", "toy cars", "comic books", "socks", "plates", "plants"]
+    )
     thing = rng.choice(["bag", "hat", "lamp", "scarf", "book", "clock"])
     a, price = rng.randint(2, 5), rng.randint(2, 6)
     x = st("buys", a, "*", price)
@@ -202,8 +242,7 @@ def _shopping(rng: random.Random, k: int, st: _Steps) -> str:
     else:
         n = st.divisor(x, 2, 5)
         st("splits", x, "/", n)
-        text.append(f"{p.Sub} splits the cost equally among {n} people. "
-                    f"How much does each person pay?")
+        text.append(f"{p.Sub} splits the cost equally among {n} people. How much does each person pay?")
     return " ".join(text)
 
 
@@ -255,7 +294,7 @@ def _travel(rng: random.Random, k: int, st: _Steps) -> str:
 
 
 def _baking(rng: random.Random, k: int, st: _Steps) -> str:
-    p, = _people(rng, 1)
+    (p,) = _people(rng, 1)
     item = rng.choice(["cookies", "muffins", "cupcakes", "rolls", "brownies", "tarts"])
     b, c = rng.randint(2, 4), rng.randint(2, 8)
     x = st("batches", b, "*", c)
@@ -272,8 +311,7 @@ def _baking(rng: random.Random, k: int, st: _Steps) -> str:
     if rng.random() < 0.5:
         n = st.divisor(x, 2, 9)
         st("friends", x, "/", n)
-        text.append(f"{p.Sub} shares them equally among {n} friends. "
-                    f"How many {item} does each friend get?")
+        text.append(f"{p.Sub} shares them equally among {n} friends. How many {item} does each friend get?")
     else:
         price = st.factor(x, 2, 5)
         st("sells", x, "*", price)
@@ -309,8 +347,16 @@ def _savings(rng: random.Random, k: int, st: _Steps) -> str:
 
 
 def _workers(rng: random.Random, k: int, st: _Steps) -> str:
-    place, item = rng.choice([("factory", "toys"), ("bakery", "pies"), ("workshop", "chairs"),
-                              ("farm", "baskets"), ("shop", "shirts"), ("studio", "vases")])
+    place, item = rng.choice(
+        [
+            ("factory", "toys"),
+            ("bakery", "pies"),
+            ("workshop", "chairs"),
+            ("farm", "baskets"),
+            ("shop", "shirts"),
+            ("studio", "vases"),
+        ]
+    )
     w, m_ = rng.randint(2, 5), rng.randint(2, 9)
     x = st("workers", w, "*", m_)
     text = [f"A {place} has {w} workers. Each worker makes {m_} {item} a day."]
@@ -360,9 +406,16 @@ def _packing(rng: random.Random, k: int, st: _Steps) -> str:
 
 
 def _garden(rng: random.Random, k: int, st: _Steps) -> str:
-    p, = _people(rng, 1)
-    plant, crop = rng.choice([("tomato", "tomatoes"), ("pepper", "peppers"),
-                              ("bean", "beans"), ("melon", "melons"), ("corn", "ears of corn")])
+    (p,) = _people(rng, 1)
+    plant, crop = rng.choice(
+        [
+            ("tomato", "tomatoes"),
+            ("pepper", "peppers"),
+            ("bean", "beans"),
+            ("melon", "melons"),
+            ("corn", "ears of corn"),
+        ]
+    )
     r, c = rng.randint(2, 5), rng.randint(2, 8)
     x = st("rows", r, "*", c)
     text = [f"{p.name} plants {r} rows of {plant} plants with {c} plants in each row."]
@@ -382,8 +435,7 @@ def _garden(rng: random.Random, k: int, st: _Steps) -> str:
     else:
         g = st.divisor(x, 2, 9)
         st("neighbors", x, "/", g)
-        text.append(f"{p.Sub} gives the plants equally to {g} neighbors. "
-                    f"How many plants does each neighbor get?")
+        text.append(f"{p.Sub} gives the plants equally to {g} neighbors. How many plants does each neighbor get?")
     return " ".join(text)
 
 
@@ -407,8 +459,7 @@ def _reading(rng: random.Random, k: int, st: _Steps) -> str:
     else:
         f = st.factor(x, 2, 3)
         st("times", x, "*", f)
-        text.append(f"{q.name} reads {f} times as many pages as {p.name}. "
-                    f"How many pages does {q.name} read?")
+        text.append(f"{q.name} reads {f} times as many pages as {p.name}. How many pages does {q.name} read?")
     return " ".join(text)
 
 
@@ -511,8 +562,14 @@ def _marbles(rng: random.Random, k: int, st: _Steps) -> str:
 
 
 def _tickets(rng: random.Random, k: int, st: _Steps) -> str:
-    event, people = rng.choice([("concert", "band members"), ("school play", "classes"),
-                                ("charity race", "charities"), ("movie night", "clubs")])
+    event, people = rng.choice(
+        [
+            ("concert", "band members"),
+            ("school play", "classes"),
+            ("charity race", "charities"),
+            ("movie night", "clubs"),
+        ]
+    )
     t, price = rng.randint(2, 9), rng.randint(2, 5)
     x = st("tickets", t, "*", price)
     text = [f"A {event} sells {t} tickets for ${price} each."]
@@ -556,18 +613,16 @@ def _stickers(rng: random.Random, k: int, st: _Steps) -> str:
     if rng.random() < 0.5:
         f = st.factor(x, 2, 4)
         st("times", x, "*", f)
-        text.append(f"{q.name} has {f} times as many {item} as the first album. "
-                    f"How many {item} does {q.name} have?")
+        text.append(f"{q.name} has {f} times as many {item} as the first album. How many {item} does {q.name} have?")
     else:
         c = rng.randint(2, 10)
         st("gives", x, "+", c)
-        text.append(f"{q.name} gives {p.obj} {c} more for that album. "
-                    f"How many {item} are in it now?")
+        text.append(f"{q.name} gives {p.obj} {c} more for that album. How many {item} are in it now?")
     return " ".join(text)
 
 
 def _pizza(rng: random.Random, k: int, st: _Steps) -> str:
-    p, = _people(rng, 1)
+    (p,) = _people(rng, 1)
     n, s = rng.randint(2, 4), rng.choice([2, 4, 6, 8])
     x = st("pizzas", n, "*", s)
     text = [f"{p.name} orders {n} pizzas for a party. Each pizza is cut into {s} slices."]
@@ -587,16 +642,29 @@ def _pizza(rng: random.Random, k: int, st: _Steps) -> str:
 
 
 TEMPLATES: dict[str, _Template] = {
-    "shopping": _shopping, "ages": _ages, "travel": _travel, "baking": _baking,
-    "savings": _savings, "workers": _workers, "packing": _packing, "garden": _garden,
-    "reading": _reading, "school": _school, "eggs": _eggs, "parking": _parking,
-    "marbles": _marbles, "tickets": _tickets, "stickers": _stickers, "pizza": _pizza,
+    "shopping": _shopping,
+    "ages": _ages,
+    "travel": _travel,
+    "baking": _baking,
+    "savings": _savings,
+    "workers": _workers,
+    "packing": _packing,
+    "garden": _garden,
+    "reading": _reading,
+    "school": _school,
+    "eggs": _eggs,
+    "parking": _parking,
+    "marbles": _marbles,
+    "tickets": _tickets,
+    "stickers": _stickers,
+    "pizza": _pizza,
 }
 _TEMPLATE_LIST = list(TEMPLATES.values())
 
 
-def generate_problem(rng: random.Random, template: str | None = None, steps: int | None = None,
-                     max_value: int = MAX_VALUE) -> dict:
+def generate_problem(
+    rng: random.Random, template: str | None = None, steps: int | None = None, max_value: int = MAX_VALUE
+) -> dict:
     """One random problem ``{"question": str, "answer": str}``.
 
     The answer has 2-4 (or ``steps``) dependent lines ``a op b = c`` and ends
@@ -620,8 +688,9 @@ def generate_problem(rng: random.Random, template: str | None = None, steps: int
     raise RuntimeError(f"template {template.__name__} failed to produce a {k}-step problem")
 
 
-def make_dataset(n: int, seed: int, exclude: Iterable[str] = (), unique: bool = False,
-                 max_value: int = MAX_VALUE) -> list[dict]:
+def make_dataset(
+    n: int, seed: int, exclude: Iterable[str] = (), unique: bool = False, max_value: int = MAX_VALUE
+) -> list[dict]:
     """``n`` problems, deterministic given ``seed``.
 
     Problems whose question is in ``exclude`` (e.g. the questions of a held-out

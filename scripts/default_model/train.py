@@ -47,8 +47,8 @@ from models import DiffusionLM, ModelConfig
 from models.transformer import default_unroll_layers
 from psd_jax import DecodeConfig
 from psd_jax.api import DECODE_DEFAULTS_FILE, LoadedModel
-from psd_jax.sharding import make_mesh
 from psd_jax.scoring import is_correct, load_jsonl
+from psd_jax.sharding import make_mesh
 from psd_jax.tokenizer import encode_prompt
 from scripts.default_model.tasks import MAX_VALUE, STEP_LINE, calculate, generate_problem, make_dataset
 
@@ -97,10 +97,14 @@ def model_config(tok, args) -> ModelConfig:
 def fits(tok, example: dict, gen_length: int) -> bool:
     """Whether the example's prompt and its answer + EOS fit a training row (others are skipped)."""
     prompt = encode_prompt(tok, example["question"], chat=True, source="train")
-    return len(prompt) <= PROMPT_LENGTH and len(tok(example["answer"], add_special_tokens=False)["input_ids"]) < gen_length
+    return (
+        len(prompt) <= PROMPT_LENGTH and len(tok(example["answer"], add_special_tokens=False)["input_ids"]) < gen_length
+    )
 
 
-def encode_batch(tok, examples, eos_id: int, pad_id: int, gen_length: int = GEN_LENGTH) -> tuple[np.ndarray, np.ndarray]:
+def encode_batch(
+    tok, examples, eos_id: int, pad_id: int, gen_length: int = GEN_LENGTH
+) -> tuple[np.ndarray, np.ndarray]:
     """Left-padded prompt + answer + EOS padding to ``gen_length``, as the decoder will see it.
 
     The prompt part is padded to the batch's longest prompt rounded up to PROMPT_BUCKET, so the
@@ -116,8 +120,8 @@ def encode_batch(tok, examples, eos_id: int, pad_id: int, gen_length: int = GEN_
     ids = np.full((len(prompts), length + gen_length), pad_id, np.int32)
     mask = np.zeros_like(ids)
     for row, (prompt, answer) in enumerate(zip(prompts, answers)):
-        ids[row, length - len(prompt):] = prompt + answer
-        mask[row, length - len(prompt):] = 1
+        ids[row, length - len(prompt) :] = prompt + answer
+        mask[row, length - len(prompt) :] = 1
     return ids, mask
 
 
@@ -138,13 +142,19 @@ def make_drills(n: int, seed: int, lines: int = 4, labelled: bool = False, liste
     rng = random.Random(seed)
     drills = []
     for _ in range(n):
-        chosen = [rng.choice([m for m in map(STEP_LINE.match, generate_problem(rng)["answer"].splitlines()) if m])
-                  for _ in range(lines)]
+        chosen = [
+            rng.choice([m for m in map(STEP_LINE.match, generate_problem(rng)["answer"].splitlines()) if m])
+            for _ in range(lines)
+        ]
         expressions = [f"{m[1]} {m[2]} {m[3]}" for m in chosen]
-        drills.append({
-            "question": f"Work out {_spoken_list(expressions)}." if listed else f"Work out {lines} calculator lines.",
-            "answer": "\n".join(m[0] if labelled else f"{e} = {m[4]}" for e, m in zip(expressions, chosen)),
-        })
+        drills.append(
+            {
+                "question": f"Work out {_spoken_list(expressions)}."
+                if listed
+                else f"Work out {lines} calculator lines.",
+                "answer": "\n".join(m[0] if labelled else f"{e} = {m[4]}" for e, m in zip(expressions, chosen)),
+            }
+        )
     return drills
 
 
@@ -161,8 +171,12 @@ def make_chain_drills(n: int, seed: int, lines: int = 4) -> list[dict]:
         value = rng.randint(1, MAX_VALUE)
         start, steps, answer = value, [], []
         for _ in range(lines):
-            choices = [(op, b, r) for op in "+-*/" for b in range(1, MAX_VALUE + 1)
-                       if (r := calculate(value, op, b)) is not None and 1 <= r <= MAX_VALUE and not (op in "*/" and b == 1)]
+            choices = [
+                (op, b, r)
+                for op in "+-*/"
+                for b in range(1, MAX_VALUE + 1)
+                if (r := calculate(value, op, b)) is not None and 1 <= r <= MAX_VALUE and not (op in "*/" and b == 1)
+            ]
             op, b, result = rng.choice(choices)
             steps.append(f"{op} {b}")
             answer.append(f"{value} {op} {b} = {result}")
@@ -213,8 +227,15 @@ def masked_loss(ce: jax.Array, masked: jax.Array, t: jax.Array, scored_length: i
     return jnp.sum(ce * masked / t) / (ce.shape[0] * scored_length)
 
 
-def make_train_step(graphdef, optimizer, mask_id: int, gen_length: int = GEN_LENGTH,
-                    block_length: int | None = None, eps: float = 1e-3, row_mean: bool = False):
+def make_train_step(
+    graphdef,
+    optimizer,
+    mask_id: int,
+    gen_length: int = GEN_LENGTH,
+    block_length: int | None = None,
+    eps: float = 1e-3,
+    row_mean: bool = False,
+):
     """One jitted AdamW step on a batch whose last ``gen_length`` tokens are the response.
 
     ``block_length=None`` (the shipped recipe): the SFT loss over the whole response. With
@@ -271,8 +292,9 @@ def data_parallel(enabled: bool, params, opt_state, batch_sizes: tuple[int, ...]
         return (lambda batch: batch), params, opt_state
     devices = jax.devices()
     if len(devices) < 2:
-        raise SystemExit("--data-parallel needs several devices: run with "
-                         "XLA_FLAGS=--xla_force_host_platform_device_count=2 on CPU")
+        raise SystemExit(
+            "--data-parallel needs several devices: run with XLA_FLAGS=--xla_force_host_platform_device_count=2 on CPU"
+        )
     if any(size % len(devices) for size in batch_sizes):
         raise SystemExit(f"--data-parallel: batch sizes {batch_sizes} must divide by the {len(devices)} devices")
     mesh = make_mesh(f"data={len(devices)},model=1")  # the library's (data, model) mesh, all on data
@@ -318,20 +340,38 @@ def main() -> None:
     add_model_args(parser)
     parser.add_argument("--drill-every", type=int, default=3, help="every n-th batch is calculator drills (0: none)")
     parser.add_argument("--drill-batch", type=int, default=64)
-    parser.add_argument("--drill-labels", action="store_true",
-                        help="drill answer lines keep their problem's label word, like a word problem's lines")
-    parser.add_argument("--unlisted-drills", action="store_true",
-                        help="drill questions do not list the expressions (results only from their own line)")
-    parser.add_argument("--chain-drills", action="store_true",
-                        help="half of every drill batch is chained drills (make_chain_drills), the other half listed")
-    parser.add_argument("--masking", choices=["iid", "block"], default="iid",
-                        help="iid: LLaDA's SFT form (the shipped recipe); block: one block per row masked at "
-                             "ratio t, earlier blocks clean, later ones masked (the order the model is decoded in)")
-    parser.add_argument("--loss-weight", choices=["row-mean", "inverse-t"], default="row-mean",
-                        help="row-mean (the shipped recipe): each row's masked tokens averaged, i.e. weighted by "
-                             "one over the row's realised masked ratio; inverse-t: weighted 1/t (LLaDA's expected ratio)")
-    parser.add_argument("--data-parallel", action="store_true",
-                        help="shard each batch over all JAX devices (see the module docstring)")
+    parser.add_argument(
+        "--drill-labels",
+        action="store_true",
+        help="drill answer lines keep their problem's label word, like a word problem's lines",
+    )
+    parser.add_argument(
+        "--unlisted-drills",
+        action="store_true",
+        help="drill questions do not list the expressions (results only from their own line)",
+    )
+    parser.add_argument(
+        "--chain-drills",
+        action="store_true",
+        help="half of every drill batch is chained drills (make_chain_drills), the other half listed",
+    )
+    parser.add_argument(
+        "--masking",
+        choices=["iid", "block"],
+        default="iid",
+        help="iid: LLaDA's SFT form (the shipped recipe); block: one block per row masked at "
+        "ratio t, earlier blocks clean, later ones masked (the order the model is decoded in)",
+    )
+    parser.add_argument(
+        "--loss-weight",
+        choices=["row-mean", "inverse-t"],
+        default="row-mean",
+        help="row-mean (the shipped recipe): each row's masked tokens averaged, i.e. weighted by "
+        "one over the row's realised masked ratio; inverse-t: weighted 1/t (LLaDA's expected ratio)",
+    )
+    parser.add_argument(
+        "--data-parallel", action="store_true", help="shard each batch over all JAX devices (see the module docstring)"
+    )
     parser.add_argument("--eval-every", type=int, default=2000)
     parser.add_argument("--eval-n", type=int, default=64)
     args = parser.parse_args()
@@ -349,13 +389,17 @@ def main() -> None:
     total_steps = args.steps
     optimizer = make_optimizer(args.lr, total_steps, warmup=min(200, total_steps // 10 + 1))
     opt_state = optimizer.init(params)
-    put_batch, params, opt_state = data_parallel(args.data_parallel, params, opt_state,
-                                                 (args.batch, args.drill_batch))
+    put_batch, params, opt_state = data_parallel(args.data_parallel, params, opt_state, (args.batch, args.drill_batch))
     block_length = BLOCK_LENGTH if args.masking == "block" else None
     row_mean = args.loss_weight == "row-mean"
     problem_step = make_train_step(graphdef, optimizer, cfg.mask_id, GEN_LENGTH, block_length, row_mean=row_mean)
-    drill_length = (LABELLED_DRILL_GEN_LENGTH if args.drill_labels else
-                    CHAIN_DRILL_GEN_LENGTH if args.chain_drills else DRILL_GEN_LENGTH)
+    drill_length = (
+        LABELLED_DRILL_GEN_LENGTH
+        if args.drill_labels
+        else CHAIN_DRILL_GEN_LENGTH
+        if args.chain_drills
+        else DRILL_GEN_LENGTH
+    )
     drill_step = make_train_step(graphdef, optimizer, cfg.mask_id, drill_length, block_length, row_mean=row_mean)
     settings = DecodeConfig(gen_length=GEN_LENGTH, block_length=BLOCK_LENGTH, steps=GEN_LENGTH)
 
@@ -364,14 +408,19 @@ def main() -> None:
     start = time.time()
     log = []
     step = 0
-    problems = prefetch(lambda: encode_batch(tok, make_dataset(args.batch, rng.randrange(2**31), exclude=held_out), cfg.eos_id, cfg.pad_id))
+    problems = prefetch(
+        lambda: encode_batch(
+            tok, make_dataset(args.batch, rng.randrange(2**31), exclude=held_out), cfg.eos_id, cfg.pad_id
+        )
+    )
     drill_rng = random.Random(args.seed + 1)  # its own stream: the two prefetch threads interleave
 
     def drill_batch() -> list[dict]:
         chained = args.drill_batch // 2 if args.chain_drills else 0
         seed = drill_rng.randrange(2**31)
-        return (make_drills(args.drill_batch - chained, seed, labelled=args.drill_labels, listed=not args.unlisted_drills)
-                + make_chain_drills(chained, seed))
+        return make_drills(
+            args.drill_batch - chained, seed, labelled=args.drill_labels, listed=not args.unlisted_drills
+        ) + make_chain_drills(chained, seed)
 
     drills = prefetch(lambda: encode_batch(tok, drill_batch(), cfg.eos_id, cfg.pad_id, drill_length))
     while step < total_steps and time.time() - start < args.minutes * 60:
@@ -381,7 +430,9 @@ def main() -> None:
         params, opt_state, loss, acc = (drill_step if use_drill else problem_step)(params, opt_state, ids, attn, sub)
         step += 1
         if step % 50 == 0:
-            print(f"step {step} loss {float(loss):.4f} masked-acc {float(acc):.3f} {time.time() - start:.0f}s", flush=True)
+            print(
+                f"step {step} loss {float(loss):.4f} masked-acc {float(acc):.3f} {time.time() - start:.0f}s", flush=True
+            )
         if step % args.eval_every == 0:
             model = nnx.merge(graphdef, on_one_device(params))
             save(model, out)  # a usable checkpoint at every evaluation
@@ -390,7 +441,8 @@ def main() -> None:
             print(f"  eval step {step}: accuracy {accuracy:.3f} on {args.eval_n} held-out", flush=True)
     save(nnx.merge(graphdef, on_one_device(params)), out)
     (out / "training.json").write_text(
-        json.dumps({"args": vars(args), "steps": step, "seconds": round(time.time() - start), "evals": log}, indent=2) + "\n"
+        json.dumps({"args": vars(args), "steps": step, "seconds": round(time.time() - start), "evals": log}, indent=2)
+        + "\n"
     )
     print(f"wrote {out} after {step} steps, {time.time() - start:.0f}s", flush=True)
 

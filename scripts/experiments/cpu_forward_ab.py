@@ -73,7 +73,9 @@ def main() -> None:
     p.add_argument("--windows", type=int, default=1, help="window: windows per row (PSD/RPS candidates)")
     p.add_argument("--calls", type=int, default=30)
     args = p.parse_args()
-    shape = argparse.Namespace(layers=args.layers, d_model=args.d_model, heads=args.heads, kv_heads=None, mlp=None, vocab=4096)
+    shape = argparse.Namespace(
+        layers=args.layers, d_model=args.d_model, heads=args.heads, kv_heads=None, mlp=None, vocab=4096
+    )
     cfg = random_llada_config(shape)
     graphdef, params = nnx.split(T.DiffusionLM(cfg, dtype=jnp.dtype(args.dtype), rngs=nnx.Rngs(0), unroll_layers=True))
     ids = jnp.ones((1, args.length), jnp.int32)
@@ -93,7 +95,9 @@ def main() -> None:
         cache_mask = ((jnp.arange(args.length) < start) | (jnp.arange(args.length) >= start + w))[None]
         call_args = (params, tokens, positions, cache_k, cache_v, cache_mask, jnp.ones((1, w), bool))
         forms = {"before": {"cached_attention": T.cached_attention_grouped}, "now": {}}
-        build = lambda: jax.jit(lambda p, *a: nnx.merge(graphdef, p).window(*a, out_length=w)).lower(*call_args).compile()
+        build = lambda: (
+            jax.jit(lambda p, *a: nnx.merge(graphdef, p).window(*a, out_length=w)).lower(*call_args).compile()
+        )
     times = alternate(compiled_forms(forms, build), call_args, args.calls)
     what = f"{args.what} {args.dtype}, {args.layers} layers d_model {args.d_model}, N {args.length}"
     if args.what == "window":

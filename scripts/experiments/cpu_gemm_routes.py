@@ -36,7 +36,7 @@ SIZES = (32, 128, 288)
 ROUTES = {
     "jax": "",
     "jax-onednn": "--xla_cpu_experimental_ynn_fusion_type=invalid --xla_cpu_use_onednn=true "
-                  "--xla_cpu_experimental_onednn_fusion_type=dot",
+    "--xla_cpu_experimental_onednn_fusion_type=dot",
     "jax-eigen": "--xla_cpu_experimental_ynn_fusion_type=invalid",
     "torch": None,
 }
@@ -59,7 +59,7 @@ def worker(route: str, dtype: str) -> None:
         with torch.inference_mode():
             for m in SIZES:
                 x = torch.tensor(inputs[m], dtype=dt)
-                print(m, time_call(lambda: [x @ w for w in ws])[0] / 16, flush=True)
+                print(m, time_call(lambda: [x @ w for w in ws])[0] / 16, flush=True)  # noqa: B023 (called at once)
         return
     import jax
     import jax.numpy as jnp
@@ -71,7 +71,7 @@ def worker(route: str, dtype: str) -> None:
     products = jax.jit(lambda x, ws: [jnp.dot(x, w, preferred_element_type=jnp.float32).astype(dt) for w in ws])
     for m in SIZES:
         x = jnp.asarray(inputs[m], dt)
-        print(m, time_call(lambda: jax.block_until_ready(products(x, ws)))[0] / 16, flush=True)
+        print(m, time_call(lambda: jax.block_until_ready(products(x, ws)))[0] / 16, flush=True)  # noqa: B023 (called at once)
 
 
 def onednn_kernels(stderr: str) -> str:
@@ -92,8 +92,14 @@ def run(route: str, dtype: str) -> tuple[dict[int, float], str]:
     env = dict(os.environ, ONEDNN_VERBOSE="1")
     if ROUTES[route]:
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {ROUTES[route]}".strip()
-    proc = subprocess.run([sys.executable, "-m", "scripts.experiments.cpu_gemm_routes", "--worker", route, "--dtype", dtype],
-                          cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "scripts.experiments.cpu_gemm_routes", "--worker", route, "--dtype", dtype],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     times = {}
     for line in proc.stdout.splitlines():
         if line.startswith("onednn_verbose"):
@@ -120,8 +126,11 @@ def main(argv=None) -> int:
             for route in ROUTES:
                 times, kernels[dtype, route] = run(route, dtype)
                 cells[dtype, route].append(times)
-                print(f"round {rnd + 1} {dtype} {route}: " + ", ".join(f"M={m} {t:.3f} ms" for m, t in times.items()),
-                      file=sys.stderr, flush=True)
+                print(
+                    f"round {rnd + 1} {dtype} {route}: " + ", ".join(f"M={m} {t:.3f} ms" for m, t in times.items()),
+                    file=sys.stderr,
+                    flush=True,
+                )
     print("| dtype | route | " + " | ".join(f"M = {m} ms" for m in SIZES) + " | oneDNN kernels that ran |")
     print("| --- | --- | " + " | ".join("---:" for _ in SIZES) + " | --- |")
     for (dtype, route), runs in cells.items():

@@ -25,7 +25,14 @@ from transformers import AutoTokenizer
 from models import DiffusionLM
 from psd_jax.api import load_model
 from scripts.default_model.train import (
-    DRILL_GEN_LENGTH, add_model_args, encode_batch, fits, make_drills, make_optimizer, make_train_step, model_config,
+    DRILL_GEN_LENGTH,
+    add_model_args,
+    encode_batch,
+    fits,
+    make_drills,
+    make_optimizer,
+    make_train_step,
+    model_config,
 )
 
 
@@ -51,8 +58,9 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--unlisted", action="store_true",
-                        help="train on drills whose question does not list the expressions")
+    parser.add_argument(
+        "--unlisted", action="store_true", help="train on drills whose question does not list the expressions"
+    )
     add_model_args(parser)
     args = parser.parse_args()
 
@@ -76,8 +84,10 @@ def main() -> None:
         scorers["listed" if listed else "unlisted"] = (predict, ids, results)
 
     def score(params) -> str:
-        return ", ".join(f"{name} {(np.asarray(predict(params)) == ids)[results].mean():.1%}"
-                         for name, (predict, ids, results) in scorers.items())
+        return ", ".join(
+            f"{name} {(np.asarray(predict(params)) == ids)[results].mean():.1%}"
+            for name, (predict, ids, results) in scorers.items()
+        )
 
     digits = ", ".join(f"{name} {int(results.sum())}" for name, (_, _, results) in scorers.items())
     print(f"model: {cfg.param_count():,} parameters; result digits scored: {digits}", flush=True)
@@ -89,11 +99,20 @@ def main() -> None:
     train_step = make_train_step(graphdef, optimizer, cfg.mask_id, DRILL_GEN_LENGTH)
     key, start = jax.random.key(args.seed), time.time()
     for step in range(1, args.steps + 1):
-        batch_ids, batch_attn = encode_batch(tok, make_drills(args.batch, seed=args.seed * 10**6 + step, listed=not args.unlisted), cfg.eos_id, cfg.pad_id, DRILL_GEN_LENGTH)
+        batch_ids, batch_attn = encode_batch(
+            tok,
+            make_drills(args.batch, seed=args.seed * 10**6 + step, listed=not args.unlisted),
+            cfg.eos_id,
+            cfg.pad_id,
+            DRILL_GEN_LENGTH,
+        )
         key, sub = jax.random.split(key)
         params, opt_state, loss, _ = train_step(params, opt_state, batch_ids, batch_attn, sub)
         if step % args.every == 0:
-            print(f"step {step} loss {float(loss):.3f} result digits {score(params)} {time.time() - start:.0f}s", flush=True)
+            print(
+                f"step {step} loss {float(loss):.3f} result digits {score(params)} {time.time() - start:.0f}s",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

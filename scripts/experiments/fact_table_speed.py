@@ -94,9 +94,19 @@ def main() -> None:
     args = parser.parse_args()
 
     cfg = ModelConfig(
-        family="llada", vocab_size=VOCAB, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-        n_kv_heads=args.heads, mlp_hidden=args.mlp, rope_theta=10000.0, norm_eps=1e-5, max_length=64,
-        mask_id=MASK, eos_id=PAD, pad_id=PAD,
+        family="llada",
+        vocab_size=VOCAB,
+        d_model=args.d_model,
+        n_layers=args.layers,
+        n_heads=args.heads,
+        n_kv_heads=args.heads,
+        mlp_hidden=args.mlp,
+        rope_theta=10000.0,
+        norm_eps=1e-5,
+        max_length=64,
+        mask_id=MASK,
+        eos_id=PAD,
+        pad_id=PAD,
     )
     graphdef, params = nnx.split(DiffusionLM(cfg, rngs=nnx.Rngs(args.seed)))
     optimizer = make_optimizer(args.lr, args.steps, warmup=min(100, args.steps // 4))
@@ -105,7 +115,9 @@ def main() -> None:
 
     facts = fact_table()
     table = jnp.asarray(encode(facts, args.mode))
-    predict = jax.jit(lambda p: nnx.merge(graphdef, p)(table.at[:, -1].set(MASK), jnp.ones_like(table))[:, -1].argmax(-1))
+    predict = jax.jit(
+        lambda p: nnx.merge(graphdef, p)(table.at[:, -1].set(MASK), jnp.ones_like(table))[:, -1].argmax(-1)
+    )
     print(f"{len(facts)} facts, mode {args.mode}, {cfg.param_count():,} parameters", flush=True)
     rng, start = random.Random(0), time.time()
     for i in range(1, args.steps + 1):
@@ -113,7 +125,9 @@ def main() -> None:
         params, opt_state, loss = step(params, opt_state, ids, jax.random.key(i))
         if i % args.every == 0:
             accuracy = float((predict(params) == table[:, -1]).mean())
-            print(f"step {i} loss {float(loss):.3f} result accuracy {accuracy:.1%} {time.time() - start:.0f}s", flush=True)
+            print(
+                f"step {i} loss {float(loss):.3f} result accuracy {accuracy:.1%} {time.time() - start:.0f}s", flush=True
+            )
 
 
 if __name__ == "__main__":

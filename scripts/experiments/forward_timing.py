@@ -114,22 +114,36 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--length", type=int, default=64)
     p.add_argument("--threads", type=int, help="torch.set_num_threads (torch only)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="weights and activations (logits and softmax stay float32 in both backends)")
-    p.add_argument("--scan-layers", action="store_true",
-                   help="jax: lax.scan over stacked layer weights (default: unrolled, load_model's CPU layout)")
-    p.add_argument("--matmuls-only", action="store_true",
-                   help="time only the forward's matrix products (same shapes and FLOPs), not the model")
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="weights and activations (logits and softmax stay float32 in both backends)",
+    )
+    p.add_argument(
+        "--scan-layers",
+        action="store_true",
+        help="jax: lax.scan over stacked layer weights (default: unrolled, load_model's CPU layout)",
+    )
+    p.add_argument(
+        "--matmuls-only",
+        action="store_true",
+        help="time only the forward's matrix products (same shapes and FLOPs), not the model",
+    )
     args = p.parse_args()
     cfg = random_llada_config(args)
     if args.backend == "jax":
         ms, cpu_ms = time_jax(cfg, args.batch, args.length, not args.scan_layers, args.matmuls_only, args.dtype)
     else:
         ms, cpu_ms = time_torch(cfg, args.batch, args.length, args.threads, args.matmuls_only, args.dtype)
-    what = "matmuls only" if args.matmuls_only else ("scan" if args.scan_layers and args.backend == "jax" else "forward")
+    what = (
+        "matmuls only" if args.matmuls_only else ("scan" if args.scan_layers and args.backend == "jax" else "forward")
+    )
     gflops = forward_flops(cfg, args.batch * args.length) / ms / 1e6
-    print(f"{args.backend} ({what}, {args.dtype}): batch {args.batch} x {args.length} tokens, {cfg.param_count():,} parameters: "
-          f"median {ms:.1f} ms per call, {cpu_ms / ms:.2f} cores busy, {gflops:.0f} GFLOP/s of matmul work")
+    print(
+        f"{args.backend} ({what}, {args.dtype}): batch {args.batch} x {args.length} tokens, {cfg.param_count():,} parameters: "
+        f"median {ms:.1f} ms per call, {cpu_ms / ms:.2f} cores busy, {gflops:.0f} GFLOP/s of matmul work"
+    )
 
 
 if __name__ == "__main__":

@@ -35,7 +35,9 @@ def op_times(trace_dir: Path, steps: int) -> collections.Counter:
     """Milliseconds per step of every compiled op in the Perfetto trace under ``trace_dir``."""
     (trace,) = trace_dir.glob("**/*.trace.json.gz")
     totals: collections.Counter = collections.Counter()
-    for event in json.load(gzip.open(trace))["traceEvents"]:
+    with gzip.open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    for event in events:
         if event.get("ph") == "X" and "dur" in event:
             totals[event["name"]] += event["dur"] / 1000 / steps
     return totals
@@ -56,7 +58,9 @@ def main() -> None:
     optimizer = td.make_optimizer(3e-3, 1000, 100)
     opt_state = optimizer.init(params)
     step = td.make_train_step(graphdef, optimizer, cfg.mask_id, row_mean=True)  # the shipped loss weight
-    batch = td.encode_batch(tok, make_dataset(args.batch, random.Random(args.seed).randrange(2**31)), cfg.eos_id, cfg.pad_id)
+    batch = td.encode_batch(
+        tok, make_dataset(args.batch, random.Random(args.seed).randrange(2**31)), cfg.eos_id, cfg.pad_id
+    )
     key = jax.random.key(args.seed)
     for _ in range(2):  # compile and warm up
         params, opt_state, loss, _ = step(params, opt_state, *batch, key)

@@ -60,11 +60,11 @@ def main() -> None:
     _, keys, values = full(params, tokens, mask)
     at = n // 2
     window_args = (
-        tokens[:, None, at:at + w_len],
+        tokens[:, None, at : at + w_len],
         jnp.arange(at, at + w_len)[None, None],
         keys,
         values,
-        mask.at[:, at:at + w_len].set(False),
+        mask.at[:, at : at + w_len].set(False),
         jnp.ones((1, w_len), bool),
     )
     stacked = {name: model.layer_weights()[name] for name in PRODUCTS}
@@ -83,8 +83,10 @@ def main() -> None:
     print(f"window, {w_len} tokens: {median_ms(window, params, *window_args, repeats=r):.1f} ms")
     for rows in (w_len, n):
         x = jnp.full((1, rows, 512), 0.01)
-        print(f"matrix products, {rows} rows: scan over stacked weights {median_ms(scanned, stacked, head, x, repeats=r):.1f} ms, "
-              f"per-layer weights {median_ms(unstacked, per_layer, head, x, repeats=r):.1f} ms")
+        print(
+            f"matrix products, {rows} rows: scan over stacked weights {median_ms(scanned, stacked, head, x, repeats=r):.1f} ms, "
+            f"per-layer weights {median_ms(unstacked, per_layer, head, x, repeats=r):.1f} ms"
+        )
 
 
 if __name__ == "__main__":
