@@ -1,0 +1,243 @@
+"""The lm-evaluation-harness model ``psd_jax``: harness requests through psd-jax's decoders.
+
+Importing this module registers the model (``lm_eval.api.registry.register_model``);
+``python -m psd_jax.evaluate`` does so and then runs the harness's own command line.
+
+- ``generate_until``: requests are decoded in the harness's order, ``--batch_size`` at a time,
+  through ``LoadedModel.generate`` (one jitted loop per batch). That order and padding are the
+  benchmark's, so a harness score and ``psd_jax.bench`` agree problem by problem. The decode
+  length is ``gen_length`` capped by the request's ``max_gen_toks`` rounded up to whole blocks
+  (the rounding is logged and recorded); the text is cut to ``max_gen_toks`` tokens, at the first
+  EOS/EOT, then at the first ``until`` string, and special tokens are removed.
+- Prompts are encoded as the harness renders them (no special tokens added, ``add_bos_token``
+  aside); chat templates come through the harness's ``--apply_chat_template``, which calls
+  ``apply_chat_template`` here with the checkpoint's tokenizer.
+- ``loglikelihood``: LLaDA's Monte Carlo estimator (``psd_jax.loglikelihood``);
+  ``loglikelihood_rolling``: the same bound over the whole text after one BOS/EOS token.
+
+Every request is encoded and checked against the model's context before the first model call.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from typing import Any
+
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+from models import load_config
+
+from .api import InputError, LoadedModel, load_model
+from .config import DecodeConfig
+from .efficiency import EfficiencyLog
+from .harness_args import EvalArgs, EvalArgsError, parse_eval_args
+from .loglikelihood import Estimator, LikelihoodScorer, Prepared
+
+log = logging.getLogger(__name__)
+
+CREATED: list[PsdJaxLM] = []  # models made in this process, for the entry point's efficiency record
+
+
+class _GenJob:
+    """One ``generate_until`` request, encoded: ids, its settings and how its text is cut."""
+
+    def __init__(self, ids: list[int], settings: DecodeConfig, until: list[str], max_tokens: int | None, task):
+        self.ids, self.settings, self.until, self.max_tokens, self.task = ids, settings, until, max_tokens, task
+
+
+@register_model("psd_jax")
+class PsdJaxLM(LM):
+    """A psd-jax model as a harness ``LM``; model arguments: ``psd_jax.harness_args``."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        self.args: EvalArgs = parse_eval_args(kwargs)
+        settings = self.args.settings
+        vocab = load_config(self.args.pretrained).vocab_size
+        if settings.decoder == "rps" and settings.k_max > vocab:
+            raise EvalArgsError(f"k_max {settings.k_max} exceeds the vocabulary of {vocab}")
+        self.lm: LoadedModel = load_model(self.args.pretrained, dtype=self.args.dtype, mesh=self.args.mesh)
+        est = Estimator(
+            mc_num=self.args.mc_num,
+            mc_batch=self.args.mc_batch,
+            cfg=self.args.cfg,
+            seed=self.args.seed,
+            draws_per_call=self.args.batch_size,
+            bucket=self.args.prompt_bucket,
+        )
+        self.scorer = LikelihoodScorer(self.lm, est)
+        self.efficiency = EfficiencyLog()
+        self._noted: set = set()
+        CREATED.append(self)
+        log.info("psd_jax: %s, settings %s", self.args.pretrained, settings)
+
+    # ------------------------------------------------------------------ chat templates
+    @property
+    def tokenizer_name(self) -> str:
+        return str(self.args.pretrained).replace("/", "__")
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        if not self.lm.has_chat_template:
+            raise InputError(
+                f"{self.args.pretrained}: --apply_chat_template needs a chat template; this tokenizer has none"
+            )
+        return self.lm.tokenizer.chat_template
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """The checkpoint's template rendered as text (the harness passes the text back as the prompt)."""
+        self.chat_template()
+        return self.lm.tokenizer.apply_chat_template(
+            chat_history,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=not add_generation_prompt,
+        )
+
+    # -------------------------------------------------------------------- tokenizing
+    def _encode(self, text: str) -> list[int]:
+        tokenizer = self.lm.tokenizer
+        if tokenizer is None:
+            raise InputError(f"{self.args.pretrained}: this checkpoint has no tokenizer, and harness requests are text")
+        ids = [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
+        bos = tokenizer.bos_token_id
+        if self.args.add_bos_token and bos is not None and ids[:1] != [bos]:
+            ids = [int(bos), *ids]
+        return ids
+
+    def _prefix_token(self) -> list[int]:
+        bos = self.lm.tokenizer.bos_token_id if self.lm.tokenizer is not None else None
+        return [int(bos)] if bos is not None else [self.lm.config.eos_id]
+
+    def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """LLaDA's split: trailing spaces move to the continuation, whose ids are those of the whole
+        text after the context's; an empty context becomes one BOS (or EOS) token."""
+        spaces = len(context) - len(context.rstrip())
+        if spaces:
+            context, continuation = context[:-spaces], context[-spaces:] + continuation
+        if not context:
+            return self._prefix_token(), self._encode(continuation)
+        whole, ctx = self._encode(context + continuation), self._encode(context)
+        return ctx, whole[len(ctx) :]
+
+    # ---------------------------------------------------------------- generate_until
+    def _settings_for(self, max_tokens: int | None, task) -> DecodeConfig:
+        """``gen_length`` capped by ``max_gen_toks`` rounded up to whole blocks (noted once per value)."""
+        s = self.args.settings
+        if max_tokens is None or max_tokens >= s.gen_length:
+            return s
+        blocks = math.ceil(max_tokens / s.block_length)
+        steps = None if s.steps is None else s.steps_per_block * blocks
+        capped = s.replace(gen_length=blocks * s.block_length, steps=steps)
+        self.efficiency.task(task).gen_lengths[str(max_tokens)] = capped.gen_length
+        if (task, max_tokens) not in self._noted:
+            self._noted.add((task, max_tokens))
+            log.warning(
+                "psd_jax: %s: max_gen_toks %d decodes %d positions (%d blocks of %d); the text is cut to %d tokens",
+                task,
+                max_tokens,
+                capped.gen_length,
+                blocks,
+                s.block_length,
+                max_tokens,
+            )
+        return capped
+
+    def _gen_job(self, request) -> _GenJob:
+        context, kwargs = request.args[0], dict(request.args[1] or {})
+        until = kwargs.pop("until", None) or []
+        until = [until] if isinstance(until, str) else [u for u in until if u]
+        max_tokens = kwargs.pop("max_gen_toks", None)
+        max_tokens = None if max_tokens is None else int(max_tokens)
+        if max_tokens is not None and max_tokens < 1:
+            raise InputError(f"max_gen_toks must be positive, got {max_tokens}")
+        ignored = {k: v for k, v in kwargs.items() if k not in ("do_sample", "temperature") or v}
+        if ignored and ("ignored", request.task_name) not in self._noted:
+            self._noted.add(("ignored", request.task_name))
+            log.warning("psd_jax: generation kwargs %s are not used: decoding follows the model arguments", ignored)
+        ids = self._encode(context)
+        settings = self._settings_for(max_tokens, request.task_name)
+        bucketed = -(-len(ids) // self.args.prompt_bucket) * self.args.prompt_bucket
+        if bucketed + settings.gen_length > self.lm.config.max_length:
+            raise InputError(
+                f"a {request.task_name} request's prompt ({len(ids)} tokens, padded to {bucketed}) + gen_length "
+                f"{settings.gen_length} exceeds the model's context of {self.lm.config.max_length}"
+            )
+        return _GenJob(ids, settings, until, max_tokens, request.task_name)
+
+    def _text(self, output_ids: list[int], tokens: int, job: _GenJob) -> str:
+        ids = output_ids[:tokens][: job.max_tokens]
+        text = self.lm.tokenizer.decode(ids, skip_special_tokens=False)
+        for stop in job.until:
+            text = text.split(stop)[0]
+        for special in self.lm.tokenizer.all_special_tokens:
+            text = text.replace(special, "")
+        return text
+
+    def generate_until(self, requests: list, disable_tqdm: bool = False) -> list[str]:
+        jobs = [self._gen_job(r) for r in requests]  # every request checked before the first decode
+        out: list[str] = [""] * len(requests)
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for i, job in enumerate(jobs):
+            groups[(job.task, job.settings)].append(i)
+        for (task, settings), rows in groups.items():
+            for start in range(0, len(rows), self.args.batch_size):
+                chunk = rows[start : start + self.args.batch_size]
+                results = self.lm.generate(
+                    [jobs[i].ids for i in chunk], settings, seed=self.args.seed, prompt_bucket=self.args.prompt_bucket
+                )
+                self.efficiency.add_generations(task, results)
+                for i, g in zip(chunk, results):
+                    out[i] = self._text(g.output_ids, g.tokens, jobs[i])
+                    self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
+        return out
+
+    # ----------------------------------------------------------------- loglikelihood
+    def _counters(self) -> tuple:
+        s = self.scorer
+        return (s.calls, s.rows, s.seconds, s.compile_seconds)
+
+    def _score(self, preps: list[Prepared], tasks: list, greedy: bool) -> list[tuple[float, bool]]:
+        out: list[tuple[float, bool]] = [(0.0, False)] * len(preps)
+        by_task: dict[Any, list[int]] = defaultdict(list)
+        for i, task in enumerate(tasks):
+            by_task[task].append(i)
+        for task, rows in by_task.items():
+            before = self._counters()
+            values = self.scorer.loglikelihoods([preps[i] for i in rows])
+            checks = self.scorer.greedy([preps[i] for i in rows], self.args.batch_size) if greedy else None
+            self.efficiency.add_scoring(task, len(rows), before, self._counters())
+            for j, i in enumerate(rows):
+                out[i] = (values[j], bool(checks[j]) if checks else False)
+        return out
+
+    def loglikelihood(self, requests: list, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        preps = [self.scorer.prepare(*self._encode_pair(*r.args)) for r in requests]
+        out = self._score(preps, [r.task_name for r in requests], self.args.is_check_greedy)
+        for r, value in zip(requests, out):
+            self.cache_hook.add_partial("loglikelihood", r.args, value)
+        return out
+
+    def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list[float]:
+        """The bound over the whole text, conditioned on one BOS (or EOS) token; a text longer than
+        the model's context is an error (no rolling windows)."""
+        preps = [self.scorer.prepare(self._prefix_token(), self._encode(r.args[0])) for r in requests]
+        out = [ll for ll, _ in self._score(preps, [r.task_name for r in requests], greedy=False)]
+        for r, value in zip(requests, out):
+            self.cache_hook.add_partial("loglikelihood_rolling", r.args, value)
+        return out
+
+    # ----------------------------------------------------------------------- records
+    def efficiency_record(self) -> dict[str, Any]:
+        return {
+            "model": str(self.args.pretrained),
+            "settings": dict(vars(self.args.settings)),
+            "estimator": dict(vars(self.scorer.est)),
+            "tasks": self.efficiency.to_json(),
+        }
+
+    def get_model_info(self) -> dict[str, Any]:
+        """Added by the harness to its results' ``config``: the settings and the efficiency record."""
+        return {"psd_jax": self.efficiency_record()}
