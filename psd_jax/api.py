@@ -7,6 +7,7 @@ reports compilation separately from decoding time.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -26,7 +27,7 @@ from models import DiffusionLM, ModelConfig, load_config
 from models.transformer import default_unroll_layers
 
 from .config import DecodeConfig, DecodeConfigError, settings_from
-from .engine import decode
+from .engine import decode, decode_blocks, decode_start, final_blocks, finish
 from .records import DecodeOutput, Generation, generations
 from .sharding import batch_sharding, make_mesh, param_shardings
 from .tokenizer import TokenizerError, encode_prompt, load_tokenizer, resolve_special_ids
@@ -140,6 +141,15 @@ class PromptIO:
             raise DecodeConfigError(f"k_max {dcfg.k_max} exceeds the vocabulary of {self.config.vocab_size}")
         return dcfg
 
+    def settings(self, settings: DecodeConfig | None = None, overrides: dict[str, Any] | None = None) -> DecodeConfig:
+        """The settings ``generate`` would decode with, checked against the model (for front ends
+        that refuse bad requests before they queue them); raises ``DecodeConfigError``."""
+        return self._decode_config(settings, overrides or {})
+
+    def prompt_ids(self, prompts: Sequence[str | Sequence[int]], chat: bool | None = None) -> list[list[int]]:
+        """The token ids ``generate`` would decode, checked (non-empty, in the vocabulary)."""
+        return self._prompt_ids(prompts, chat)
+
     @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
@@ -243,6 +253,57 @@ class LoadedModel(PromptIO):
         seconds = time.perf_counter() - start
         return self._results(out, prompt_ids.shape[1], dcfg, seconds, compile_seconds)
 
+    def start_blocks(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        settings: DecodeConfig | None = None,
+        *,
+        seed: int = 0,
+        chat: bool | None = None,
+        prompt_bucket: int | None = 32,
+        batch_size: int | None = None,
+        **overrides: Any,
+    ) -> BlockDecode:
+        """Start decoding a batch block by block (streaming): ``BlockDecode.advance`` runs the loop to
+        the next block boundary, so each finished block can be used while the next one decodes.
+
+        Same arguments and, greedy or with ``batch_size`` equal to the prompt count, the same tokens
+        as ``generate``. ``batch_size`` pads the batch with rows that start done, so batches of any
+        size up to it share one compiled loop (a server compiles a few sizes at start-up)."""
+        dcfg = self._decode_config(settings, overrides)
+        check_seed(seed)
+        check_prompt_bucket(prompt_bucket)
+        ids = self._prompt_ids(prompts, chat)
+        rows = batch_size or len(ids)
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < len(ids):
+            raise InputError(f"batch_size must be an integer >= the {len(ids)} prompts, got {batch_size!r}")
+        prompt_ids, prompt_mask = left_pad(
+            ids + [ids[0]] * (rows - len(ids)), self.config, dcfg.gen_length, prompt_bucket
+        )
+        live = np.arange(rows) < len(ids)
+        args = [jnp.asarray(a) for a in (prompt_ids, prompt_mask)] + [jax.random.key(seed), jnp.asarray(live)]
+        if self.mesh is not None:
+            placed = batch_sharding(self.mesh, rows)
+            args[0], args[1] = jax.device_put(args[0], placed), jax.device_put(args[1], placed)
+        start, compile_seconds = self._compile_with(decode_start, ("start", *args[:2]), (self.params, *args), dcfg)
+        began = time.perf_counter()
+        state = start(self.params, *args)
+        seconds = time.perf_counter() - began
+        blocks, more = self._compile_with(decode_blocks, ("blocks", args[1]), (self.params, args[1], state), dcfg)
+        run = BlockDecode(self, blocks, args[1], state, len(ids), dcfg, compile_seconds + more)
+        run.seconds = seconds
+        return run
+
+    def _compile_with(self, fn, shapes: tuple, args: tuple, dcfg: DecodeConfig):
+        """``fn`` compiled ahead of time for ``args`` (cached by name, input shapes and settings)."""
+        cache_key = (shapes[0], *(a.shape for a in shapes[1:]), dcfg, self.config)
+        if cache_key in self._compiled:
+            return self._compiled[cache_key], 0.0
+        began = time.perf_counter()
+        compiled = fn.lower(self.graphdef, *args, mcfg=self.config, dcfg=dcfg).compile()
+        self._compiled[cache_key] = compiled
+        return compiled, time.perf_counter() - began
+
     def _compile(self, args, dcfg: DecodeConfig):
         cache_key = (args[1].shape, dcfg, self.config)
         if cache_key in self._compiled:
@@ -256,6 +317,64 @@ class LoadedModel(PromptIO):
         self, out: DecodeOutput, prompt_length: int, dcfg: DecodeConfig, seconds: float, compile_seconds: float
     ):
         return generations(out, prompt_length, self.config.stop_ids, self.decode_text, seconds, compile_seconds)
+
+
+@dataclasses.dataclass
+class BlockProgress:
+    """A batch after one ``BlockDecode.advance``: per prompt, the generated ids so far
+    ([rows, gen_length]; a block's ids are final once it is counted in ``final_blocks``),
+    the number of final blocks, and whether the row is done (then ``final_blocks`` is the number of
+    blocks it decoded: it stops at the last one or at one holding EOS)."""
+
+    generated: np.ndarray
+    final_blocks: np.ndarray
+    done: np.ndarray
+    nfe: np.ndarray  # model calls while each row was decoding, so far
+
+
+class BlockDecode:
+    """One batch decoded block by block (``LoadedModel.start_blocks``): each ``advance`` is one
+    compiled call and one host round trip, however many steps the block takes."""
+
+    def __init__(self, lm: LoadedModel, blocks, prompt_mask, state, rows: int, dcfg: DecodeConfig, compile_seconds):
+        self.lm, self.dcfg, self.rows = lm, dcfg, rows
+        self.compile_seconds = compile_seconds
+        self.seconds = 0.0  # decode wall time so far (compilation excluded)
+        self._blocks, self._mask, self._state = blocks, prompt_mask, state
+        self.done = False
+
+    @property
+    def prompt_length(self) -> int:
+        return self._mask.shape[1]
+
+    def advance(self) -> BlockProgress:
+        """Run the loop until every row that is decoding has left its block or finished."""
+        began = time.perf_counter()
+        if not self.done:
+            self._state = self._blocks(self.lm.params, self._mask, self._state)
+        state = self._state
+        block, done, canvas, nfe = jax.device_get((state.block, state.done, state.canvas, state.row_nfe))
+        self.seconds += time.perf_counter() - began
+        self.done = bool(done.all())
+        n = self.rows
+        generated = canvas[:n, self.prompt_length :]
+        return BlockProgress(generated, np.asarray(final_blocks(block, done))[:n], done[:n], nfe[:n])
+
+    def stop(self, rows: Sequence[int]) -> None:
+        """Stop decoding ``rows`` (their output is no longer wanted): they are frozen like finished
+        rows from the next ``advance`` on, and no longer hold the batch back."""
+        if not len(rows):
+            return
+        done = self._state.done.at[jnp.asarray(list(rows))].set(True)
+        self._state = self._state.replace(done=jax.device_put(done, self._state.done.sharding))
+
+    def results(self) -> list[Generation]:
+        """One ``Generation`` per prompt, as ``generate`` returns them (call once every row is done)."""
+        out = jax.device_get(finish(self._state))
+        n = self.rows
+        rows = DecodeOutput(out.canvas[:n], out.row_nfe[:n], out.nfe, out.sequence_forwards, out.iterations, {})
+        rows = rows._replace(stats={k: v[:n] for k, v in out.stats.items()})
+        return self.lm._results(rows, self.prompt_length, self.dcfg, self.seconds, self.compile_seconds)
 
 
 def load_model(

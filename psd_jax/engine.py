@@ -33,10 +33,18 @@ from models import ModelConfig
 
 from .config import DecodeConfig
 from .decoders import Decoder, Proposal, decoder_for, forward_size_index, forward_sizes, initial_stats, propose
-from .predict import ForwardFn, Prediction, forwards_per_call, predict, predict_prefill, predict_window
+from .predict import (
+    ForwardFn,
+    LogitWindow,
+    Prediction,
+    forwards_per_call,
+    predict,
+    predict_prefill,
+    predict_window,
+)
 from .records import DecodeOutput
 
-TRACE_COUNT = {"decode": 0}  # incremented each time the decode loop is traced (compile test)
+TRACE_COUNT = {"decode": 0, "blocks": 0}  # incremented each time a decode loop is traced (compile tests)
 
 
 @struct.dataclass
@@ -78,8 +86,25 @@ class Loop:
     def total_length(self) -> int:
         return self.prompt_length + self.dcfg.gen_length
 
-    def call(self, canvases: jax.Array, attention_mask: jax.Array, key: jax.Array) -> Prediction:
-        return predict(self.forward, canvases, attention_mask, self.prompt_length, key, self.mcfg, self.dcfg)
+    def call(
+        self, canvases: jax.Array, attention_mask: jax.Array, key: jax.Array, block: jax.Array | None = None
+    ) -> Prediction:
+        """One model call over canvases [B, K, N]; with ``block`` [B], logits only where a row can commit."""
+        window = None if block is None else self.logit_window(block)
+        return predict(self.forward, canvases, attention_mask, self.prompt_length, key, self.mcfg, self.dcfg, window)
+
+    @property
+    def logit_width(self) -> int | None:
+        """Positions per row that get logits: the current block with a cache (a row whose block
+        completes gets the next block's predictions from its block-start forward), the current
+        block and the next without (a row whose block completes commits from this forward next);
+        None when that is every generated position anyway."""
+        width = self.dcfg.block_length * (1 if self.dcfg.cache != "none" else 2)
+        return None if width >= self.dcfg.gen_length else width
+
+    def logit_window(self, block: jax.Array) -> LogitWindow | None:
+        width = self.logit_width
+        return None if width is None else LogitWindow(self.block_span(block)[0], width)
 
     @property
     def window_lengths(self) -> tuple[int, ...]:
@@ -132,12 +157,15 @@ def init_state(loop: Loop, prompt_ids: jax.Array, attention_mask: jax.Array, key
     cached = {}
     if loop.dcfg.cache != "none":
         # Block 0's block-start full forward, which also fills the KV cache.
+        first = loop.logit_window(jnp.zeros(batch, jnp.int32))
         pred, keys, values = predict_prefill(
-            loop.prefill, canvas, attention_mask, loop.prompt_length, sub, loop.mcfg, loop.dcfg
+            loop.prefill, canvas, attention_mask, loop.prompt_length, sub, loop.mcfg, loop.dcfg, first
         )
         cached = {"cache": (keys, values), "stale": jnp.zeros(batch, bool)}
     else:
-        pred = jax.tree.map(lambda a: a[:, 0], loop.call(canvas[:, None], attention_mask, sub))
+        pred = jax.tree.map(
+            lambda a: a[:, 0], loop.call(canvas[:, None], attention_mask, sub, jnp.zeros(batch, jnp.int32))
+        )
     zeros = jnp.zeros(batch, jnp.int32)
     return DecodeState(
         canvas=canvas,
@@ -166,7 +194,7 @@ def step(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeSta
     live = ~done_after_s0
     key, sub = jax.random.split(state.key)
     preds, calls, forwarded = _forward_leading(
-        proposal, live, state.pred, lambda candidates: loop.call(candidates, attention_mask, sub)
+        proposal, live, state.pred, lambda candidates: loop.call(candidates, attention_mask, sub, state.block)
     )
     sequences = forwards_per_call(state.canvas.shape[0], loop.dcfg) // proposal.candidates.shape[1] * forwarded
     return _apply_choice(loop, state, proposal, preds, live, state.done, key, live, calls, sequences)
@@ -257,8 +285,9 @@ def _refresh(loop: Loop, attention_mask: jax.Array, state: DecodeState, rows: ja
     prediction and KV cache rows replaced by those of their current canvas."""
 
     def do_refresh(_):
+        window = loop.logit_window(state.block)  # the refreshed rows' new blocks
         pred, keys, values = predict_prefill(
-            loop.prefill, state.canvas, attention_mask, loop.prompt_length, key, loop.mcfg, loop.dcfg
+            loop.prefill, state.canvas, attention_mask, loop.prompt_length, key, loop.mcfg, loop.dcfg, window
         )
         return _where_rows(rows, pred, state.pred), _where_rows(rows, (keys, values), state.cache, axis=1)
 
@@ -400,19 +429,27 @@ def finish(state: DecodeState) -> DecodeOutput:
     return DecodeOutput(state.canvas, state.row_nfe, state.nfe, state.sequence_forwards, state.iteration, state.stats)
 
 
-def _decode(model, prompt_ids, prompt_mask, key, mcfg: ModelConfig, dcfg: DecodeConfig, runner) -> DecodeOutput:
-    loop = Loop(
+def _loop_for(model, prompt_length: int, mcfg: ModelConfig, dcfg: DecodeConfig) -> Loop:
+    return Loop(
         mcfg,
         dcfg,
-        prompt_ids.shape[1],
+        prompt_length,
         model,
         prefill=model.prefill,
         window=model.window,
         positions=model.positions,
     )
-    batch = prompt_ids.shape[0]
-    attention_mask = jnp.concatenate([prompt_mask.astype(jnp.int32), jnp.ones((batch, dcfg.gen_length), jnp.int32)], 1)
-    return finish(runner(loop, prompt_ids, attention_mask, key))
+
+
+def _attention_mask(prompt_mask: jax.Array, gen_length: int) -> jax.Array:
+    """The canvas's attention mask [B, P + gen_length]: the prompt's, then every generated position."""
+    batch = prompt_mask.shape[0]
+    return jnp.concatenate([prompt_mask.astype(jnp.int32), jnp.ones((batch, gen_length), jnp.int32)], 1)
+
+
+def _decode(model, prompt_ids, prompt_mask, key, mcfg: ModelConfig, dcfg: DecodeConfig, runner) -> DecodeOutput:
+    loop = _loop_for(model, prompt_ids.shape[1], mcfg, dcfg)
+    return finish(runner(loop, prompt_ids, _attention_mask(prompt_mask, dcfg.gen_length), key))
 
 
 @partial(jax.jit, static_argnames=("graphdef", "mcfg", "dcfg"))
@@ -426,3 +463,52 @@ def decode(graphdef, params, prompt_ids, prompt_mask, key, *, mcfg: ModelConfig,
 def decode_python_loop(model, prompt_ids, prompt_mask, key, *, mcfg: ModelConfig, dcfg: DecodeConfig) -> DecodeOutput:
     """Same decode with a plain Python loop over the (separately jitted) ``step``; the test oracle."""
     return _decode(model, prompt_ids, prompt_mask, key, mcfg, dcfg, run_python_loop)
+
+
+# ---------------------------------------------------------------------------- block streaming
+# The same loop, stopped on the host's behalf at block boundaries: a block is final once a row has
+# left it, so a server can send it while the next one decodes. ``decode_start`` is ``init_state``;
+# each ``decode_blocks`` call runs ``step`` in one while_loop until every row that was decoding has
+# left its block or finished (one host round trip per block, none per step). Calling
+# ``decode_blocks`` until every row is done runs exactly the iterations of ``decode``, with the
+# same keys, so the outputs are the same.
+
+
+@partial(jax.jit, static_argnames=("graphdef", "mcfg", "dcfg"))
+def decode_start(
+    graphdef, params, prompt_ids, prompt_mask, key, live, *, mcfg: ModelConfig, dcfg: DecodeConfig
+) -> DecodeState:
+    """The decode's first state (its first forward); rows where ``live`` [B] is false start done.
+
+    Rows that start done are padding: a server pads a batch to one of a few compiled sizes, and a
+    done row is frozen, gets no model calls of its own and does not hold the others back."""
+    model = nnx.merge(graphdef, params)
+    loop = _loop_for(model, prompt_ids.shape[1], mcfg, dcfg)
+    state = init_state(loop, prompt_ids, _attention_mask(prompt_mask, dcfg.gen_length), key)
+    return state.replace(done=~live)
+
+
+@partial(jax.jit, static_argnames=("graphdef", "mcfg", "dcfg"), donate_argnames=("state",))
+def decode_blocks(graphdef, params, prompt_mask, state: DecodeState, *, mcfg: ModelConfig, dcfg: DecodeConfig):
+    """Advance ``state`` until every row that was decoding has left its block or finished."""
+    TRACE_COUNT["blocks"] += 1
+    model = nnx.merge(graphdef, params)
+    loop = _loop_for(model, prompt_mask.shape[1], mcfg, dcfg)
+    return run_until_block_ends(loop, _attention_mask(prompt_mask, dcfg.gen_length), state)
+
+
+def run_until_block_ends(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeState:
+    """``step`` while some row is still decoding the block it was in when called.
+
+    Without a cache, rows leave blocks at different iterations; a row that has left keeps decoding
+    its next block until the last one has (so a call may finish two blocks of a fast row). With a
+    cache, rows already move through blocks together."""
+    entry_block = state.block
+    still_in_block = lambda s: jnp.any(~s.done & (s.block == entry_block))  # noqa: E731
+    return jax.lax.while_loop(still_in_block, partial(step, loop, attention_mask), state)
+
+
+def final_blocks(block, done):
+    """Blocks of each row whose tokens are final: those it has left, and its current one once done
+    (a row stops in the block that completes it: the last one, or one holding EOS)."""
+    return block + done.astype(block.dtype)
