@@ -85,7 +85,7 @@ class EfficiencyLog:
             tps = s.get("tokens_per_second")
             lines.append(
                 f"| {name} | {t.requests} | {s.get('nfe_per_request', 0):.1f} | {s.get('tpf', 0):.2f} | {t.tokens} | "
-                f"{tps if tps is None else f'{tps:.1f}'} | {t.seconds:.2f} | "
+                f"{'–' if tps is None else f'{tps:.1f}'} | {t.seconds:.2f} | "
                 f"{t.compile_seconds + t.scoring_compile_seconds:.2f} | {t.scored_requests} | {t.scoring_seconds:.2f} |"
             )
         return "\n".join(lines)

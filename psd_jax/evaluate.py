@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 from .flags import EXIT_BAD_INPUT
@@ -60,19 +59,36 @@ def _bad_input_errors() -> tuple[type[BaseException], ...]:
     return (InputError, DecodeConfigError, EvalArgsError, MeshError, TokenizerError, FileNotFoundError)
 
 
-def report(argv: list[str], started: float) -> None:
-    """Print the efficiency table of the models this run made and write their record."""
-    from .efficiency import write_report
-    from .harness import CREATED
+def precheck(argv: list[str]) -> None:
+    """Check a psd_jax run's model arguments before the harness starts (it indexes every task
+    first): the same parse the harness does (its own parser), then ``parse_eval_args``."""
+    from lm_eval._cli import HarnessCLI
 
-    for model in CREATED:
+    from .harness_args import parse_eval_args
+
+    full = argv if argv and argv[0] in SUBCOMMANDS else ["run", *argv]
+    if full[0] != "run" or {"-h", "--help"} & set(full):
+        return
+    args = HarnessCLI()._parser.parse_args(full)
+    if getattr(args, "model", None) != MODEL_NAME or getattr(args, "config", None):
+        return  # another model, or model arguments from a YAML config: checked when the model is made
+    raw = dict(args.model_args or {})
+    if getattr(args, "batch_size", None) is not None:
+        raw["batch_size"] = args.batch_size
+    parse_eval_args(raw)
+
+
+def report(argv: list[str], models: list) -> None:
+    """Print the efficiency table of each model this run made and write its record."""
+    from .efficiency import write_report
+
+    for model in models:
         record = model.efficiency_record()
         print(f"\npsd_jax efficiency ({record['model']}):")
         print(model.efficiency.table())
-        path = write_report(record, output_path(argv), started)
+        path = write_report(record, output_path(argv), model.started)
         if path is not None:
             print(f"wrote {path}")
-    CREATED.clear()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,20 +96,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from lm_eval.__main__ import cli_evaluate
 
-        from . import harness  # noqa: F401  (registers the model)
+        from .harness import CREATED
     except ImportError as exc:
         print(f"error: lm-evaluation-harness is not installed ({exc}); pip install -e '.[eval]'", file=sys.stderr)
         return EXIT_BAD_INPUT
-    started = time.time()
+    first = len(CREATED)
     saved, sys.argv = sys.argv, [f"{Path(sys.executable).name} -m psd_jax.evaluate", *argv]
     try:
+        precheck(argv)
         cli_evaluate()
     except _bad_input_errors() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     finally:
         sys.argv = saved
-    report(argv, started)
+    report(argv, CREATED[first:])
     return 0
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -71,6 +72,7 @@ class PsdJaxLM(LM):
         self.scorer = LikelihoodScorer(self.lm, est)
         self.efficiency = EfficiencyLog()
         self._noted: set = set()
+        self.started = time.time()  # the efficiency record goes beside results written after this
         CREATED.append(self)
         log.info("psd_jax: %s, settings %s", self.args.pretrained, settings)
 

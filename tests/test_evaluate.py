@@ -1,0 +1,381 @@
+"""The harness model psd_jax and python -m psd_jax.evaluate, offline: local tasks over jsonl files.
+
+The end-to-end score test runs the real harness command line in a subprocess; the others call
+``psd_jax.evaluate.main`` in this process with the harness's built-in task index switched off
+(``include_defaults=False``: the local tasks do not need it, and indexing it costs 9 s a run).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import GOLDENS
+
+pytest.importorskip("lm_eval")
+
+from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.utils import simple_parse_args_string  # noqa: E402
+
+from psd_jax import evaluate, load_model  # noqa: E402
+from psd_jax.api import DEFAULT_MODEL_DIR, model_settings  # noqa: E402
+from psd_jax.bench import decoder_matrix, run_setting  # noqa: E402
+from psd_jax.harness_args import EvalArgsError, parse_eval_args  # noqa: E402
+from psd_jax.loglikelihood import Estimator, LikelihoodScorer  # noqa: E402
+from psd_jax.scoring import load_jsonl  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+HELD_OUT = DEFAULT_MODEL_DIR / "test.jsonl"
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+GSM8K_STYLE = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+output_type: generate_until
+test_split: test
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+    ignore_case: true
+    ignore_punctuation: false
+    regexes_to_ignore: [",", "\\\\$", "(?s).*#### ", "\\\\.$"]
+generation_kwargs:
+  until: ["Question:", "</s>", "<|im_end|>"]
+  do_sample: false
+  temperature: 0.0
+filter_list:
+  - name: strict-match
+    filter:
+      - function: regex
+        regex_pattern: "#### (\\\\-?[0-9\\\\.\\\\,]+)"
+      - function: take_first
+num_fewshot: 0
+metadata:
+  version: 1.0
+"""
+
+MULTIPLE_CHOICE = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+output_type: multiple_choice
+test_split: test
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: label
+metric_list:
+  - metric: acc
+num_fewshot: 0
+metadata:
+  version: 1.0
+"""
+
+
+def write_task(directory: Path, name: str, template: str, rows: list[dict]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    data = directory / f"{name}.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (directory / f"{name}.yaml").write_text(template.format(name=name, data=data))
+    return directory
+
+
+def samples(out: Path, task: str) -> list[dict]:
+    (path,) = out.rglob(f"samples_{task}_*.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return sorted(rows, key=lambda s: s["doc_id"])
+
+
+@pytest.fixture
+def harness_in_process(monkeypatch):
+    """``evaluate.main`` here, with the harness's built-in task index off and offline datasets."""
+    import lm_eval.tasks
+
+    original = lm_eval.tasks.TaskManager
+
+    def local_only(*args, **kwargs):
+        return original(*args, **{**kwargs, "include_defaults": False})
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", local_only)
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+    return evaluate.main
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return load_model()
+
+
+# ------------------------------------------------------------------------ end to end
+
+
+def test_harness_score_equals_bench_problem_by_problem(tmp_path):
+    """python -m psd_jax.evaluate on a GSM8K-format local task (GSM8K's answer regex and
+    exact_match) scores the shipped model exactly as psd_jax.bench does, problem by problem,
+    with the same decoded text; the efficiency record is written beside the results."""
+    n, batch = 8, 8
+    write_task(tmp_path / "tasks", "heldout", GSM8K_STYLE, load_jsonl(HELD_OUT)[:n])
+    fields = {"policy": "threshold", "threshold": 0.9, "decoder": "psd", "depth": 3}
+    model_args = ",".join(f"{k}={v}" for k, v in fields.items())
+    command = [
+        sys.executable,
+        "-m",
+        "psd_jax.evaluate",
+        "--tasks",
+        "heldout",
+        "--include_path",
+        str(tmp_path / "tasks"),
+    ]
+    command += ["--limit", str(n), "--batch_size", str(batch), "--apply_chat_template", "--log_samples"]
+    command += ["--output_path", str(tmp_path / "out"), "--model_args", model_args]
+    run = subprocess.run(command, cwd=ROOT, env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    harness = [int(s["exact_match"]) for s in samples(tmp_path / "out", "heldout")]
+
+    lm = load_model()
+    settings = decoder_matrix(model_settings(DEFAULT_MODEL_DIR, {}), ["psd-threshold-0.9-d3"])["psd-threshold-0.9-d3"]
+    assert settings == parse_eval_args(simple_parse_args_string(model_args)).settings
+    examples = load_jsonl(HELD_OUT)[:n]
+    row = run_setting(lm, "psd-threshold-0.9-d3", settings, examples, batch, None, 32, warm_up=False)
+    assert harness == row.correct_by_problem
+    texts = [g.text for g in lm.generate([ex["question"] for ex in examples], settings)]
+    assert [s["resps"][0][0] for s in samples(tmp_path / "out", "heldout")] == texts
+
+    (record,) = evaluate.efficiency_files(tmp_path / "out")
+    stats = record["tasks"]["heldout"]
+    assert stats["requests"] == n and stats["nfe"] == row.nfe and stats["tokens"] == row.tokens
+    assert "psd_jax efficiency" in run.stdout and "tokens/s" in run.stdout
+    (results,) = (tmp_path / "out").rglob("results_*.json")
+    assert json.loads(results.read_text())["config"]["psd_jax"]["tasks"]["heldout"]["nfe"] == row.nfe
+
+
+def test_multiple_choice_task_through_loglikelihood(tmp_path, harness_in_process, shipped):
+    """A multiple-choice task end to end: each choice's log-likelihood the harness logged is the
+    estimator's value for that request, and acc is the share of questions whose label wins."""
+    rows = []
+    for i, ex in enumerate(load_jsonl(HELD_OUT)[:4]):
+        right = ex["answer"]
+        wrong = [right.rsplit("####", 1)[0] + f"#### {int(right.rsplit('####', 1)[1]) + d}" for d in (1, 7)]
+        choices = wrong[: i % 3] + [right] + wrong[i % 3 :]
+        rows.append({"question": ex["question"], "choices": choices, "label": i % 3})
+    write_task(tmp_path / "tasks", "choice", MULTIPLE_CHOICE, rows)
+    args = "mc_num=8,mc_batch=4,seed=3"
+    code = harness_in_process(
+        ["--tasks", "choice", "--include_path", str(tmp_path / "tasks"), "--apply_chat_template", "--log_samples"]
+        + ["--output_path", str(tmp_path / "out"), "--batch_size", "2", "--model_args", args]
+    )
+    assert code == 0
+    logged = samples(tmp_path / "out", "choice")
+    scorer = LikelihoodScorer(shipped, Estimator(mc_num=8, mc_batch=4, seed=3, draws_per_call=5))
+    from psd_jax.harness import CREATED
+
+    model = CREATED[-1]
+    correct = []
+    for s in logged:
+        context = s["arguments"]["gen_args_0"]["arg_0"]
+        values = []
+        for j, choice in enumerate(rows[s["doc_id"]]["choices"]):
+            assert s["arguments"][f"gen_args_{j}"]["arg_1"] == choice  # chat templated: no delimiter
+            prep = scorer.prepare(*model._encode_pair(context, choice))
+            values.append(scorer.loglikelihoods([prep])[0])
+        assert [float(r[0]) for r in s["filtered_resps"]] == pytest.approx(values, rel=1e-5)
+        correct.append(int(np.argmax(values) == rows[s["doc_id"]]["label"]))
+        assert s["acc"] == correct[-1]
+    stats = model.efficiency_record()["tasks"]["choice"]
+    assert stats["scored_requests"] == 3 * len(rows) and stats["scoring_calls"] > 0
+
+
+# ------------------------------------------------------------------------- estimator
+
+
+def direct_nll_sum(lm, ids: list[int], masked: list[int], cfg: float, prompt_len: int) -> float:
+    """Σ CE of the masked positions from ``lm.logits`` on the unpadded sequence (numpy)."""
+    noisy = np.array(ids)
+    noisy[masked] = lm.config.mask_id
+    logits = np.asarray(lm.logits(noisy[None]))[0].astype(np.float64)
+    if cfg > 0:
+        uncond = noisy.copy()
+        uncond[:prompt_len] = lm.config.mask_id
+        u = np.asarray(lm.logits(uncond[None]))[0].astype(np.float64)
+        logits = u + (cfg + 1) * (logits - u)
+    shift = lm.config.logit_shift
+    total = 0.0
+    for j in masked:
+        row = logits[j - shift]
+        total += np.log(np.exp(row - row.max()).sum()) + row.max() - row[ids[j]]
+    return total
+
+
+def direct_expectation(lm, context, continuation, group: int, cfg: float) -> float:
+    """The estimator's expectation by enumeration, weighted by LLaDA's stratification written
+    with torch-style rounding of k + i·T/group (round half to even)."""
+    t, ids = len(continuation), [*context, *continuation]
+    by_size = {}
+    for m in range(1, t + 1):
+        subsets = itertools.combinations(range(len(context), len(ids)), m)
+        by_size[m] = np.mean([direct_nll_sum(lm, ids, list(s), cfg, len(context)) for s in subsets])
+    total = 0.0
+    for k in range(1, t + 1):
+        counts = [(int(np.round(k + i * t / group)) - 1) % t + 1 for i in range(group)]
+        total += np.mean([t / m * by_size[m] for m in counts])
+    return total / t
+
+
+@pytest.mark.parametrize(("name", "cfg"), [("llada-tiny", 0.0), ("dream-tiny", 0.0), ("dream-tiny", 0.5)])
+def test_exact_expectation_equals_direct_computation(name, cfg):
+    lm = load_model(GOLDENS / name)
+    scorer = LikelihoodScorer(lm, Estimator(mc_batch=8, cfg=cfg))
+    context, continuation = [5, 17, 33, 101, 7, 9, 250], [44, 12, 300, 8]
+    exact = scorer.exact_nll(context, continuation)
+    assert exact == pytest.approx(direct_expectation(lm, context, continuation, 8, cfg), rel=1e-5)
+
+
+@pytest.mark.parametrize("name", ["llada-tiny", "dream-tiny"])
+def test_monte_carlo_mean_within_standard_errors_of_exact(name):
+    lm = load_model(GOLDENS / name)
+    scorer = LikelihoodScorer(lm, Estimator(mc_num=2048, mc_batch=8, draws_per_call=64, seed=11))
+    context, continuation = [5, 17, 33, 101, 7, 9], [44, 12, 300]
+    exact = scorer.exact_nll(context, continuation)
+    draws = scorer.draw_losses([scorer.prepare(context, continuation)])[0]
+    standard_error = draws.std(ddof=1) / np.sqrt(len(draws))
+    assert abs(draws.mean() - exact) < 4 * standard_error
+    assert standard_error < 0.02 * exact  # enough draws for the check to mean something
+
+
+def test_estimates_do_not_depend_on_batch_mates():
+    lm = load_model(GOLDENS / "llada-tiny")
+    scorer = LikelihoodScorer(lm, Estimator(mc_num=16, mc_batch=4, draws_per_call=3))
+    pairs = [([1, 2, 3], [4, 5]), ([9, 8, 7, 6, 5, 4], [3]), ([11, 12], [13, 14, 15, 16])]
+    preps = [scorer.prepare(*p) for p in pairs]
+    together = scorer.loglikelihoods(preps)
+    alone = [scorer.loglikelihoods([p])[0] for p in reversed(preps)][::-1]
+    assert together == pytest.approx(alone, rel=1e-6, abs=1e-6)
+
+
+def test_greedy_check_recognises_the_greedy_continuation():
+    lm = load_model(GOLDENS / "llada-tiny")
+    scorer = LikelihoodScorer(lm, Estimator(mc_num=4, mc_batch=4))
+    context = [5, 17, 33, 101]
+    (greedy,) = lm.generate([context], gen_length=4, block_length=4, eos_early_stop=False)
+    other = [(greedy.output_ids[0] + 1) % 500, *greedy.output_ids[1:]]
+    preps = [scorer.prepare(context, greedy.output_ids), scorer.prepare(context, other)]
+    assert scorer.greedy(preps, batch=2) == [True, False]
+
+
+# ---------------------------------------------------------------------- generate_until
+
+
+def request(context: str, task: str = "t", **kwargs) -> Instance:
+    return Instance("generate_until", {}, (context, kwargs), 0, (task, 0, 1))
+
+
+@pytest.fixture(scope="module")
+def harness_model():
+    from psd_jax.harness import PsdJaxLM
+
+    return PsdJaxLM(batch_size=3)
+
+
+def test_batched_requests_equal_one_at_a_time_and_max_gen_toks(harness_model):
+    """Three requests in one batch decode as they do alone; max_gen_toks 20 decodes 32 positions
+    (2 blocks of 16, recorded) and the text keeps at most 20 tokens."""
+    model = harness_model
+    questions = [ex["question"] for ex in load_jsonl(HELD_OUT)[:3]]
+    prompts = [model.apply_chat_template([{"role": "user", "content": q}]) for q in questions]
+    reqs = [request(p, until=["\n\n"], max_gen_toks=20) for p in prompts]
+    batched = model.generate_until(reqs)
+    model.args = dataclass_replace(model.args, batch_size=1)
+    alone = [model.generate_until([r])[0] for r in reqs]
+    assert batched == alone and all(batched)
+    assert all(len(model._encode(text)) <= 20 for text in batched)
+    assert model.efficiency.tasks["t"].gen_lengths == {"20": 32}
+
+
+def dataclass_replace(obj, **changes):
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
+
+
+def test_until_cuts_the_text_and_special_tokens_are_removed(harness_model):
+    from psd_jax.harness import _GenJob
+
+    model = harness_model
+    ids = model._encode("hens 5 * 4 = 20\nQuestion: next<|eot_id|>")
+    job = _GenJob(ids, model.args.settings, ["Question:"], None, "t")
+    assert model._text(ids, len(ids), job) == "hens 5 * 4 = 20\n"
+    job = _GenJob(ids, model.args.settings, [], 3, "t")
+    assert model._text(ids, len(ids), job) == model.lm.tokenizer.decode(ids[:3])
+    eot = model._encode("a<|eot_id|>b")
+    assert model._text(eot, len(eot), _GenJob(eot, model.args.settings, [], None, "t")) == "ab"
+
+
+def test_chat_template_hooks_give_the_library_prompt(harness_model, shipped):
+    model = harness_model
+    question = load_jsonl(HELD_OUT)[0]["question"]
+    text = model.apply_chat_template([{"role": "user", "content": question}])
+    assert model._encode(text) == shipped.encode(question, chat=True)
+    assert model.chat_template(True) == shipped.tokenizer.chat_template
+    assert model.tokenizer_name.endswith("models__default")
+
+
+# ------------------------------------------------------------------------- bad input
+
+
+def test_model_arguments_parse_like_the_harness():
+    args = parse_eval_args(simple_parse_args_string("decoder=psd,depth=2,cache=dual,mesh=data=1,model=1,seed=4"))
+    assert args.mesh == "data=1,model=1" and args.seed == 4
+    assert args.settings.depth == 2 and args.settings.gen_length == 48  # the shipped model's decode default
+    assert parse_eval_args({"mesh": "data=1;model=1"}).mesh == "data=1,model=1"
+    assert parse_eval_args({"eos_early_stop": "false", "steps": "24"}).settings.steps == 24
+    with pytest.raises(EvalArgsError, match="mc_batch 3 does not divide mc_num 8"):
+        parse_eval_args({"mc_num": 8, "mc_batch": 3})
+
+
+def test_default_model_is_inserted():
+    assert evaluate.with_default_model(["--tasks", "x"]) == ["--model", "psd_jax", "--tasks", "x"]
+    assert evaluate.with_default_model(["run", "--tasks", "x"])[:3] == ["run", "--model", "psd_jax"]
+    assert evaluate.with_default_model(["--model", "hf"]) == ["--model", "hf"]
+    assert evaluate.with_default_model(["ls", "tasks"]) == ["ls", "tasks"]
+
+
+@pytest.mark.parametrize(
+    ("model_args", "message"),
+    [
+        ("foo=1,policy=fixed", "unknown model argument(s) foo"),
+        ("depth=5", "depth=5 would be ignored"),
+        ("policy=threshold,threshold=2", "threshold must be in (0, 1]"),
+        ("mc_num=0", "mc_num must be an integer >= 1"),
+    ],
+)
+def test_bad_model_arguments_fail_before_any_model_call(model_args, message, capsys, monkeypatch):
+    import psd_jax.harness
+
+    monkeypatch.setattr(psd_jax.harness, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    code = evaluate.main(["--tasks", "nothing", "--model_args", model_args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+
+
+def test_requests_beyond_the_context_fail_before_any_decode(tmp_path, harness_in_process, capsys, monkeypatch):
+    from psd_jax.api import LoadedModel
+
+    monkeypatch.setattr(LoadedModel, "generate", lambda *a, **k: pytest.fail("decoded"))
+    long = {"question": "How many? " * 300, "answer": "#### 1"}
+    write_task(tmp_path / "tasks", "long", GSM8K_STYLE, [load_jsonl(HELD_OUT)[0], long])
+    code = harness_in_process(["--tasks", "long", "--include_path", str(tmp_path / "tasks")])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert code == 2 and len(err) == 1 and "exceeds the model's context of 512" in err[0]
