@@ -244,10 +244,13 @@ class DiffusionLM(nnx.Module):
         attention_mask: jax.Array | None = None,
         positions: jax.Array | None = None,
         logits_from: int = 0,
+        logit_index: jax.Array | None = None,
     ) -> jax.Array:
-        """Logits [B, N - logits_from, V] of positions ``logits_from`` on: a decoder reads only the
-        generated positions, and the vocabulary projection of a long prompt is wasted work."""
-        return self._full(tokens, attention_mask, positions, collect_kv=False, logits_from=logits_from)[0]
+        """Logits [B, N - logits_from, V] of positions ``logits_from`` on, or [B, W, V] of the positions
+        ``logit_index`` [B, W] names: a decoder reads only the positions it can commit, and the
+        vocabulary projection of the others (a long prompt, the blocks after the current one) is
+        wasted work and memory."""
+        return self._full(tokens, attention_mask, positions, False, logits_from, logit_index)[0]
 
     def prefill(
         self,
@@ -255,19 +258,20 @@ class DiffusionLM(nnx.Module):
         attention_mask: jax.Array | None = None,
         positions: jax.Array | None = None,
         logits_from: int = 0,
+        logit_index: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """``__call__`` that also returns every layer's keys and values (keys after RoPE).
 
         Returns (logits [B, N - logits_from, V], keys [L, B, N, KV, hd], values [L, B, N, KV, hd]):
         the block KV cache that ``window`` attends to.
         """
-        return self._full(tokens, attention_mask, positions, collect_kv=True, logits_from=logits_from)
+        return self._full(tokens, attention_mask, positions, True, logits_from, logit_index)
 
     def positions(self, attention_mask: jax.Array | None, batch: int, length: int) -> jax.Array:
         """Position ids [B, N] of a forward without explicit positions (``default_positions``)."""
         return default_positions(self.config, attention_mask, batch, length)
 
-    def _full(self, tokens, attention_mask, positions, collect_kv: bool, logits_from: int):
+    def _full(self, tokens, attention_mask, positions, collect_kv: bool, logits_from: int, logit_index):
         cfg = self.config
         batch, length = tokens.shape
         if positions is None:
@@ -287,7 +291,9 @@ class DiffusionLM(nnx.Module):
             return self._mlp(h, w), ((k, v) if collect_kv else None)
 
         x, kv = self._run_layers(block, x)
-        logits = self._head(x.reshape(batch, length, -1)[:, logits_from:])
+        h = x.reshape(batch, length, -1)
+        h = h[:, logits_from:] if logit_index is None else jnp.take_along_axis(h, logit_index[..., None], axis=1)
+        logits = self._head(h)
         return (logits, *kv) if collect_kv else (logits, None, None)
 
     def window(

@@ -3,9 +3,14 @@
 ``predict`` flattens ``[B, K, N]`` canvases into a single ``[B*K, N]`` forward (doubled for
 classifier-free guidance), applies the family's logit shift, suppresses the mask token, and turns
 logits into a ``Prediction``: predicted token and its confidence per position, plus what RPS needs
-(entropy, top-k probabilities) when asked. Decoders never see logits. Only the generated positions
-get logits (the vocabulary projection, softmax and top-k of the prompt would be wasted work: the
-prompt is never committed); the Prediction still spans the canvas, the prompt predicting itself.
+(entropy, top-k probabilities) when asked. Decoders never see logits.
+
+Only positions a decoder can commit get logits: with a ``LogitWindow`` (the engine's: the current
+block, and for the uncached loop the next one too, whose predictions a row uses once its block
+completes), else every generated position. The vocabulary projection, softmax and top-k of the
+other positions would be wasted work, and their float32 logits ``[B*K, gen_length, vocab]`` the
+largest buffer of a decode. The Prediction still spans the canvas: a position without logits
+predicts its current token with zero confidence (no decoder reads or commits it).
 """
 
 from __future__ import annotations
@@ -43,6 +48,52 @@ def generated_logits(full, tokens: jax.Array, mask, prompt_length: int, shift: i
     out = full(tokens, mask, logits_from=prompt_length - shift)
     logits, rest = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
     return logits[:, : tokens.shape[1] - prompt_length], rest
+
+
+@struct.dataclass
+class LogitWindow:
+    """The canvas positions [M, W] that get logits: ``width`` from each row's ``start``."""
+
+    start: jax.Array  # [M] first position (a block start)
+    width: int = struct.field(pytree_node=False)
+
+    def positions(self) -> jax.Array:
+        return self.start[:, None] + jnp.arange(self.width)[None, :]
+
+    def logit_index(self, n: int, shift: int) -> jax.Array:
+        """Logit rows the positions read (position i reads logit i - shift), inside the canvas."""
+        return jnp.clip(self.positions() - shift, 0, n - 1)
+
+    def repeat(self, k: int) -> LogitWindow:
+        return LogitWindow(jnp.repeat(self.start, k, axis=0), self.width)
+
+
+def model_logits(full, tokens: jax.Array, mask, prompt_length: int, shift: int, window: LogitWindow | None):
+    """Logits of the window's positions [M, W, V] (or of every generated position, without one)
+    and whatever else ``full`` returned."""
+    if window is None:
+        return generated_logits(full, tokens, mask, prompt_length, shift)
+    out = full(tokens, mask, logit_index=window.logit_index(tokens.shape[1], shift))
+    return (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
+
+
+def on_canvas(pred: Prediction, canvas: jax.Array, prompt_length: int, window: LogitWindow | None) -> Prediction:
+    """A Prediction of the window's (or the generated) positions -> of the whole canvas [M, N]."""
+    if window is None:
+        return with_prompt(pred, canvas[:, :prompt_length])
+    m, n = canvas.shape
+    positions = window.positions()
+    positions = jnp.where(positions < n, positions, n)  # past the canvas end: dropped
+    rows = jnp.arange(m)[:, None]
+
+    def put(field: jax.Array, base: jax.Array) -> jax.Array:
+        return base.at[rows, positions].set(field, mode="drop")
+
+    def zeros_like_canvas(field: jax.Array) -> jax.Array:
+        return jnp.zeros((m, n, *field.shape[2:]), field.dtype)
+
+    placed = jax.tree.map(lambda f: put(f, zeros_like_canvas(f)), pred)
+    return placed.replace(token=put(pred.token, canvas.astype(jnp.int32)))
 
 
 def with_prompt(pred: Prediction, prompt: jax.Array) -> Prediction:
@@ -110,21 +161,27 @@ def predict(
     key: jax.Array,
     mcfg: ModelConfig,
     dcfg: DecodeConfig,
+    window: LogitWindow | None = None,
 ) -> Prediction:
-    """One model call over canvases [B, K, N]; returns a Prediction with leading dims [B, K]."""
+    """One model call over canvases [B, K, N]; returns a Prediction with leading dims [B, K].
+
+    ``window`` (per row [B]) limits the logits to the positions a decoder can commit."""
     batch, k, n = canvases.shape
     flat = canvases.reshape(batch * k, n)
     mask = None if attention_mask is None else jnp.repeat(attention_mask, k, axis=0)
+    window = None if window is None else window.repeat(k)
+    shift = mcfg.logit_shift
     if dcfg.cfg_scale > 0:
         # Classifier-free guidance: the prompt replaced by [MASK] gives the unconditional branch.
         uncond = flat.at[:, :prompt_length].set(mcfg.mask_id)
         both_mask = None if mask is None else jnp.concatenate([mask, mask])
-        both, _ = generated_logits(forward, jnp.concatenate([flat, uncond]), both_mask, prompt_length, mcfg.logit_shift)
+        both_window = None if window is None else LogitWindow(jnp.concatenate([window.start] * 2), window.width)
+        both, _ = model_logits(forward, jnp.concatenate([flat, uncond]), both_mask, prompt_length, shift, both_window)
         cond_logits, uncond_logits = jnp.split(both, 2)
         logits = uncond_logits + (dcfg.cfg_scale + 1.0) * (cond_logits - uncond_logits)
     else:
-        logits, _ = generated_logits(forward, flat, mask, prompt_length, mcfg.logit_shift)
-    pred = with_prompt(logits_to_prediction(logits, key, mcfg, dcfg), flat[:, :prompt_length])
+        logits, _ = model_logits(forward, flat, mask, prompt_length, shift, window)
+    pred = on_canvas(logits_to_prediction(logits, key, mcfg, dcfg), flat, prompt_length, window)
     return jax.tree.map(lambda a: a.reshape(batch, k, *a.shape[1:]), pred)
 
 
@@ -144,10 +201,11 @@ def predict_prefill(
     key: jax.Array,
     mcfg: ModelConfig,
     dcfg: DecodeConfig,
+    window: LogitWindow | None = None,
 ):
     """Full-canvas call [B, N] that also returns the KV cache: (Prediction [B, N], keys, values)."""
-    logits, (keys, values) = generated_logits(prefill, canvas, attention_mask, prompt_length, mcfg.logit_shift)
-    pred = with_prompt(logits_to_prediction(logits, key, mcfg, dcfg), canvas[:, :prompt_length])
+    logits, (keys, values) = model_logits(prefill, canvas, attention_mask, prompt_length, mcfg.logit_shift, window)
+    pred = on_canvas(logits_to_prediction(logits, key, mcfg, dcfg), canvas, prompt_length, window)
     return pred, keys, values
 
 
