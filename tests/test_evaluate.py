@@ -35,7 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 HELD_OUT = DEFAULT_MODEL_DIR / "test.jsonl"
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
-GSM8K_STYLE = """task: {name}
+TASKS = ROOT / "tests" / "data" / "tasks"  # heldout.yaml: the held-out set with GSM8K's filters and psd-scoring
+
+GENERATE = """task: {name}
 dataset_path: json
 dataset_kwargs:
   data_files:
@@ -46,21 +48,6 @@ doc_to_text: "{{{{question}}}}"
 doc_to_target: "{{{{answer}}}}"
 metric_list:
   - metric: exact_match
-    aggregation: mean
-    higher_is_better: true
-    ignore_case: true
-    ignore_punctuation: false
-    regexes_to_ignore: [",", "\\\\$", "(?s).*#### ", "\\\\.$"]
-generation_kwargs:
-  until: ["Question:", "</s>", "<|im_end|>"]
-  do_sample: false
-  temperature: 0.0
-filter_list:
-  - name: strict-match
-    filter:
-      - function: regex
-        regex_pattern: "#### (\\\\-?[0-9\\\\.\\\\,]+)"
-      - function: take_first
 num_fewshot: 0
 metadata:
   version: 1.0
@@ -123,27 +110,20 @@ def shipped():
 
 
 def test_harness_score_equals_bench_problem_by_problem(tmp_path):
-    """python -m psd_jax.evaluate on a GSM8K-format local task (GSM8K's answer regex and
-    exact_match) scores the shipped model exactly as psd_jax.bench does, problem by problem,
-    with the same decoded text; the efficiency record is written beside the results."""
+    """python -m psd_jax.evaluate on the held-out set as a harness task (tests/data/tasks) decodes
+    the same text as psd_jax.bench, problem by problem, and its psd-scoring filter (the bench's
+    answer rule) gives the bench's score on each problem; the efficiency record is written beside
+    the results and into them."""
     n, batch = 8, 8
-    write_task(tmp_path / "tasks", "heldout", GSM8K_STYLE, load_jsonl(HELD_OUT)[:n])
     fields = {"policy": "threshold", "threshold": 0.9, "decoder": "psd", "depth": 3}
     model_args = ",".join(f"{k}={v}" for k, v in fields.items())
-    command = [
-        sys.executable,
-        "-m",
-        "psd_jax.evaluate",
-        "--tasks",
-        "heldout",
-        "--include_path",
-        str(tmp_path / "tasks"),
-    ]
+    command = [sys.executable, "-m", "psd_jax.evaluate", "--tasks", "heldout", "--include_path", str(TASKS)]
     command += ["--limit", str(n), "--batch_size", str(batch), "--apply_chat_template", "--log_samples"]
     command += ["--output_path", str(tmp_path / "out"), "--model_args", model_args]
     run = subprocess.run(command, cwd=ROOT, env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    harness = [int(s["exact_match"]) for s in samples(tmp_path / "out", "heldout")]
+    logged = [s for s in samples(tmp_path / "out", "heldout") if s["filter"] == "psd-scoring"]
+    harness = [int(s["exact_match"]) for s in logged]
 
     lm = load_model()
     settings = decoder_matrix(model_settings(DEFAULT_MODEL_DIR, {}), ["psd-threshold-0.9-d3"])["psd-threshold-0.9-d3"]
@@ -152,7 +132,7 @@ def test_harness_score_equals_bench_problem_by_problem(tmp_path):
     row = run_setting(lm, "psd-threshold-0.9-d3", settings, examples, batch, None, 32, warm_up=False)
     assert harness == row.correct_by_problem
     texts = [g.text for g in lm.generate([ex["question"] for ex in examples], settings)]
-    assert [s["resps"][0][0] for s in samples(tmp_path / "out", "heldout")] == texts
+    assert [s["resps"][0][0] for s in logged] == texts
 
     (record,) = evaluate.efficiency_files(tmp_path / "out")
     stats = record["tasks"]["heldout"]
@@ -375,7 +355,7 @@ def test_requests_beyond_the_context_fail_before_any_decode(tmp_path, harness_in
 
     monkeypatch.setattr(LoadedModel, "generate", lambda *a, **k: pytest.fail("decoded"))
     long = {"question": "How many? " * 300, "answer": "#### 1"}
-    write_task(tmp_path / "tasks", "long", GSM8K_STYLE, [load_jsonl(HELD_OUT)[0], long])
+    write_task(tmp_path / "tasks", "long", GENERATE, [load_jsonl(HELD_OUT)[0], long])
     code = harness_in_process(["--tasks", "long", "--include_path", str(tmp_path / "tasks")])
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
     assert code == 2 and len(err) == 1 and "exceeds the model's context of 512" in err[0]
