@@ -1,0 +1,67 @@
+"""A request's answer as pieces, one per decoded block: text, token ids, and at the end the finish
+reason and usage. Streaming sends each piece as a chunk; a plain response joins them, so both
+give the same text by construction."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+
+from ..api import LoadedModel
+from .batcher import Failed, Ticket
+from .errors import DecodeFailed
+from .text import TextStream
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """One block's part of an answer; the last piece has ``finish_reason`` and ``usage``."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+
+
+def usage(prompt_tokens: int, tokens: int, model_calls: int) -> dict[str, Any]:
+    """OpenAI's usage, plus the diffusion decoder's cost: model calls and tokens per forward."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": tokens,
+        "total_tokens": prompt_tokens + tokens,
+        "model_calls": model_calls,
+        "tokens_per_forward": tokens / max(model_calls, 1),
+    }
+
+
+def first_stop(ids: np.ndarray, stop_ids: tuple[int, ...]) -> int:
+    """Generated tokens before the first EOS/EOT (``Generation.tokens``' rule)."""
+    stops = np.flatnonzero(np.isin(ids, stop_ids))
+    return int(stops[0]) if stops.size else len(ids)
+
+
+async def pieces(ticket: Ticket, lm: LoadedModel) -> AsyncIterator[Piece]:
+    """The answer's pieces as the worker reports blocks; stops the row at a stop string."""
+    request, block = ticket.request, ticket.request.settings.block_length
+    text, sent = TextStream(lm.decode_text, request.stop), 0
+    while True:
+        event = await ticket.events.get()
+        if isinstance(event, Failed):
+            raise DecodeFailed(event.error)
+        for b in range(sent, event.final_blocks):
+            final_ids = event.generated[: (b + 1) * block]
+            last = event.done and b == event.final_blocks - 1
+            delta = text.update(final_ids.tolist(), last)
+            tokens = first_stop(final_ids, lm.config.stop_ids)
+            ids = final_ids[b * block : max(tokens, b * block)].tolist()
+            if not (last or text.stopped):
+                yield Piece(delta, ids)
+                continue
+            ticket.cancel()  # a stop string ends the answer early: free the row
+            reason = "stop" if text.stopped or tokens < len(final_ids) else "length"
+            yield Piece(delta, ids, reason, usage(len(request.prompt_ids), tokens, event.nfe))
+            return
+        sent = event.final_blocks

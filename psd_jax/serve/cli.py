@@ -1,0 +1,123 @@
+"""``python -m psd_jax.serve``: the OpenAI-compatible server (FastAPI + uvicorn, the ``serve`` extra).
+
+Decoding flags are ``generate``'s (one per ``DecodeConfig`` field): they set the server's default
+settings, over the model directory's ``decode_defaults.json``; each request may override any of
+them by name. Bad flags print one ``error:`` line and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..api import InputError, default_model_path, left_pad, load_model, model_settings
+from ..config import DecodeConfigError
+from ..flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, positive_int
+from ..sharding import MeshError
+from ..tokenizer import TokenizerError
+
+DEFAULT_PORT = 8000
+MAX_BATCH = 8
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type for ``--max-wait-ms``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def length_list(text: str) -> tuple[int, ...]:
+    """argparse type for ``--warmup-lengths`` and ``--batch-sizes``: comma-separated positive
+    integers, or ``none``."""
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        return tuple(positive_int(t) for t in text.split(",") if t.strip())
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers or none, got {text!r}") from None
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m psd_jax.serve", description=__doc__)
+    p.add_argument("--model", help="HF or converted model directory (default: the shipped default model)")
+    p.add_argument("--served-model-name", help="the model id clients send (default: the directory's name)")
+    add_decode_flags(p)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--mesh", help='shard over devices, e.g. "data=2,model=4" (default: one device)')
+    p.add_argument("--distributed", action="store_true", help="multi-host: call jax.distributed.initialize() first")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=positive_int, default=DEFAULT_PORT)
+    p.add_argument("--max-batch", type=positive_int, help=f"most requests decoded in one batch (default: {MAX_BATCH})")
+    p.add_argument(
+        "--batch-sizes",
+        type=length_list,
+        help="the compiled batch sizes a batch is padded to; the largest is the most in one batch "
+        "(default: powers of two up to --max-batch)",
+    )
+    p.add_argument(
+        "--max-wait-ms", type=non_negative_float, default=10.0, help="how long a request waits for others to batch with"
+    )
+    p.add_argument("--max-queue", type=positive_int, default=256, help="waiting requests beyond this get 503")
+    p.add_argument("--prompt-bucket", type=positive_int, default=32, help="pad prompt lengths up to a multiple of this")
+    p.add_argument(
+        "--warmup-lengths",
+        type=length_list,
+        help="prompt lengths whose buckets the default settings are compiled for at start-up, at every batch size "
+        "(default: one and two prompt buckets; none: compile on first use)",
+    )
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    warmup = args.warmup_lengths if args.warmup_lengths is not None else (args.prompt_bucket, 2 * args.prompt_bucket)
+    if args.batch_sizes is not None and not args.batch_sizes:
+        parser.error("--batch-sizes needs at least one size")
+    if args.batch_sizes and args.max_batch is not None and max(args.batch_sizes) != args.max_batch:
+        parser.error(f"--max-batch {args.max_batch} is not the largest of --batch-sizes {args.batch_sizes}")
+    max_batch = max(args.batch_sizes) if args.batch_sizes else args.max_batch or MAX_BATCH
+    try:
+        import uvicorn
+
+        from .app import build_app
+    except ImportError as exc:
+        print(
+            f"error: the server needs the serve extra ({exc.name} is missing): pip install -e '.[serve]'",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+    try:
+        model_dir = Path(args.model) if args.model is not None else default_model_path()
+        defaults = model_settings(model_dir, decode_fields(args))
+        if args.distributed:
+            import jax
+
+            jax.distributed.initialize()
+        lm = load_model(model_dir, dtype=args.dtype, mesh=args.mesh)
+        defaults = lm.settings(defaults)
+        for length in warmup:
+            left_pad([[0] * length], lm.config, defaults.gen_length, args.prompt_bucket)
+    except (InputError, DecodeConfigError, TokenizerError, MeshError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    app = build_app(
+        lm,
+        defaults,
+        name=args.served_model_name or model_dir.resolve().name,
+        max_batch=max_batch,
+        batch_sizes=args.batch_sizes,
+        max_wait_ms=args.max_wait_ms,
+        max_queue=args.max_queue,
+        prompt_bucket=args.prompt_bucket,
+        warmup_lengths=warmup,
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0

@@ -1,0 +1,55 @@
+"""OpenAI-style errors: every refused request is an HTTP status and one message naming the problem.
+
+Clients written for OpenAI's API read ``{"error": {"message", "type", "param", "code"}}``; the
+official client raises ``BadRequestError`` (400), ``NotFoundError`` (404), ... with that message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+INVALID_REQUEST = "invalid_request_error"
+
+
+class RequestError(Exception):
+    """A request the server refuses, with the HTTP status and the OpenAI error fields."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        status: int = 400,
+        kind: str = INVALID_REQUEST,
+    ):
+        super().__init__(message)
+        self.message, self.param, self.code, self.status, self.kind = message, param, code, status, kind
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.kind, self.param, self.code)
+
+
+def error_body(message: str, kind: str = INVALID_REQUEST, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+class QueueFull(RequestError):
+    """More requests are waiting than the server queues (``--max-queue``): try again later."""
+
+    def __init__(self, limit: int):
+        super().__init__(
+            f"the server is busy: {limit} requests are already waiting; retry later",
+            code="server_busy",
+            status=503,
+            kind="server_error",
+        )
+
+
+class DecodeFailed(RequestError):
+    """The decode of this request's batch raised; only that batch's requests get this error."""
+
+    def __init__(self, exc: BaseException):
+        super().__init__(
+            f"decoding failed: {type(exc).__name__}: {exc}", code="decode_failed", status=500, kind="server_error"
+        )

@@ -1,0 +1,328 @@
+"""The OpenAI-compatible server, through the official ``openai`` client against a server started
+here on 127.0.0.1: answers equal ``generate``'s, streams send one chunk per block, concurrent
+requests batch without mixing rows, and bad requests get their 400 while the server keeps answering.
+
+Few compiled settings on purpose (threshold decoding of the shipped model at gen 48 and 32, batch
+sizes 1 and 16), so the whole file runs in a few minutes on two CPU cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from psd_jax import DecodeConfig, load_model
+from psd_jax.api import BlockDecode, model_settings
+from psd_jax.serve import build_app
+from psd_jax.serve.cli import main as serve_main
+from psd_jax.serve.text import TextStream
+
+from conftest import GOLDENS
+
+MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "default"
+QUESTIONS = [json.loads(line)["question"] for line in (MODEL_DIR / "test.jsonl").read_text().splitlines()[:16]]
+BUCKET = 64  # every test prompt (chat-templated questions) pads to one bucket
+SIZES = (1, 16)
+TIMEOUT_S = 60
+
+
+@contextlib.contextmanager
+def running(app):
+    """Serve ``app`` on a free 127.0.0.1 port in a thread; always shut down."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 120  # start-up compiles the warm-up settings
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=TIMEOUT_S)
+
+
+def health(url: str) -> dict:
+    return httpx.get(f"{url}/health", timeout=TIMEOUT_S).json()
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return load_model(MODEL_DIR)
+
+
+@pytest.fixture(scope="module")
+def defaults():
+    return model_settings(MODEL_DIR, {"policy": "threshold"})
+
+
+@pytest.fixture(scope="module")
+def server(lm, defaults):
+    app = build_app(
+        lm, defaults, name="default", batch_sizes=SIZES, max_wait_ms=50, prompt_bucket=BUCKET, warmup_lengths=(BUCKET,)
+    )
+    with running(app) as url:
+        yield url
+
+
+def blocks_decoded(row, settings: DecodeConfig) -> int:
+    """Blocks a row decodes: up to the one holding its first EOS, or all of them."""
+    if row.tokens == settings.gen_length:
+        return settings.num_blocks
+    return row.tokens // settings.block_length + 1 if settings.eos_early_stop else settings.num_blocks
+
+
+# --------------------------------------------------------------------------------------- engine
+def test_block_decode_equals_generate_with_a_cache():
+    """Cached rows move through blocks together: one call per block, the tokens of ``generate``."""
+    tiny = load_model(GOLDENS / "llada-tiny")
+    prompts = [[474, 488, 482, 450, 262, 258, 71, 195, 146, 187, 330, 492], [280, 242, 425, 15, 2, 138, 188]]
+    settings = DecodeConfig(gen_length=48, block_length=16, policy="threshold", threshold=0.7, cache="dual")
+    expected = tiny.generate(prompts, settings, prompt_bucket=16)
+    run: BlockDecode = tiny.start_blocks(prompts, settings, prompt_bucket=16)
+    progress = [run.advance().final_blocks.tolist() for _ in range(settings.num_blocks)]
+    assert run.done and progress == [[1, 1], [2, 2], [3, 3]]
+    for want, got in zip(expected, run.results()):
+        assert (got.output_ids, got.nfe, got.stats) == (want.output_ids, want.nfe, want.stats)
+
+
+def test_text_stream_holds_back_stop_starts_and_split_characters():
+    pieces = {(1,): "ab#", (1, 2): "ab##x", (1, 2, 3): "ab##xy\ufffd"}
+    text = TextStream(lambda ids: pieces[tuple(ids)], stop=("##x",))
+    assert text.update([1], last=False) == "ab"  # '#' may start the stop string
+    assert text.update([1, 2], last=False) == "" and text.stopped  # it does: cut before it
+    plain = TextStream(lambda ids: pieces[tuple(ids)])
+    assert [plain.update(ids, last) for ids, last in (([1], False), ([1, 2, 3], False), ([1, 2, 3], True))] == [
+        "ab#",
+        "#xy",
+        "\ufffd",
+    ]
+
+
+# ------------------------------------------------------------------------------------- answers
+def test_models_and_health(server):
+    models = client(server).models.list()
+    assert [m.id for m in models.data] == ["default"]
+    state = health(server)
+    assert state["status"] == "ok" and state["compiles"] == len(SIZES)  # the defaults, compiled at start-up
+
+
+def test_greedy_completions_and_chat_equal_generate(server, lm, defaults):
+    api = client(server)
+    compiles = health(server)["compiles"]
+    for question in QUESTIONS[:2]:
+        (want,) = lm.generate([question], defaults, prompt_bucket=BUCKET)
+        got = api.completions.create(model="default", prompt=question)
+        chat = api.chat.completions.create(model="default", messages=[{"role": "user", "content": question}])
+        assert got.choices[0].text == want.text == chat.choices[0].message.content
+        assert got.choices[0].token_ids == want.output_ids[: want.tokens]
+        assert got.usage.completion_tokens == want.tokens and got.usage.model_calls == want.nfe
+        assert got.usage.prompt_tokens == len(lm.encode(question)) and chat.usage == got.usage
+        assert got.choices[0].finish_reason == "stop"  # EOS before the end
+    assert health(server)["compiles"] == compiles, "the default settings must not compile again"
+
+
+def test_streamed_chunks_join_to_the_answer_one_per_block(server, lm, defaults):
+    api = client(server)
+    for question in QUESTIONS[2:4]:
+        (want,) = lm.generate([question], defaults, prompt_bucket=BUCKET)
+        whole = api.completions.create(model="default", prompt=question)
+        chunks = list(
+            api.completions.create(
+                model="default", prompt=question, stream=True, stream_options={"include_usage": True}
+            )
+        )
+        texts = [c.choices[0].text for c in chunks if c.choices]
+        assert "".join(texts) == whole.choices[0].text == want.text
+        assert len(texts) == blocks_decoded(want, defaults) and chunks[-1].usage == whole.usage
+        deltas = [
+            c.choices[0].delta
+            for c in api.chat.completions.create(
+                model="default", messages=[{"role": "user", "content": question}], stream=True
+            )
+        ]
+        assert deltas[0].role == "assistant" and "".join(d.content for d in deltas) == want.text
+
+
+def test_stop_strings_cut_the_text(server, lm, defaults):
+    (want,) = lm.generate([QUESTIONS[0]], defaults, prompt_bucket=BUCKET)
+    stop = want.text[5:8]
+    got = client(server).completions.create(model="default", prompt=QUESTIONS[0], stop=[stop])
+    assert got.choices[0].text == want.text[: want.text.find(stop)] and got.choices[0].finish_reason == "stop"
+
+
+def test_concurrent_clients_get_their_own_answers_in_fewer_batches(server):
+    """16 clients, different prompts and lengths: every answer equals its single-request one."""
+    api = client(server)
+    asks = [dict(prompt=q, max_tokens=48 if i % 2 else 32) for i, q in enumerate(QUESTIONS)]
+    ask = lambda kw: api.completions.create(model="default", **kw).choices[0]  # noqa: E731
+    alone = [ask(kw) for kw in asks]
+    batches = health(server)["batches"]
+    with ThreadPoolExecutor(len(asks)) as pool:
+        together = list(pool.map(ask, asks))
+    assert [(c.text, c.token_ids) for c in together] == [(c.text, c.token_ids) for c in alone]
+    assert len({c.text for c in alone}) > 8, "the prompts should get different answers"
+    assert health(server)["batches"] - batches < len(asks)
+
+
+# ------------------------------------------------------------------------------------- refusals
+BAD_REQUESTS = [
+    ("completions", b"{not json", "not valid JSON"),
+    ("completions", [1, 2], "JSON object"),
+    ("completions", {"prompt": 5}, "prompt must be"),
+    ("completions", {"prompt": "hi", "max_tokens": "ten"}, "max_tokens must be a positive integer"),
+    ("completions", {"prompt": "hi", "max_tokens": 0}, "max_tokens must be a positive integer"),
+    ("completions", {"prompt": "hi", "max_tokens": 100_000}, "model's context of 512"),
+    ("completions", {"prompt": list(range(3, 600))}, "the prompt is too long"),
+    ("completions", {"prompt": ""}, "prompt is empty"),
+    ("completions", {"prompt": [5000]}, "outside the vocabulary"),
+    ("completions", {"prompt": "hi", "temperature": "hot"}, "temperature must be a number"),
+    ("completions", {"prompt": "hi", "decoder": "greedy"}, "unknown decoder 'greedy'"),
+    ("completions", {"prompt": "hi", "policy": "best"}, "unknown policy 'best'"),
+    ("completions", {"prompt": "hi", "depth": 5}, "depth=5 would be ignored"),
+    ("completions", {"prompt": "hi", "top_k": 5}, "unknown field 'top_k'"),
+    ("completions", {"prompt": "hi", "n": 2}, "n=2 is not supported"),
+    ("completions", {"prompt": "hi", "stream": "yes"}, "stream must be true or false"),
+    ("completions", {"prompt": "hi", "seed": -1}, "seed must be an integer"),
+    ("chat/completions", {"messages": []}, "messages must be a non-empty list"),
+    ("chat/completions", {"messages": [{"role": "robot", "content": "hi"}]}, "role must be one of"),
+]
+
+
+def test_bad_requests_get_400_and_the_server_keeps_answering(server):
+    for path, body, message in BAD_REQUESTS:
+        kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+        reply = httpx.post(f"{server}/v1/{path}", timeout=TIMEOUT_S, **kwargs)
+        assert reply.status_code == 400, (body, reply.text)
+        error = reply.json()["error"]
+        assert message in error["message"] and error["type"] == "invalid_request_error", (body, error)
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        client(server).completions.create(model="gpt-4", prompt="hi")
+    with pytest.raises(openai.BadRequestError, match="unknown decoder"):
+        client(server).completions.create(model="default", prompt="hi", extra_body={"decoder": "greedy"})
+    assert client(server).completions.create(model="default", prompt=QUESTIONS[0]).choices[0].text
+
+
+def test_checkpoint_without_tokenizer_refuses_text_and_chat():
+    tiny = load_model(GOLDENS / "llada-tiny")
+    settings = DecodeConfig(gen_length=16, block_length=16, policy="threshold")
+    with running(build_app(tiny, settings, name="tiny", batch_sizes=(1,), prompt_bucket=16)) as url:
+        api = client(url)
+        with pytest.raises(openai.BadRequestError, match="no chat template"):
+            api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+        with pytest.raises(openai.BadRequestError, match="no tokenizer"):
+            api.completions.create(model="tiny", prompt="hi")
+        (want,) = tiny.generate([[280, 242, 425]], settings, prompt_bucket=16)
+        got = api.completions.create(model="tiny", prompt=[280, 242, 425])
+        assert got.choices[0].text == "" and got.choices[0].token_ids == want.output_ids[: want.tokens]
+
+
+# ------------------------------------------------------------------------------- load and faults
+def wait_for(url: str, **want) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while any(health(url)[k] != v for k, v in want.items()):
+        assert time.monotonic() < deadline, (health(url), want)
+        time.sleep(0.02)
+
+
+def test_full_queue_is_503(lm, defaults, monkeypatch):
+    gate, real = threading.Event(), lm.start_blocks
+
+    def gated(*args, **kwargs):  # decodes wait until the test has filled the queue
+        gate.wait(TIMEOUT_S)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lm, "start_blocks", gated)
+    app = build_app(lm, defaults, name="default", batch_sizes=SIZES, max_queue=1, max_wait_ms=0, prompt_bucket=BUCKET)
+    with running(app) as url, ThreadPoolExecutor(2) as pool:
+        try:
+            api = client(url)
+            first = pool.submit(api.completions.create, model="default", prompt=QUESTIONS[0])
+            wait_for(url, running=1)
+            queued = pool.submit(api.completions.create, model="default", prompt=QUESTIONS[1], max_tokens=32)
+            wait_for(url, queued=1)
+            with pytest.raises(openai.InternalServerError, match="busy"):
+                api.completions.create(model="default", prompt=QUESTIONS[2])
+        finally:
+            gate.set()
+        assert first.result().choices[0].text and queued.result().choices[0].text
+
+
+def test_a_failing_decode_fails_only_its_requests(server, lm, monkeypatch):
+    fail, real = [7, 8, 9], lm.start_blocks
+
+    def failing(prompts, *args, **kwargs):
+        if any(list(p) == fail for p in prompts):
+            raise RuntimeError("injected failure")
+        return real(prompts, *args, **kwargs)
+
+    monkeypatch.setattr(lm, "start_blocks", failing)
+    api = client(server)
+    failed = health(server)["failed_batches"]
+    with ThreadPoolExecutor(2) as pool:
+        bad = pool.submit(api.completions.create, model="default", prompt=fail)
+        good = pool.submit(api.completions.create, model="default", prompt=QUESTIONS[3], max_tokens=32)
+        with pytest.raises(openai.InternalServerError, match="injected failure"):
+            bad.result()
+        assert good.result().choices[0].text  # another batch, at the same time
+    assert health(server)["failed_batches"] == failed + 1
+    assert api.completions.create(model="default", prompt=QUESTIONS[0]).choices[0].text
+
+
+def test_client_that_leaves_mid_stream_frees_its_row(server, lm, monkeypatch):
+    """The row of a client that disconnects is stopped at the next block boundary."""
+    real, calls = BlockDecode.advance, []
+
+    def slow_advance(run):  # the first block at once, then slowly: the client leaves in between
+        calls.append(run)
+        if len(calls) > 1:
+            time.sleep(1.0)
+        return real(run)
+
+    monkeypatch.setattr(BlockDecode, "advance", slow_advance)
+    cancelled = health(server)["cancelled"]
+    body = {"model": "default", "prompt": QUESTIONS[5], "stream": True, "eos_early_stop": False}
+    with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=TIMEOUT_S) as reply:
+        first = next(line for line in reply.iter_lines() if line.startswith("data: "))
+        assert json.loads(first[6:])["choices"][0]["finish_reason"] is None
+    wait_for(server, cancelled=cancelled + 1, running=0)
+    monkeypatch.undo()
+    assert client(server).completions.create(model="default", prompt=QUESTIONS[0]).choices[0].text
+
+
+# ------------------------------------------------------------------------------------------- CLI
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--max-batch", "0"], "expected a positive integer"),
+        (["--max-wait-ms", "-1"], "expected a finite number >= 0"),
+        (["--depth", "5"], "depth=5 would be ignored"),
+        (["--warmup-lengths", "600"], "exceeds the model's context"),
+        (["--batch-sizes", "1,4", "--max-batch", "8"], "is not the largest"),
+    ],
+)
+def test_bad_flags_print_one_line_and_exit_2(argv, message, capsys):
+    try:
+        code = serve_main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and message in err and len(err.splitlines()) == 1, err
