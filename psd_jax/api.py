@@ -7,6 +7,7 @@ reports compilation separately from decoding time.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -247,7 +248,7 @@ class LoadedModel(PromptIO):
             rows = batch_sharding(self.mesh, len(ids))
             prompt_ids, prompt_mask = jax.device_put(prompt_ids, rows), jax.device_put(prompt_mask, rows)
         args = (self.params, prompt_ids, prompt_mask, key)
-        compiled, compile_seconds = self._compile(args, dcfg)
+        compiled, compile_seconds = self._compile_with(decode, ("decode", args[1]), args, dcfg)
         start = time.perf_counter()
         out: DecodeOutput = jax.block_until_ready(compiled(*args))
         seconds = time.perf_counter() - start
@@ -300,18 +301,11 @@ class LoadedModel(PromptIO):
         if cache_key in self._compiled:
             return self._compiled[cache_key], 0.0
         began = time.perf_counter()
-        compiled = fn.lower(self.graphdef, *args, mcfg=self.config, dcfg=dcfg).compile()
+        # Under the mesh, the engine pins the KV cache's sharding (sharding.constrain_kv_cache).
+        with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
+            compiled = fn.lower(self.graphdef, *args, mcfg=self.config, dcfg=dcfg).compile()
         self._compiled[cache_key] = compiled
         return compiled, time.perf_counter() - began
-
-    def _compile(self, args, dcfg: DecodeConfig):
-        cache_key = (args[1].shape, dcfg, self.config)
-        if cache_key in self._compiled:
-            return self._compiled[cache_key], 0.0
-        start = time.perf_counter()
-        compiled = decode.lower(self.graphdef, *args, mcfg=self.config, dcfg=dcfg).compile()
-        self._compiled[cache_key] = compiled
-        return compiled, time.perf_counter() - start
 
     def _results(
         self, out: DecodeOutput, prompt_length: int, dcfg: DecodeConfig, seconds: float, compile_seconds: float

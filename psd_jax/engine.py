@@ -43,6 +43,7 @@ from .predict import (
     predict_window,
 )
 from .records import DecodeOutput
+from .sharding import constrain_kv_cache
 
 TRACE_COUNT = {"decode": 0, "blocks": 0}  # incremented each time a decode loop is traced (compile tests)
 
@@ -161,7 +162,7 @@ def init_state(loop: Loop, prompt_ids: jax.Array, attention_mask: jax.Array, key
         pred, keys, values = predict_prefill(
             loop.prefill, canvas, attention_mask, loop.prompt_length, sub, loop.mcfg, loop.dcfg, first
         )
-        cached = {"cache": (keys, values), "stale": jnp.zeros(batch, bool)}
+        cached = {"cache": constrain_kv_cache((keys, values), loop.mcfg), "stale": jnp.zeros(batch, bool)}
     else:
         pred = jax.tree.map(
             lambda a: a[:, 0], loop.call(canvas[:, None], attention_mask, sub, jnp.zeros(batch, jnp.int32))
@@ -289,7 +290,8 @@ def _refresh(loop: Loop, attention_mask: jax.Array, state: DecodeState, rows: ja
         pred, keys, values = predict_prefill(
             loop.prefill, state.canvas, attention_mask, loop.prompt_length, key, loop.mcfg, loop.dcfg, window
         )
-        return _where_rows(rows, pred, state.pred), _where_rows(rows, (keys, values), state.cache, axis=1)
+        cache = _where_rows(rows, (keys, values), state.cache, axis=1)
+        return _where_rows(rows, pred, state.pred), constrain_kv_cache(cache, loop.mcfg)
 
     return jax.lax.cond(jnp.any(rows), do_refresh, lambda _: (state.pred, state.cache), None)
 

@@ -104,3 +104,26 @@ def bytes_per_device(cfg: ModelConfig, mesh: Mesh, itemsize: int = 2) -> int:
         split = math.prod(mesh.shape[a] for a in spec if a is not None)
         total += math.prod(shape) * itemsize // split
     return total
+
+
+def kv_cache_spec(cfg: ModelConfig, mesh_shape: dict[str, int], batch: int) -> PartitionSpec:
+    """The block KV cache [L, B, N, KV, hd]: rows over ``data``, and over ``model`` the KV heads when
+    it divides them, else the head dimension (Dream-7B's 4 KV heads on ``model=8``: replicated, each
+    device would hold the whole cache). Pinned, not left to the partitioner, which inside the decode
+    loop may choose to replicate it."""
+    data, model = mesh_shape.get("data", 1), mesh_shape.get("model", 1)
+    rows = "data" if data > 1 and batch % data == 0 else None
+    if model > 1 and cfg.n_kv_heads % model == 0:
+        return PartitionSpec(None, rows, None, "model", None)
+    if model > 1 and cfg.head_dim % model == 0:
+        return PartitionSpec(None, rows, None, None, "model")
+    return PartitionSpec(None, rows, None, None, None)
+
+
+def constrain_kv_cache(cache: tuple[jax.Array, jax.Array], cfg: ModelConfig) -> tuple[jax.Array, jax.Array]:
+    """``cache`` with ``kv_cache_spec``'s sharding, when traced under a mesh (``jax.set_mesh``)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not set(AXES) <= set(mesh.axis_names):
+        return cache
+    spec = kv_cache_spec(cfg, dict(mesh.shape), cache[0].shape[1])
+    return tuple(jax.lax.with_sharding_constraint(a, spec) for a in cache)

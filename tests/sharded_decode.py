@@ -32,6 +32,26 @@ CACHED = {
 MESHES = ["data=1,model=8", "data=2,model=4", "data=8,model=1"]
 
 
+def kv_cache_sharding(lm) -> list:
+    """The sharding of the block KV cache that a cached decode's first state holds, under the mesh."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from psd_jax.engine import _attention_mask, _loop_for, init_state
+
+    settings = CACHED["threshold+dual"]
+    ids, mask = jnp.ones((2, 16), jnp.int32), jnp.ones((2, 16), jnp.int32)
+
+    def first_state(params):
+        loop = _loop_for(nnx.merge(lm.graphdef, params), 16, lm.config, settings)
+        return init_state(loop, ids, _attention_mask(mask, settings.gen_length), jax.random.key(0))
+
+    with jax.set_mesh(lm.mesh):
+        state = jax.jit(first_state)(lm.params)
+    spec = [list(axis) if isinstance(axis, tuple) else axis for axis in state.cache[0].sharding.spec]
+    return spec + [None] * (state.cache[0].ndim - len(spec))  # JAX drops trailing Nones
+
+
 def main(ckpt: str) -> None:
     assert jax.device_count() == 8, jax.devices()
     out = {"reference": {}, "meshes": {}}
@@ -44,7 +64,7 @@ def main(ckpt: str) -> None:
         split = sorted(
             {path[-1] for path, param in lm.params.flat_state() if not param[...].sharding.is_fully_replicated}
         )
-        out["meshes"][mesh] = {"split_params": split}
+        out["meshes"][mesh] = {"split_params": split, "kv_cache_spec": kv_cache_sharding(lm)}
         for name, settings in {**DECODERS, **CACHED}.items():
             start = time.perf_counter()
             out["meshes"][mesh][name] = [

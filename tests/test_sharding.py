@@ -11,9 +11,9 @@ from pathlib import Path
 import jax
 import pytest
 
-from psd_jax.sharding import MeshError, make_mesh, param_shardings, parse_mesh, spec_for
+from psd_jax.sharding import MeshError, kv_cache_spec, make_mesh, param_shardings, parse_mesh, spec_for
 
-from conftest import GOLDENS
+from conftest import GOLDENS, HF_CONFIGS
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +44,28 @@ def test_parameters_are_really_sharded(sharded_run):
     assert sharded_run["meshes"]["data=1,model=8"]["split_params"] == tensor_parallel
     assert sharded_run["meshes"]["data=2,model=4"]["split_params"] == tensor_parallel
     assert sharded_run["meshes"]["data=8,model=1"]["split_params"] == []
+
+
+def test_kv_cache_sharding_is_pinned(sharded_run):
+    """llada-tiny's 4 KV heads split over model=4; on model=8 (which does not divide them) the head
+    dimension is split instead of the cache being replicated; rows over data."""
+    specs = {mesh: run["kv_cache_spec"] for mesh, run in sharded_run["meshes"].items()}
+    assert specs["data=2,model=4"] == [None, "data", None, "model", None]
+    assert specs["data=1,model=8"] == [None, None, None, None, "model"]
+    assert specs["data=8,model=1"] == [None, None, None, None, None]  # 2 rows do not split over 8
+
+
+def test_kv_cache_spec_rule():
+    from models import load_config
+
+    cfg = load_config(HF_CONFIGS / "Dream-v0-Instruct-7B")  # 4 KV heads of 128
+    assert kv_cache_spec(cfg, {"data": 1, "model": 8}, 32) == jax.sharding.PartitionSpec(
+        None, None, None, None, "model"
+    )
+    assert kv_cache_spec(cfg, {"data": 2, "model": 4}, 32) == jax.sharding.PartitionSpec(
+        None, "data", None, "model", None
+    )
+    assert kv_cache_spec(cfg, {"data": 1, "model": 1}, 1) == jax.sharding.PartitionSpec(None, None, None, None, None)
 
 
 def test_mesh_spec_parsing():
