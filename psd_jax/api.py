@@ -132,24 +132,25 @@ class PromptIO:
     tokenizer: Any
     path: Path
 
-    def _decode_config(self, settings: DecodeConfig | None, overrides: dict[str, Any]) -> DecodeConfig:
-        """``settings`` (default ``DecodeConfig()``) with keyword overrides applied, checked against
-        the model (RPS reads the top ``k_max`` of the vocabulary)."""
+    def settings(self, settings: DecodeConfig | None = None, overrides: dict[str, Any] | None = None) -> DecodeConfig:
+        """The settings ``generate`` decodes with: ``settings`` (default ``DecodeConfig()``) with
+        keyword ``overrides`` applied, checked against the model (RPS reads the top ``k_max`` of the
+        vocabulary); raises ``DecodeConfigError`` (front ends refuse bad requests before queueing)."""
         if settings is not None and not isinstance(settings, DecodeConfig):
             raise InputError(f"settings must be a DecodeConfig, got {type(settings).__name__}")
-        dcfg = settings_from(settings or DecodeConfig(), overrides)
+        dcfg = settings_from(settings or DecodeConfig(), overrides or {})
         if dcfg.decoder == "rps" and dcfg.k_max > self.config.vocab_size:
             raise DecodeConfigError(f"k_max {dcfg.k_max} exceeds the vocabulary of {self.config.vocab_size}")
         return dcfg
 
-    def settings(self, settings: DecodeConfig | None = None, overrides: dict[str, Any] | None = None) -> DecodeConfig:
-        """The settings ``generate`` would decode with, checked against the model (for front ends
-        that refuse bad requests before they queue them); raises ``DecodeConfigError``."""
-        return self._decode_config(settings, overrides or {})
-
-    def prompt_ids(self, prompts: Sequence[str | Sequence[int]], chat: bool | None = None) -> list[list[int]]:
-        """The token ids ``generate`` would decode, checked (non-empty, in the vocabulary)."""
-        return self._prompt_ids(prompts, chat)
+    def request(
+        self, prompts, settings, overrides: dict[str, Any], seed: int, chat: bool | None, prompt_bucket: int | None
+    ) -> tuple[DecodeConfig, list[list[int]]]:
+        """Every check of a ``generate`` call before any model work: (settings, prompt ids)."""
+        dcfg = self.settings(settings, overrides)
+        check_seed(seed)
+        check_prompt_bucket(prompt_bucket)
+        return dcfg, self.prompt_ids(prompts, chat)
 
     @property
     def has_chat_template(self) -> bool:
@@ -175,7 +176,8 @@ class PromptIO:
         cut = next((i for i, t in enumerate(ids) if t in stop), len(ids))
         return self.tokenizer.decode(list(ids[:cut]), skip_special_tokens=False)
 
-    def _prompt_ids(self, prompts: Sequence[str | Sequence[int]], chat: bool | None) -> list[list[int]]:
+    def prompt_ids(self, prompts: Sequence[str | Sequence[int]], chat: bool | None = None) -> list[list[int]]:
+        """The token ids ``generate`` decodes, checked (non-empty, in the vocabulary)."""
         if isinstance(prompts, (str, bytes)):
             raise InputError("prompts must be a list of prompts (text or token-id lists), not one string")
         out = []
@@ -237,17 +239,9 @@ class LoadedModel(PromptIO):
 
         ``chat=None``: text prompts go through the tokenizer's chat template when it has one
         (``uses_chat``); ``overrides`` are ``DecodeConfig`` fields applied to ``settings``."""
-        dcfg = self._decode_config(settings, overrides)
-        check_seed(seed)
-        check_prompt_bucket(prompt_bucket)
-        ids = self._prompt_ids(prompts, chat)
-        prompt_ids, prompt_mask = left_pad(ids, self.config, dcfg.gen_length, prompt_bucket)
-        key = jax.random.key(seed)
-        prompt_ids, prompt_mask = jnp.asarray(prompt_ids), jnp.asarray(prompt_mask)
-        if self.mesh is not None:
-            rows = batch_sharding(self.mesh, len(ids))
-            prompt_ids, prompt_mask = jax.device_put(prompt_ids, rows), jax.device_put(prompt_mask, rows)
-        args = (self.params, prompt_ids, prompt_mask, key)
+        dcfg, ids = self.request(prompts, settings, overrides, seed, chat, prompt_bucket)
+        prompt_ids, prompt_mask = self._on_devices(*left_pad(ids, self.config, dcfg.gen_length, prompt_bucket))
+        args = (self.params, prompt_ids, prompt_mask, jax.random.key(seed))
         compiled, compile_seconds = self._compile_with(decode, ("decode", args[1]), args, dcfg)
         start = time.perf_counter()
         out: DecodeOutput = jax.block_until_ready(compiled(*args))
@@ -271,10 +265,7 @@ class LoadedModel(PromptIO):
         Same arguments and, greedy or with ``batch_size`` equal to the prompt count, the same tokens
         as ``generate``. ``batch_size`` pads the batch with rows that start done, so batches of any
         size up to it share one compiled loop (a server compiles a few sizes at start-up)."""
-        dcfg = self._decode_config(settings, overrides)
-        check_seed(seed)
-        check_prompt_bucket(prompt_bucket)
-        ids = self._prompt_ids(prompts, chat)
+        dcfg, ids = self.request(prompts, settings, overrides, seed, chat, prompt_bucket)
         rows = batch_size or len(ids)
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < len(ids):
             raise InputError(f"batch_size must be an integer >= the {len(ids)} prompts, got {batch_size!r}")
@@ -282,10 +273,7 @@ class LoadedModel(PromptIO):
             ids + [ids[0]] * (rows - len(ids)), self.config, dcfg.gen_length, prompt_bucket
         )
         live = np.arange(rows) < len(ids)
-        args = [jnp.asarray(a) for a in (prompt_ids, prompt_mask)] + [jax.random.key(seed), jnp.asarray(live)]
-        if self.mesh is not None:
-            placed = batch_sharding(self.mesh, rows)
-            args[0], args[1] = jax.device_put(args[0], placed), jax.device_put(args[1], placed)
+        args = [*self._on_devices(prompt_ids, prompt_mask), jax.random.key(seed), jnp.asarray(live)]
         start, compile_seconds = self._compile_with(decode_start, ("start", *args[:2]), (self.params, *args), dcfg)
         began = time.perf_counter()
         state = start(self.params, *args)
@@ -294,6 +282,14 @@ class LoadedModel(PromptIO):
         run = BlockDecode(self, blocks, args[1], state, len(ids), dcfg, compile_seconds + more)
         run.seconds = seconds
         return run
+
+    def _on_devices(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray) -> tuple[jax.Array, jax.Array]:
+        """Padded prompts and their mask as device arrays, rows over the mesh's ``data`` axis."""
+        arrays = (jnp.asarray(prompt_ids), jnp.asarray(prompt_mask))
+        if self.mesh is None:
+            return arrays
+        rows = batch_sharding(self.mesh, prompt_ids.shape[0])
+        return tuple(jax.device_put(a, rows) for a in arrays)
 
     def _compile_with(self, fn, shapes: tuple, args: tuple, dcfg: DecodeConfig):
         """``fn`` compiled ahead of time for ``args`` (cached by name, input shapes and settings)."""

@@ -104,7 +104,7 @@ class DecodeConfig:
 
     def changed(self) -> dict[str, Any]:
         """The fields that differ from their defaults (what a user set)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) != f.default}
+        return {name: getattr(self, name) for name, default in _defaults().items() if getattr(self, name) != default}
 
 
 # One line per field: the CLI's --help text, and the reference table of the documentation.
@@ -218,8 +218,12 @@ USED_ONLY_WITH: dict[str, tuple[Callable[[DecodeConfig], bool], str]] = {
 }
 
 
+def _defaults() -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(DecodeConfig)}
+
+
 def _check_used(c: DecodeConfig) -> None:
-    defaults = {f.name: f.default for f in dataclasses.fields(DecodeConfig)}
+    defaults = _defaults()
     for name, (used, needs) in USED_ONLY_WITH.items():
         value = getattr(c, name)
         if value != defaults[name] and not used(c):
@@ -241,7 +245,7 @@ def settings_from(base: DecodeConfig, overrides: dict[str, Any]) -> DecodeConfig
     if not overrides:
         return base
     values = {**base.changed(), **overrides}
-    defaults = {f.name: f.default for f in dataclasses.fields(DecodeConfig)}
+    defaults = _defaults()
     probe = dataclasses.replace(DecodeConfig(), **{k: values[k] for k in ("policy", "decoder") if k in values})
     for name, (used, _) in USED_ONLY_WITH.items():
         if name not in overrides and not used(probe):

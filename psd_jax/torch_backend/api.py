@@ -23,7 +23,7 @@ import torch
 from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE, CheckpointError
 from models import ModelConfig
 
-from ..api import PromptIO, check_prompt_bucket, check_seed, default_model_path, left_pad
+from ..api import PromptIO, default_model_path, left_pad
 from ..config import DecodeConfig
 from ..records import DecodeOutput, Generation, generations
 from ..tokenizer import load_tokenizer, resolve_special_ids
@@ -70,10 +70,7 @@ class TorchLM(PromptIO):
     ) -> list[Generation]:
         """Decode a batch of prompts (text or token ids); one ``Generation`` per prompt (as
         ``LoadedModel.generate``: the same chat rule, checks and records)."""
-        dcfg = self._decode_config(settings, overrides)
-        check_seed(seed)
-        check_prompt_bucket(prompt_bucket)
-        ids = self._prompt_ids(prompts, chat)
+        dcfg, ids = self.request(prompts, settings, overrides, seed, chat, prompt_bucket)
         prompt_ids, prompt_mask = left_pad(ids, self.config, dcfg.gen_length, prompt_bucket)
         prompt_ids, prompt_mask = prompt_ids.astype(np.int64), prompt_mask.astype(np.int64)
         args = (torch.from_numpy(prompt_ids).to(self.device), torch.from_numpy(prompt_mask).to(self.device))
