@@ -45,7 +45,7 @@ from .predict import (
 from .records import DecodeOutput
 from .sharding import constrain_kv_cache
 
-TRACE_COUNT = {"decode": 0, "blocks": 0}  # incremented each time a decode loop is traced (compile tests)
+TRACE_COUNT = {"decode": 0}  # incremented each time the decode loop is traced (compile test)
 
 
 @struct.dataclass
@@ -493,7 +493,6 @@ def decode_start(
 @partial(jax.jit, static_argnames=("graphdef", "mcfg", "dcfg"), donate_argnames=("state",))
 def decode_blocks(graphdef, params, prompt_mask, state: DecodeState, *, mcfg: ModelConfig, dcfg: DecodeConfig):
     """Advance ``state`` until every row that was decoding has left its block or finished."""
-    TRACE_COUNT["blocks"] += 1
     model = nnx.merge(graphdef, params)
     loop = _loop_for(model, prompt_mask.shape[1], mcfg, dcfg)
     return run_until_block_ends(loop, _attention_mask(prompt_mask, dcfg.gen_length), state)
