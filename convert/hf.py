@@ -1,4 +1,4 @@
-"""Hugging Face safetensors directory -> ``models.DiffusionLM`` with real weights.
+"""Hugging Face safetensors directory -> the family's module (``models.model_class``) with real weights.
 
 The source key set must equal the key table's expansion exactly (a missing, unexpected or
 duplicated tensor is an error naming it), every tensor's shape is asserted before it is used, and
@@ -17,13 +17,24 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models import DiffusionLM, ModelConfig, load_config, param_shapes
+from models import (
+    DiffusionLM,
+    LLaDA2Config,
+    LLaDA2MoE,
+    ModelConfig,
+    load_config,
+    model_class,
+    param_dtype,
+    param_shapes,
+)
 
 from .keys import Target, expected_keys
 from .safetensors_dir import CheckpointError, SafetensorsDir
 
 
-def check_key_set(cfg: ModelConfig, available: dict[str, tuple[int, ...]], source: str) -> dict[str, Target]:
+def check_key_set(
+    cfg: ModelConfig | LLaDA2Config, available: dict[str, tuple[int, ...]], source: str
+) -> dict[str, Target]:
     """Completeness and shape check of a source key set against the family's key table."""
     expected = expected_keys(cfg)
     missing = sorted(set(expected) - set(available))
@@ -46,7 +57,9 @@ def check_key_set(cfg: ModelConfig, available: dict[str, tuple[int, ...]], sourc
     return expected
 
 
-def iter_params(reader: SafetensorsDir, cfg: ModelConfig, dtype: jnp.dtype) -> Iterator[tuple[str, np.ndarray]]:
+def iter_params(
+    reader: SafetensorsDir, cfg: ModelConfig | LLaDA2Config, dtype: jnp.dtype
+) -> Iterator[tuple[str, np.ndarray]]:
     """Yield ``(name, host array)`` one parameter at a time, each assembled from its source tensors.
 
     The key set and every shape are checked before the first tensor is read. A consumer that
@@ -57,10 +70,10 @@ def iter_params(reader: SafetensorsDir, cfg: ModelConfig, dtype: jnp.dtype) -> I
     by_param: dict[str, list[tuple[str, Target]]] = {}
     for key, target in expected.items():
         by_param.setdefault(target.param, []).append((key, target))
-    np_dtype = jnp.dtype(dtype)
 
     def assemble() -> Iterator[tuple[str, np.ndarray]]:
         for name, shape in param_shapes(cfg).items():
+            np_dtype = param_dtype(cfg, name, dtype)
             host = np.empty(shape, np_dtype)
             for key, target in by_param[name]:
                 tensor = reader.get(key)
@@ -69,10 +82,7 @@ def iter_params(reader: SafetensorsDir, cfg: ModelConfig, dtype: jnp.dtype) -> I
                         f"{reader.location[key]}: tensor '{key}' has shape {tensor.shape}, expected {target.source_shape}"
                     )
                 tensor = tensor.T if target.transpose else tensor
-                if target.layer is None:
-                    host[...] = tensor.astype(np_dtype, copy=False)
-                else:
-                    host[target.layer] = tensor.astype(np_dtype, copy=False)
+                host[target.index] = tensor.astype(np_dtype, copy=False)
                 del tensor
             yield name, host
             del host
@@ -82,7 +92,7 @@ def iter_params(reader: SafetensorsDir, cfg: ModelConfig, dtype: jnp.dtype) -> I
 
 def stream_params(
     reader: SafetensorsDir,
-    cfg: ModelConfig,
+    cfg: ModelConfig | LLaDA2Config,
     dtype: jnp.dtype,
     place: Callable[[str, np.ndarray], jax.Array] | None = None,
 ) -> dict[str, jax.Array]:
@@ -93,13 +103,14 @@ def stream_params(
 
 
 def model_from_params(
-    cfg: ModelConfig, params: dict[str, jax.Array], dtype: jnp.dtype, unroll_layers: bool = False
-) -> DiffusionLM:
-    """A DiffusionLM whose parameters are the stacked ``params`` (no random initialisation is run).
+    cfg: ModelConfig | LLaDA2Config, params: dict[str, jax.Array], dtype: jnp.dtype, unroll_layers: bool = False
+) -> DiffusionLM | LLaDA2MoE:
+    """The family's module whose parameters are the stacked ``params`` (no random initialisation is run).
 
     Consumes ``params``: with ``unroll_layers`` each stacked array is dropped once it is sliced, so
     the host holds one parameter twice at most."""
-    model = nnx.eval_shape(lambda: DiffusionLM(cfg, dtype=dtype, unroll_layers=unroll_layers))
+    cls = model_class(cfg)
+    model = nnx.eval_shape(lambda: cls(cfg, dtype=dtype, unroll_layers=unroll_layers))
     for name in list(params):
         model.set_param(name, params.pop(name))
     return model
@@ -110,8 +121,8 @@ def load_hf_model(
     dtype: str | jnp.dtype = jnp.float32,
     shardings: dict[str, jax.sharding.Sharding] | None = None,
     unroll_layers: bool = False,
-) -> DiffusionLM:
-    """Load a Hugging Face LLaDA/Dream directory straight into a Flax model (sharded if asked)."""
+) -> DiffusionLM | LLaDA2MoE:
+    """Load a Hugging Face LLaDA/Dream/LLaDA2.0 directory straight into a Flax model (sharded if asked)."""
     place = None if shardings is None else (lambda name, host: jax.device_put(host, shardings[name]))
     cfg = load_config(model_dir)
     with SafetensorsDir(model_dir) as reader:

@@ -1,6 +1,7 @@
-"""Hugging Face tensor names -> our parameters: one regex table per family.
+"""Hugging Face tensor names -> our parameters: one table per family.
 
-Each row maps a source key (``{i}`` = layer index) to a parameter of ``models.DiffusionLM``;
+Each row maps a source key (``{i}`` = layer index, ``{e}`` = expert index) to a parameter of the
+family's module (``models.DiffusionLM``, ``models.LLaDA2MoE``);
 ``transpose`` marks torch ``Linear`` weights ([out, in]) that we store as [in, out].
 ``expected_keys`` expands a table for a given config into the exact set of source tensors with
 their expected source shapes, which is what the completeness and shape checks compare against.
@@ -10,15 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 
-from models import ModelConfig, param_shapes
+from models import LLaDA2Config, ModelConfig, param_shapes
 
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    param: str  # parameter name in DiffusionLM
+    param: str  # parameter name in the family's module
     layer: int | None  # index into the stacked layer axis, or None for top-level params
     transpose: bool
     source_shape: tuple[int, ...]  # shape the tensor must have in the Hugging Face file
+    expert: int | None = None  # index into the stacked expert axis (after the layer axis)
+
+    @property
+    def index(self) -> tuple[int, ...]:
+        """Where the tensor goes in the stacked parameter."""
+        return tuple(i for i in (self.layer, self.expert) if i is not None)
 
 
 # (source pattern, parameter, transpose)
@@ -60,9 +67,64 @@ DREAM_TABLE: tuple[tuple[str, str, bool], ...] = (
 
 TABLES = {"llada": LLADA_TABLE, "dream": DREAM_TABLE}
 
+# LLaDA2.0 (upstream LLaDA2MoeModelLM's state_dict names). Layer rows go to the ``dense_`` or
+# ``moe_`` parameter group by layer index; ``expert_bias`` is a persistent buffer, loaded too.
+LLADA2_TOP: tuple[tuple[str, str, bool], ...] = (
+    ("model.word_embeddings.weight", "embed", False),
+    ("model.norm.weight", "final_norm", False),
+    ("lm_head.weight", "lm_head", True),
+)
+LLADA2_ATTN: tuple[tuple[str, str, bool], ...] = (
+    ("model.layers.{i}.input_layernorm.weight", "attn_norm", False),
+    ("model.layers.{i}.attention.query_key_value.weight", "wqkv", True),  # rows: q heads, k heads, v heads
+    ("model.layers.{i}.attention.query_layernorm.weight", "q_norm", False),
+    ("model.layers.{i}.attention.key_layernorm.weight", "k_norm", False),
+    ("model.layers.{i}.attention.dense.weight", "wo", True),
+    ("model.layers.{i}.post_attention_layernorm.weight", "mlp_norm", False),
+)
+LLADA2_DENSE: tuple[tuple[str, str, bool], ...] = (
+    ("model.layers.{i}.mlp.gate_proj.weight", "w_gate", True),
+    ("model.layers.{i}.mlp.up_proj.weight", "w_up", True),
+    ("model.layers.{i}.mlp.down_proj.weight", "w_down", True),
+)
+LLADA2_MOE: tuple[tuple[str, str, bool], ...] = (
+    ("model.layers.{i}.mlp.gate.weight", "router", True),
+    ("model.layers.{i}.mlp.gate.expert_bias", "expert_bias", False),
+    ("model.layers.{i}.mlp.experts.{e}.gate_proj.weight", "expert_gate", True),
+    ("model.layers.{i}.mlp.experts.{e}.up_proj.weight", "expert_up", True),
+    ("model.layers.{i}.mlp.experts.{e}.down_proj.weight", "expert_down", True),
+    ("model.layers.{i}.mlp.shared_experts.gate_proj.weight", "shared_gate", True),
+    ("model.layers.{i}.mlp.shared_experts.up_proj.weight", "shared_up", True),
+    ("model.layers.{i}.mlp.shared_experts.down_proj.weight", "shared_down", True),
+)
 
-def expected_keys(cfg: ModelConfig) -> dict[str, Target]:
+
+def _source_shape(shape: tuple[int, ...], transpose: bool) -> tuple[int, ...]:
+    return tuple(reversed(shape)) if transpose else tuple(shape)
+
+
+def llada2_expected_keys(cfg: LLaDA2Config) -> dict[str, Target]:
+    """LLaDA2.0's source tensors: per-expert tensors are stacked into [layers, experts, ...] parameters."""
+    shapes = param_shapes(cfg)
+    out = {key: Target(param, None, t, _source_shape(shapes[param], t)) for key, param, t in LLADA2_TOP}
+    groups = (("dense", 0, cfg.n_dense_layers, LLADA2_DENSE), ("moe", cfg.n_dense_layers, cfg.n_moe_layers, LLADA2_MOE))
+    for group, first, count, mlp in groups:
+        for pattern, base, transpose in LLADA2_ATTN + mlp:
+            param = f"{group}_{base}"
+            per = shapes[param][1:]
+            experts = range(cfg.n_experts) if "{e}" in pattern else [None]
+            for layer in range(count):
+                for expert in experts:
+                    key = pattern.replace("{i}", str(first + layer)).replace("{e}", str(expert))
+                    inner = per[1:] if expert is not None else per
+                    out[key] = Target(param, layer, transpose, _source_shape(inner, transpose), expert)
+    return out
+
+
+def expected_keys(cfg: ModelConfig | LLaDA2Config) -> dict[str, Target]:
     """Every source tensor the config implies, with where it goes and the shape it must have."""
+    if isinstance(cfg, LLaDA2Config):
+        return llada2_expected_keys(cfg)
     shapes = param_shapes(cfg)
     out: dict[str, Target] = {}
     for pattern, param, transpose in TABLES[cfg.family]:

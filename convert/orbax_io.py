@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from models import DiffusionLM, ModelConfig, load_config, param_shapes
+from models import DiffusionLM, LLaDA2MoE, load_config, param_dtype, param_shapes
 
 from .hf import model_from_params
 from .safetensors_dir import CheckpointError
@@ -33,6 +33,7 @@ SIDE_FILES = (
     "config.json",
     "generation_config.json",
     "decode_defaults.json",
+    "decode.json",  # LLaDA2.0's special ids, when its config.json has none
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
@@ -75,10 +76,10 @@ def load_checkpoint(
     dtype: str | jnp.dtype = jnp.float32,
     shardings: dict[str, jax.sharding.Sharding] | None = None,
     unroll_layers: bool = False,
-) -> DiffusionLM:
-    """Restore a converted directory into a DiffusionLM of ``dtype``, parameter by parameter."""
+) -> DiffusionLM | LLaDA2MoE:
+    """Restore a converted directory into the family's module of ``dtype``, parameter by parameter."""
     path = Path(path).resolve()
-    cfg: ModelConfig = load_config(path)
+    cfg = load_config(path)
     fmt = json.loads((path / MARKER).read_text()).get("format")
     if fmt != FORMAT:
         raise CheckpointError(
@@ -97,6 +98,6 @@ def load_checkpoint(
             meta = ckpt.metadata(item).item_metadata.tree["value"]
             if tuple(meta.shape) != shape:
                 raise CheckpointError(f"{path}: parameter '{name}' has shape {tuple(meta.shape)}, expected {shape}")
-            target = jax.ShapeDtypeStruct(shape, dtype, sharding=(shardings or {}).get(name))
+            target = jax.ShapeDtypeStruct(shape, param_dtype(cfg, name, dtype), sharding=(shardings or {}).get(name))
             params[name] = ckpt.restore(item, {"value": target})["value"]
     return model_from_params(cfg, params, dtype, unroll_layers)

@@ -1,9 +1,10 @@
-"""One frozen config for both model families, parsed from a Hugging Face ``config.json``.
+"""Frozen model configs parsed from a Hugging Face ``config.json``: ``ModelConfig`` for the dense
+LLaDA and Dream families, ``LLaDA2Config`` for LLaDA2.0 (``llada2_moe``, mixture of experts).
 
-The config is hashable so it can be a static argument of ``jax.jit``. It exposes uniformly what
-decoding needs (mask/EOS/pad ids, logit shift, position rule) so decoders never special-case a
-family: LLaDA predicts position ``i`` at logit ``i``; Dream (an AR-initialised model) predicts
-position ``i`` at logit ``i - 1``, hence ``logit_shift = 1``.
+Configs are hashable so they can be static arguments of ``jax.jit``. Both expose uniformly what
+decoding needs (mask/EOS/pad ids, logit shift, position rule, stop ids, parameter count) so
+decoders never special-case a family: LLaDA and LLaDA2.0 predict position ``i`` at logit ``i``;
+Dream (an AR-initialised model) predicts position ``i`` at logit ``i - 1``, hence ``logit_shift = 1``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-FAMILIES = ("llada", "dream")
+FAMILIES = ("llada", "dream", "llada2_moe")
+# Side files of a LLaDA2.0 directory that may name the special ids (its config.json does not).
+DECODE_IDS_FILE = "decode.json"
 
 
 class ConfigError(ValueError):
@@ -152,16 +155,24 @@ def _dream(cfg: dict, source: str) -> ModelConfig:
     )
 
 
-def config_from_dict(cfg: dict, source: str = "config") -> ModelConfig:
-    """Parse a Hugging Face config dict of a supported family; errors name the offending field."""
+def config_from_dict(
+    cfg: dict, source: str = "config", special_ids: dict[str, int] | None = None
+) -> ModelConfig | LLaDA2Config:
+    """Parse a Hugging Face config dict of a supported family; errors name the offending field.
+
+    ``special_ids`` (``mask_token_id``/``eos_token_id``/``pad_token_id``) fill in what LLaDA2.0's
+    config.json lacks; ``load_config`` reads them from the directory's side files."""
     model_type = cfg.get("model_type")
     if model_type == "llada":
         out = _llada(cfg, source)
     elif model_type == "Dream":
         out = _dream(cfg, source)
+    elif model_type == "llada2_moe":
+        return llada2_config(cfg, source, special_ids or {})
     else:
         raise ConfigError(
-            f"{source}: unknown model_type {model_type!r}; supported: 'llada' (LLaDA) and 'Dream' (Dream)"
+            f"{source}: unknown model_type {model_type!r}; supported: 'llada' (LLaDA), 'Dream' (Dream) "
+            "and 'llada2_moe' (LLaDA2.0)"
         )
     if out.d_model % out.n_heads:
         raise ConfigError(f"{source}: d_model {out.d_model} is not divisible by n_heads {out.n_heads}")
@@ -172,8 +183,8 @@ def config_from_dict(cfg: dict, source: str = "config") -> ModelConfig:
     return out
 
 
-def load_config(model_dir: str | Path) -> ModelConfig:
-    """Read ``model_dir/config.json``."""
+def load_config(model_dir: str | Path) -> ModelConfig | LLaDA2Config:
+    """Read ``model_dir/config.json`` (and, for LLaDA2.0, the special ids from its side files)."""
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ConfigError(f"{path}: no config.json in model directory {model_dir}")
@@ -181,4 +192,217 @@ def load_config(model_dir: str | Path) -> ModelConfig:
         cfg = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not valid JSON ({exc})") from exc
-    return config_from_dict(cfg, source=str(path))
+    special = special_ids_from_dir(model_dir) if cfg.get("model_type") == "llada2_moe" else None
+    return config_from_dict(cfg, source=str(path), special_ids=special)
+
+
+# ---------------------------------------------------------------------------------------- LLaDA2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LLaDA2Config:
+    """LLaDA2.0 (``llada2_moe``): fused-QKV GQA attention with per-head q/k RMSNorm and partial
+    RoPE; ``n_dense_layers`` dense SwiGLU layers, then mixture-of-experts layers (sigmoid router
+    with a selection bias, group-limited top-k, shared experts). Block diffusion: decoding attends
+    block-causally, which ``models.llada2.LLaDA2MoE`` takes as ``block_length``."""
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    rotary_dim: int  # the first ``rotary_dim`` dims of each head are rotated, the rest pass through
+    mlp_hidden: int  # intermediate size of the dense layers
+    n_dense_layers: int  # first_k_dense_replace
+    n_experts: int
+    n_experts_per_tok: int
+    n_group: int
+    topk_group: int
+    moe_hidden: int  # intermediate size of one routed expert
+    n_shared_experts: int  # the shared expert is one SwiGLU of n_shared_experts * moe_hidden
+    routed_scaling_factor: float
+    rope_theta: float
+    norm_eps: float
+    max_length: int
+    mask_id: int
+    eos_id: int
+    pad_id: int
+    eot_id: int | None = None
+    family: Literal["llada2_moe"] = "llada2_moe"
+
+    @property
+    def n_moe_layers(self) -> int:
+        return self.n_layers - self.n_dense_layers
+
+    @property
+    def logit_shift(self) -> int:
+        """LLaDA2.0 predicts position ``i`` at logit ``i`` (no shift)."""
+        return 0
+
+    @property
+    def positions_from_mask(self) -> bool:
+        """Upstream uses absolute positions (``arange``), as LLaDA."""
+        return False
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        ids = [self.eos_id] + ([self.eot_id] if self.eot_id is not None else [])
+        return tuple(dict.fromkeys(ids))
+
+    def replace(self, **changes: Any) -> LLaDA2Config:
+        return dataclasses.replace(self, **changes)
+
+    def param_count(self, include_expert_bias: bool = False) -> int:
+        """Parameters implied by the shapes, as torch counts them: the routers' ``expert_bias``
+        are buffers (persistent, in the state dict, but not parameters), so they are excluded
+        unless ``include_expert_bias``."""
+        d, hd, E = self.d_model, self.head_dim, self.n_experts
+        attn = d * (self.n_heads + 2 * self.n_kv_heads) * hd + self.n_heads * hd * d + 2 * hd
+        dense = 3 * d * self.mlp_hidden
+        moe = d * E + E * 3 * d * self.moe_hidden + 3 * d * self.n_shared_experts * self.moe_hidden
+        per_layer = attn + 2 * d
+        total = self.n_layers * per_layer + self.n_dense_layers * dense + self.n_moe_layers * moe
+        total += 2 * self.vocab_size * d + d
+        return total + (self.n_moe_layers * E if include_expert_bias else 0)
+
+    def active_param_count(self) -> int:
+        """Parameters one token uses: all but the routed experts it is not sent to (embedding and
+        LM head included, as upstream's count)."""
+        idle = self.n_experts - self.n_experts_per_tok
+        return self.param_count() - self.n_moe_layers * idle * 3 * self.d_model * self.moe_hidden
+
+
+# option -> the only value supported (None: absent is fine too)
+_LLADA2_FIXED: dict[str, Any] = {
+    "use_sliding_window": False,
+    "use_qkv_bias": False,
+    "use_bias": False,  # upstream's default is True (a bias on the output projection), so it must be stated
+    "use_qk_norm": True,
+    "norm_head": False,
+    "norm_softmax": False,
+    "norm_topk_prob": True,  # upstream always normalises the top-k weights
+    "score_function": "sigmoid",
+    "router_dtype": "fp32",
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "use_rmsnorm": True,
+}
+_LLADA2_DEFAULTS = {"use_bias": True, "use_qk_norm": True, "tie_word_embeddings": False}
+
+
+def llada2_config(cfg: dict, source: str, special_ids: dict[str, int]) -> LLaDA2Config:
+    """Parse a ``llada2_moe`` config dict; ``special_ids`` supply mask/eos (and pad) ids when the
+    config has none (the real one has none: upstream ``generate`` takes them as arguments)."""
+    for key, ok in _LLADA2_FIXED.items():
+        value = cfg.get(key, _LLADA2_DEFAULTS.get(key, ok))
+        if value is not None and value != ok:
+            raise ConfigError(f"{source}: LLaDA2.0 option {key}={value!r} is not supported (only {ok!r})")
+    if cfg.get("rope_scaling"):
+        raise ConfigError(f"{source}: LLaDA2.0 rope_scaling={cfg['rope_scaling']!r} is not supported")
+    n_heads = _require(cfg, "num_attention_heads", source)
+    d_model = _require(cfg, "hidden_size", source)
+    head_dim = cfg.get("head_dim") or d_model // n_heads
+    rotary_dim = int(head_dim * float(cfg.get("partial_rotary_factor", 0.5)))
+    if cfg.get("rotary_dim") is not None and cfg["rotary_dim"] != rotary_dim:
+        raise ConfigError(
+            f"{source}: rotary_dim {cfg['rotary_dim']} disagrees with head_dim * partial_rotary_factor = {rotary_dim}"
+        )
+    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+        raise ConfigError(f"{source}: LLaDA2.0 rotary dims {rotary_dim} must be even and in (0, head_dim]")
+    n_layers = _require(cfg, "num_hidden_layers", source)
+    n_experts = _require(cfg, "num_experts", source)
+    n_group = int(cfg.get("n_group") or 1)
+    topk_group = int(cfg.get("topk_group") or n_group)
+    top_k = _require(cfg, "num_experts_per_tok", source)
+    shared = cfg.get("num_shared_experts")
+    if not isinstance(shared, int) or shared < 1:
+        raise ConfigError(f"{source}: LLaDA2.0 num_shared_experts={shared!r} is not supported (a positive integer)")
+    if n_experts % n_group or n_experts // n_group < 2:
+        raise ConfigError(f"{source}: num_experts {n_experts} must split into n_group {n_group} groups of 2 or more")
+    if not 1 <= topk_group <= n_group or not 1 <= top_k <= topk_group * (n_experts // n_group):
+        raise ConfigError(
+            f"{source}: topk_group {topk_group} / num_experts_per_tok {top_k} do not fit {n_group} groups "
+            f"of {n_experts // n_group} experts"
+        )
+    first_dense = int(cfg.get("first_k_dense_replace", 0))
+    if not 0 <= first_dense <= n_layers:
+        raise ConfigError(f"{source}: first_k_dense_replace {first_dense} is outside [0, {n_layers}]")
+    ids = {**special_ids, **{k: cfg[k] for k in ("mask_token_id", "eos_token_id") if cfg.get(k) is not None}}
+    for key in ("mask_token_id", "eos_token_id"):
+        if ids.get(key) is None:
+            raise ConfigError(
+                f"{source}: no {key} for LLaDA2.0: config.json has none; give it in {DECODE_IDS_FILE} beside "
+                "config.json or in the tokenizer files (tokenizer_config.json / tokenizer.json)"
+            )
+    pad = cfg.get("pad_token_id", ids.get("pad_token_id"))
+    out = LLaDA2Config(
+        vocab_size=_require(cfg, "vocab_size", source),
+        d_model=d_model,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
+        head_dim=head_dim,
+        rotary_dim=rotary_dim,
+        mlp_hidden=_require(cfg, "intermediate_size", source)
+        if first_dense
+        else int(cfg.get("intermediate_size") or 0),
+        n_dense_layers=first_dense,
+        n_experts=n_experts,
+        n_experts_per_tok=top_k,
+        n_group=n_group,
+        topk_group=topk_group,
+        moe_hidden=_require(cfg, "moe_intermediate_size", source),
+        n_shared_experts=shared,
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        max_length=_require(cfg, "max_position_embeddings", source),
+        mask_id=int(ids["mask_token_id"]),
+        eos_id=int(ids["eos_token_id"]),
+        pad_id=int(pad) if pad is not None else int(ids["eos_token_id"]),
+    )
+    if out.n_heads % out.n_kv_heads:
+        raise ConfigError(f"{source}: n_heads {out.n_heads} is not divisible by n_kv_heads {out.n_kv_heads}")
+    for name, value in (("mask_token_id", out.mask_id), ("eos_token_id", out.eos_id), ("pad_token_id", out.pad_id)):
+        if not 0 <= value < out.vocab_size:
+            raise ConfigError(f"{source}: {name} {value} is outside the vocabulary ({out.vocab_size})")
+    return out
+
+
+def special_ids_from_dir(model_dir: str | Path) -> dict[str, int]:
+    """mask/eos/pad ids from a directory's side files, for configs that do not carry them.
+
+    ``decode.json`` (``{"mask_token_id", "eos_token_id", "pad_token_id"}``) wins; otherwise the
+    token strings that ``tokenizer_config.json`` / ``special_tokens_map.json`` declare
+    (``mask_token``, ``eos_token``, ``pad_token``) are looked up in ``tokenizer_config.json``'s
+    ``added_tokens_decoder`` or ``tokenizer.json``'s added tokens and vocabulary. Read as JSON
+    (no tokenizer library), so a config parses without one."""
+    model_dir = Path(model_dir)
+    decode = model_dir / DECODE_IDS_FILE
+    if decode.is_file():
+        values = json.loads(decode.read_text())
+        return {k: int(values[k]) for k in ("mask_token_id", "eos_token_id", "pad_token_id") if k in values}
+    strings: dict[str, str] = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the later file wins
+        file = model_dir / name
+        if file.is_file():
+            data = json.loads(file.read_text())
+            for role in ("mask", "eos", "pad"):
+                token = data.get(f"{role}_token")
+                token = token.get("content") if isinstance(token, dict) else token
+                if isinstance(token, str):
+                    strings[role] = token
+    if not strings:
+        return {}
+    vocab: dict[str, int] = {}
+    tok_json = model_dir / "tokenizer.json"
+    if tok_json.is_file():
+        data = json.loads(tok_json.read_text())
+        vocab.update((data.get("model") or {}).get("vocab") or {})
+        vocab.update({t["content"]: int(t["id"]) for t in data.get("added_tokens", [])})
+    tok_cfg = model_dir / "tokenizer_config.json"
+    if tok_cfg.is_file():
+        decoder = json.loads(tok_cfg.read_text()).get("added_tokens_decoder") or {}
+        vocab.update({t["content"]: int(i) for i, t in decoder.items()})
+    return {f"{role}_token_id": vocab[token] for role, token in strings.items() if token in vocab}

@@ -1,0 +1,369 @@
+"""LLaDA2.0 (``llada2_moe``, upstream ``LLaDA2MoeModelLM``) as a Flax NNX module, for block diffusion.
+
+Architecture (upstream ``modeling_llada2_moe.py``): pre-norm layers of attention with one fused
+``query_key_value`` projection (GQA: q heads, then k, then v), a per-head RMSNorm on q and k
+before RoPE, RoPE on the first ``rotary_dim`` dims of each head only (rotate-half on those dims),
+and an output projection; the feed-forward is a dense SwiGLU for the first ``n_dense_layers``
+layers and a mixture of experts after (``models.moe``: sigmoid router with selection bias,
+group-limited top-k, shared expert always added); final RMSNorm and an untied LM head.
+
+Numerics as upstream: RMSNorm in float32, rounded, times the weight; RoPE tables in float32,
+rounded to the model dtype and applied in it (upstream casts cos/sin to the hidden dtype); router
+logits and weights in float32; routed outputs combined in float32 and rounded once; the LM head
+rounds to the model dtype before logits are returned as float32 (upstream's ``logits.float()``).
+
+API that decoding uses (all logits are raw: LLaDA2.0 predicts position ``i`` at logit ``i``):
+
+- ``model(tokens, attention_mask=None, positions=None, block_length=None, logits_from=0,
+  logit_index=None) -> logits [B, N', V]``. ``attention_mask`` [B, N] masks keys (pads);
+  ``positions`` default to ``arange(N)``. ``block_length=None`` is fully bidirectional (upstream
+  with no mask); an int is block-causal: query ``i`` sees key ``j`` iff
+  ``j // block_length <= i // block_length`` (sequence indices, as upstream ``generate``'s mask).
+- ``model.prefill(same arguments) -> (logits, keys, values)``, keys/values [L, B, N, KV, hd]
+  (keys after norm and RoPE). Under block-causal attention a block's keys and values depend only
+  on it and earlier blocks, so those of finished blocks never change: they are an exact cache.
+- ``model.window(tokens, positions, cache_k, cache_v, cache_mask, window_mask, out_length,
+  block_length=None) -> logits [B, M, out_length, V]``: M windows of W positions per row
+  ([B, M, W] tokens/positions) attending to the row's cached keys where ``cache_mask`` [B, N]
+  is True (earlier blocks' non-pad positions; not the window's own) and to the window's own keys
+  where ``window_mask`` [B, W] is True and, with ``block_length``, the key's block
+  (``position // block_length``) is not after the query's. With ``positions`` the sequence
+  indices (the ``arange`` default), this gives exactly the full forward's logits at the window.
+
+Layers are two groups with weights stacked on a leading layer axis: ``dense_*`` (the dense layers)
+and ``moe_*`` (the MoE layers), each run with ``lax.scan``; ``unroll_layers=True`` keeps each
+layer's weights in arrays of their own and unrolls the loop (the CPU default, as ``DiffusionLM``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from .config import LLaDA2Config
+from .moe import route, routed_experts
+from .transformer import attention, default_positions, matmul, rms_norm, rope_tables, swiglu
+
+GROUPS = ("dense", "moe")
+ATTN_PARAMS = ("attn_norm", "wqkv", "q_norm", "k_norm", "wo", "mlp_norm")
+DENSE_MLP_PARAMS = ("w_gate", "w_up", "w_down")
+MOE_MLP_PARAMS = (
+    "router",
+    "expert_bias",
+    "expert_gate",
+    "expert_up",
+    "expert_down",
+    "shared_gate",
+    "shared_up",
+    "shared_down",
+)
+TOP_PARAMS = ("embed", "final_norm", "lm_head")
+# Kept in float32 whatever the model dtype: it only shifts the (discrete) expert choice, and
+# upstream keeps it as a float32 buffer.
+FLOAT32_PARAMS = ("moe_expert_bias",)
+
+
+def param_shapes(cfg: LLaDA2Config) -> dict[str, tuple[int, ...]]:
+    """Shape of every parameter by name: ``embed``/``final_norm``/``lm_head`` and, per layer
+    group, ``dense_<name>`` [n_dense_layers, ...] and ``moe_<name>`` [n_moe_layers, ...]."""
+    d, hd, V, E = cfg.d_model, cfg.head_dim, cfg.vocab_size, cfg.n_experts
+    qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * hd
+    fm, fs = cfg.moe_hidden, cfg.n_shared_experts * cfg.moe_hidden
+    attn = {
+        "attn_norm": (d,),
+        "wqkv": (d, qkv),
+        "q_norm": (hd,),
+        "k_norm": (hd,),
+        "wo": (cfg.n_heads * hd, d),
+        "mlp_norm": (d,),
+    }
+    dense = {"w_gate": (d, cfg.mlp_hidden), "w_up": (d, cfg.mlp_hidden), "w_down": (cfg.mlp_hidden, d)}
+    moe = {
+        "router": (d, E),
+        "expert_bias": (E,),
+        "expert_gate": (E, d, fm),
+        "expert_up": (E, d, fm),
+        "expert_down": (E, fm, d),
+        "shared_gate": (d, fs),
+        "shared_up": (d, fs),
+        "shared_down": (fs, d),
+    }
+    shapes = {"embed": (V, d), "final_norm": (d,), "lm_head": (d, V)}
+    for group, n, mlp in (("dense", cfg.n_dense_layers, dense), ("moe", cfg.n_moe_layers, moe)):
+        if n:
+            shapes.update({f"{group}_{name}": (n, *shape) for name, shape in {**attn, **mlp}.items()})
+    return shapes
+
+
+def param_dtype(name: str, dtype: jnp.dtype) -> jnp.dtype:
+    """The dtype parameter ``name`` is kept in for a model of ``dtype``."""
+    return jnp.dtype(jnp.float32) if name in FLOAT32_PARAMS else jnp.dtype(dtype)
+
+
+def split_name(name: str) -> tuple[str | None, str]:
+    """``"moe_wqkv"`` -> ("moe", "wqkv"); top-level names -> (None, name)."""
+    group, _, base = name.partition("_")
+    return (group, base) if group in GROUPS and base else (None, name)
+
+
+def apply_partial_rope(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
+    """Rotate-half RoPE on the first ``sin.shape[-1]`` dims of each head of x [B, N, H, hd];
+    the rest pass through. Tables are rounded to x's dtype and applied in it, as upstream."""
+    r = sin.shape[-1]
+    rot, rest = x[..., :r], x[..., r:]
+    half = r // 2
+    rotated = jnp.concatenate([-rot[..., half:], rot[..., :half]], axis=-1)
+    c, s = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
+    return jnp.concatenate([rot * c + rotated * s, rest], axis=-1)
+
+
+def block_causal(query_blocks: jax.Array, key_blocks: jax.Array) -> jax.Array:
+    """visible[..., i, j] = key j's block is not after query i's block."""
+    return key_blocks[..., None, :] <= query_blocks[..., :, None]
+
+
+class LLaDA2MoE(nnx.Module):
+    """Token ids [B, N] -> raw logits [B, N, V] in float32 (see the module docstring for the API)."""
+
+    def __init__(
+        self,
+        config: LLaDA2Config,
+        *,
+        dtype: jnp.dtype = jnp.float32,
+        rngs: nnx.Rngs | None = None,
+        unroll_layers: bool = False,
+    ):
+        self.config = config
+        self.dtype = jnp.dtype(dtype)
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        per_group: dict[str, dict[str, jax.Array]] = {g: {} for g in GROUPS}
+        for name, shape in param_shapes(config).items():
+            group, base = split_name(name)
+            if base.endswith("norm"):
+                value = jnp.ones(shape, self.dtype)
+            elif base == "expert_bias":
+                value = jnp.zeros(shape, jnp.float32)
+            else:
+                value = (0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(self.dtype)
+            if unroll_layers and group is not None:
+                per_group[group][base] = value
+            else:
+                setattr(self, name, nnx.Param(value))
+        counts = {"dense": config.n_dense_layers, "moe": config.n_moe_layers}
+        # Unrolled: <group>_layers[i][base] is layer i's slice of the stacked parameter <group>_<base>.
+        for group in GROUPS:
+            layers = None
+            if unroll_layers:
+                values = per_group[group]
+                layers = nnx.List(
+                    [nnx.Dict({b: nnx.Param(v[i]) for b, v in values.items()}) for i in range(counts[group])]
+                )
+            setattr(self, f"{group}_layers", layers)
+        self.unrolled = bool(unroll_layers)
+
+    # ----------------------------------------------------------------------------- parameters
+    def group_names(self, group: str) -> list[str]:
+        mlp = DENSE_MLP_PARAMS if group == "dense" else MOE_MLP_PARAMS
+        return list(ATTN_PARAMS) + list(mlp)
+
+    def group_size(self, group: str) -> int:
+        return self.config.n_dense_layers if group == "dense" else self.config.n_moe_layers
+
+    def group_weights(self, group: str) -> dict[str, jax.Array]:
+        """The group's parameters stacked on the layer axis (stacked on the fly if unrolled)."""
+        if self.unrolled:
+            layers = getattr(self, f"{group}_layers")
+            return {b: jnp.stack([layer[b][...] for layer in layers]) for b in self.group_names(group)}
+        return {b: getattr(self, f"{group}_{b}")[...] for b in self.group_names(group)}
+
+    def set_param(self, name: str, value: jax.Array) -> None:
+        """Set a parameter from its stacked value (as ``param_shapes`` gives it), in either layout."""
+        group, base = split_name(name)
+        if self.unrolled and group is not None:
+            for i, layer in enumerate(getattr(self, f"{group}_layers")):
+                layer[base].set_value(value[i])
+        else:
+            getattr(self, name).set_value(value)
+
+    def _run_group(self, group: str, block, x: jax.Array, per_layer_inputs: tuple = ()):
+        """``x, ys = block(x, (weights, *inputs))`` over the group's layers; ys stacked on axis 0."""
+        if self.unrolled:
+            ys = []
+            for i, layer in enumerate(getattr(self, f"{group}_layers")):
+                x, y = block(x, ({b: p[...] for b, p in layer.items()}, *(a[i] for a in per_layer_inputs)))
+                ys.append(y)
+            return x, jax.tree.map(lambda *parts: jnp.stack(parts), *ys)
+        return jax.lax.scan(block, x, (self.group_weights(group), *per_layer_inputs))
+
+    def _run_layers(self, make_block, x: jax.Array, per_layer_inputs: tuple = ()):
+        """Both groups in order; ``make_block(group)`` gives the group's layer function. Per-layer
+        inputs [L, ...] are split between the groups, outputs concatenated back to [L, ...]."""
+        outs = []
+        start = 0
+        for group in GROUPS:
+            n = self.group_size(group)
+            if not n:
+                continue
+            inputs = tuple(a[start : start + n] for a in per_layer_inputs)
+            x, ys = self._run_group(group, make_block(group), x, inputs)
+            outs.append(ys)
+            start += n
+        ys = None if outs[0] is None else jax.tree.map(lambda *parts: jnp.concatenate(parts), *outs)
+        return x, ys
+
+    # -------------------------------------------------------------------------------- forward
+    def __call__(
+        self,
+        tokens: jax.Array,
+        attention_mask: jax.Array | None = None,
+        positions: jax.Array | None = None,
+        block_length: int | None = None,
+        logits_from: int = 0,
+        logit_index: jax.Array | None = None,
+    ) -> jax.Array:
+        """Logits [B, N - logits_from, V] (or [B, W, V] at ``logit_index`` [B, W]) in float32."""
+        return self._full(tokens, attention_mask, positions, block_length, False, logits_from, logit_index)[0]
+
+    def prefill(
+        self,
+        tokens: jax.Array,
+        attention_mask: jax.Array | None = None,
+        positions: jax.Array | None = None,
+        block_length: int | None = None,
+        logits_from: int = 0,
+        logit_index: jax.Array | None = None,
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """``__call__`` that also returns every layer's keys and values, [L, B, N, KV, hd] each."""
+        return self._full(tokens, attention_mask, positions, block_length, True, logits_from, logit_index)
+
+    def positions(self, attention_mask: jax.Array | None, batch: int, length: int) -> jax.Array:
+        return default_positions(self.config, attention_mask, batch, length)
+
+    def _full(self, tokens, attention_mask, positions, block_length, collect_kv: bool, logits_from, logit_index):
+        cfg = self.config
+        batch, length = tokens.shape
+        if positions is None:
+            positions = self.positions(attention_mask, batch, length)
+        mask = None if attention_mask is None else attention_mask.astype(bool)[:, None, None, :]
+        if block_length is not None:
+            blocks = jnp.arange(length) // block_length
+            visible = block_causal(blocks, blocks)[None, None]
+            mask = visible if mask is None else mask & visible
+        sin, cos = rope_tables(positions, cfg.rotary_dim, cfg.rope_theta)
+        x = jnp.take(self.embed[...], tokens.reshape(-1), axis=0).astype(self.dtype)  # rows [B*N, D]
+
+        def make_block(group: str):
+            def block(h: jax.Array, layer):
+                (w,) = layer
+                q, k, v = self._project(rms_norm(h, w["attn_norm"], cfg.norm_eps), w, sin, cos, (batch, length))
+                out = attention(q, k, v, mask)
+                h = h + matmul(out.reshape(batch * length, -1), w["wo"])
+                return self._ffn(group, h, w), ((k, v) if collect_kv else None)
+
+            return block
+
+        x, kv = self._run_layers(make_block, x)
+        h = x.reshape(batch, length, -1)
+        h = h[:, logits_from:] if logit_index is None else jnp.take_along_axis(h, logit_index[..., None], axis=1)
+        logits = self._head(h)
+        return (logits, *kv) if collect_kv else (logits, None, None)
+
+    def window(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        cache_k: jax.Array,
+        cache_v: jax.Array,
+        cache_mask: jax.Array,
+        window_mask: jax.Array,
+        out_length: int,
+        block_length: int | None = None,
+    ) -> jax.Array:
+        """Logits [B, M, out_length, V] of M windows [B, M, W] against the cache (module docstring)."""
+        cfg = self.config
+        batch, m, width = tokens.shape
+        sin, cos = rope_tables(positions.reshape(batch * m, width), cfg.rotary_dim, cfg.rope_theta)
+        visible = jnp.broadcast_to(window_mask[:, None, None, :].astype(bool), (batch, m, width, width))
+        if block_length is not None:
+            blocks = positions // block_length
+            visible = visible & block_causal(blocks, blocks)
+        x = jnp.take(self.embed[...], tokens.reshape(-1), axis=0).astype(self.dtype)
+
+        def make_block(group: str):
+            def block(h: jax.Array, layer):
+                w, ck, cv = layer
+                q, k, v = self._project(rms_norm(h, w["attn_norm"], cfg.norm_eps), w, sin, cos, (batch * m, width))
+                split = lambda a: a.reshape(batch, m, width, *a.shape[2:])
+                out = window_attention(split(q), split(k), split(v), ck, cv, cache_mask, visible)
+                h = h + matmul(out.reshape(batch * m * width, -1), w["wo"])
+                return self._ffn(group, h, w), None
+
+            return block
+
+        x, _ = self._run_layers(make_block, x, (cache_k, cache_v))
+        logits = self._head(x.reshape(batch * m, width, -1)[:, :out_length])
+        return logits.reshape(batch, m, out_length, -1)
+
+    # ------------------------------------------------------------------------------- pieces
+    def _project(self, x, w, sin, cos, shape: tuple[int, int]) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """q [B, N, H, hd], k and v [B, N, KV, hd] of rows x [B*N, D]: fused projection, q/k norm, RoPE."""
+        cfg = self.config
+        batch, length = shape
+        qkv = matmul(x, w["wqkv"]).reshape(batch, length, cfg.n_heads + 2 * cfg.n_kv_heads, cfg.head_dim)
+        q, k, v = jnp.split(qkv, [cfg.n_heads, cfg.n_heads + cfg.n_kv_heads], axis=2)
+        q = apply_partial_rope(rms_norm(q, w["q_norm"], cfg.norm_eps), sin, cos)
+        k = apply_partial_rope(rms_norm(k, w["k_norm"], cfg.norm_eps), sin, cos)
+        return q, k, v
+
+    def _ffn(self, group: str, h: jax.Array, w: dict[str, jax.Array]) -> jax.Array:
+        """The residual rows [T, D] after the layer's feed-forward (dense SwiGLU or experts)."""
+        cfg = self.config
+        y = rms_norm(h, w["mlp_norm"], cfg.norm_eps)
+        if group == "dense":
+            return h + matmul(swiglu(matmul(y, w["w_gate"]), matmul(y, w["w_up"])), w["w_down"])
+        chosen, weights = route(
+            y,
+            w["router"],
+            w["expert_bias"],
+            top_k=cfg.n_experts_per_tok,
+            n_group=cfg.n_group,
+            topk_group=cfg.topk_group,
+            scaling=cfg.routed_scaling_factor,
+        )
+        routed = routed_experts(y, chosen, weights, w["expert_gate"], w["expert_up"], w["expert_down"], swiglu)
+        shared = matmul(swiglu(matmul(y, w["shared_gate"]), matmul(y, w["shared_up"])), w["shared_down"])
+        return h + (routed + shared)
+
+    def _head(self, x: jax.Array) -> jax.Array:
+        """Float32 logits [B, N, V] of hidden states [B, N, D]: rounded to the model dtype first, as upstream."""
+        batch, length, d = x.shape
+        x = rms_norm(x.reshape(batch * length, d), self.final_norm[...], self.config.norm_eps)
+        return matmul(x, self.lm_head[...]).astype(jnp.float32).reshape(batch, length, -1)
+
+
+def window_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    cache_k: jax.Array,
+    cache_v: jax.Array,
+    cache_mask: jax.Array,
+    visible: jax.Array,
+) -> jax.Array:
+    """Attention of window queries over [cached keys (cache_mask [B, N]) ; the window's keys (visible
+    [B, M, W, W], query by key)]. q [B, M, W, H, hd]; k, v [B, M, W, KV, hd]; cache_k, cache_v
+    [B, N, KV, hd]. Scores and softmax in float32; head h reads kv head h // (H / KV)."""
+    batch, m, width, heads, hd = q.shape
+    kv_heads, n = k.shape[3], cache_k.shape[1]
+    qg = q.reshape(batch, m, width, kv_heads, heads // kv_heads, hd)
+    scale = 1.0 / (hd**0.5)
+    s_cache = jnp.einsum("bmwkgd,bnkd->bmkgwn", qg, cache_k, preferred_element_type=jnp.float32) * scale
+    s_win = jnp.einsum("bmwkgd,bmukd->bmkgwu", qg, k, preferred_element_type=jnp.float32) * scale
+    low = jnp.finfo(jnp.float32).min
+    s_cache = jnp.where(cache_mask[:, None, None, None, None, :], s_cache, low)
+    s_win = jnp.where(visible[:, :, None, None], s_win, low)
+    probs = jax.nn.softmax(jnp.concatenate([s_cache, s_win], axis=-1), axis=-1).astype(v.dtype)
+    out = jnp.einsum("bmkgwn,bnkd->bmwkgd", probs[..., :n], cache_v, preferred_element_type=jnp.float32)
+    out += jnp.einsum("bmkgwu,bmukd->bmwkgd", probs[..., n:], v, preferred_element_type=jnp.float32)
+    return out.astype(v.dtype).reshape(batch, m, width, heads, hd)

@@ -1,0 +1,119 @@
+"""LLaDA2.0's mixture-of-experts feed-forward: the router's choice and the dropless expert compute.
+
+Routing (``route``) follows upstream ``LLaDA2MoeGate`` exactly: logits in float32, sigmoid scores,
+``expert_bias`` added only to choose experts, group-limited top-k (keep the ``topk_group``
+groups whose top-2 biased scores sum highest, then the top ``k`` experts among them), the chosen
+experts' unbiased scores normalised to sum 1 and scaled by ``routed_scaling_factor``. Ties go to
+the lower index (``lax.top_k``'s rule), for groups and experts alike.
+
+Experts (``routed_experts``) are dropless and exact: every token gets exactly its k experts. The
+(token, expert) assignments are sorted by expert and run as one grouped matrix product per
+projection (``grouped_matmul``), so the work is about the active parameters, not all experts for
+every token: the FLOPs XLA reports against the active-parameter ideal are in docs/cost-model.md
+(``scripts/moe_cost.py``). The outputs are unsorted and combined with the routing weights in
+float32, rounded once, as upstream's ``moe_infer``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+MAX_TILE = 128
+
+
+def route(
+    x: jax.Array,
+    router: jax.Array,
+    expert_bias: jax.Array,
+    *,
+    top_k: int,
+    n_group: int,
+    topk_group: int,
+    scaling: float,
+) -> tuple[jax.Array, jax.Array]:
+    """Chosen experts [T, k] (int32) and their weights [T, k] (float32) for rows x [T, D].
+
+    ``router`` is the gate weight as [D, E] (upstream's [E, D] transposed); ``expert_bias`` [E]."""
+    logits = jnp.dot(
+        x.astype(jnp.float32), router.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST
+    )  # float32 on every backend (no TF32 / bf16 passes): the choice is discrete
+    scores = jax.nn.sigmoid(logits)
+    biased = scores + expert_bias.astype(jnp.float32)
+    tokens, n_experts = biased.shape
+    grouped = biased.reshape(tokens, n_group, n_experts // n_group)
+    group_scores = jax.lax.top_k(grouped, 2)[0].sum(axis=-1)  # [T, G]
+    _, kept = jax.lax.top_k(group_scores, topk_group)
+    group_mask = jnp.zeros((tokens, n_group), bool).at[jnp.arange(tokens)[:, None], kept].set(True)
+    expert_mask = jnp.repeat(group_mask, n_experts // n_group, axis=1)
+    _, chosen = jax.lax.top_k(jnp.where(expert_mask, biased, -jnp.inf), top_k)
+    weights = jnp.take_along_axis(scores, chosen, axis=1)
+    if top_k > 1:
+        weights = weights / (weights.sum(axis=-1, keepdims=True) + 1e-20)
+    return chosen.astype(jnp.int32), weights * scaling
+
+
+def tile_size(assignments: int, n_experts: int) -> int:
+    """Rows per tile of ``grouped_matmul``: a power of two near half the mean group size, so that
+    padding each expert's group to whole tiles adds at most about half the work (1 when
+    there are about as many assignments as experts, as in decoding)."""
+    mean = assignments // (2 * n_experts)
+    return int(min(MAX_TILE, 1 << max(0, mean.bit_length() - 1))) if mean > 0 else 1
+
+
+def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, tile: int | None = None) -> jax.Array:
+    """``x[r] @ w[g(r)]`` for rows x [R, K] sorted by group, ``group_sizes`` [G] rows each; w [G, K, N].
+
+    XLA has no grouped GEMM outside TPU: ``jax.lax.ragged_dot`` on CPU and GPU lowers to a dense
+    product of every row with every group's weights (G times the work, measured in
+    docs/cost-model.md), so this pads each group to whole tiles of ``tile`` rows and runs one
+    batched product of tiles against their group's weights. The work is
+    ``(R + G_used * (tile - 1)) * K * N`` multiply-adds with G_used <= min(G, R) groups present;
+    the weights are read once per tile. TPU keeps ``ragged_dot`` (its native grouped kernel).
+    Products accumulate in float32 and round once to x's dtype.
+    """
+    if jax.default_backend() == "tpu":
+        out = jax.lax.ragged_dot(x, w, group_sizes, preferred_element_type=jnp.float32)
+        return out.astype(x.dtype)
+    rows, n_groups = x.shape[0], w.shape[0]
+    tile = tile or tile_size(rows, n_groups)
+    n_tiles = -(-(rows + min(n_groups, rows) * (tile - 1)) // tile)
+    sizes = group_sizes.astype(jnp.int32)
+    tiles_per_group = (sizes + tile - 1) // tile
+    tile_end = jnp.cumsum(tiles_per_group)  # [G]: first tile after group g
+    row_start = jnp.cumsum(sizes) - sizes
+    group_of_row = jnp.searchsorted(jnp.cumsum(sizes), jnp.arange(rows), side="right")
+    group_of_row = jnp.minimum(group_of_row, n_groups - 1)
+    padded_row = (tile_end - tiles_per_group)[group_of_row] * tile + jnp.arange(rows) - row_start[group_of_row]
+    group_of_tile = jnp.minimum(jnp.searchsorted(tile_end, jnp.arange(n_tiles), side="right"), n_groups - 1)
+    xt = jnp.zeros((n_tiles * tile, x.shape[1]), x.dtype).at[padded_row].set(x, unique_indices=True)
+    xt = xt.reshape(n_tiles, tile, x.shape[1])
+    out = jnp.einsum("tmk,tkn->tmn", xt, w[group_of_tile], preferred_element_type=jnp.float32).astype(x.dtype)
+    return out.reshape(n_tiles * tile, -1)[padded_row]
+
+
+def routed_experts(
+    x: jax.Array,
+    chosen: jax.Array,
+    weights: jax.Array,
+    w_gate: jax.Array,
+    w_up: jax.Array,
+    w_down: jax.Array,
+    swiglu,
+    tile: int | None = None,
+) -> jax.Array:
+    """Sum over each row's k experts of weight * SwiGLU expert(x), rows x [T, D] -> [T, D] in x's dtype.
+
+    chosen/weights [T, k] from ``route``; w_gate/w_up [E, D, F], w_down [E, F, D]; ``swiglu(gate, up)``
+    is the model's activation (float32 SiLU, rounded once)."""
+    tokens, k = chosen.shape
+    n_experts = w_gate.shape[0]
+    flat = chosen.reshape(-1)
+    order = jnp.argsort(flat, stable=True)  # assignments sorted by expert
+    sizes = jnp.zeros((n_experts,), jnp.int32).at[flat].add(1)
+    xs = jnp.take(x, order // k, axis=0)
+    h = swiglu(grouped_matmul(xs, w_gate, sizes, tile), grouped_matmul(xs, w_up, sizes, tile))
+    ys = grouped_matmul(h, w_down, sizes, tile)
+    y = jnp.zeros_like(ys).at[order].set(ys, unique_indices=True).reshape(tokens, k, -1)
+    # An elementwise product and sum, not a dot: no reduced-precision matmul passes on any backend.
+    return (y.astype(jnp.float32) * weights[..., None]).sum(axis=1).astype(x.dtype)
