@@ -31,6 +31,9 @@ LLaDA, about 25 minutes per dtype on 2 cores)::
     python -m scripts.compare_backends --no-default-model --random-llada --layers 8 --d-model 1024 \\
         --gen-length 256 --block-length 32 --prompts 1 --repeats 3 --no-compile --dtype bfloat16 \\
         --out compare.json
+
+``--cache prefix|dual`` runs every decoder with Fast-dLLM's block KV cache in both backends (the
+same tokens and call counts in float32); the JSON's ``meta`` and every decoder's settings record it.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ MATMUL_PRECISION = {"float32": ("highest", "highest"), "tf32": ("tensorfloat32",
 def decoder_settings(name: str, args):
     from psd_jax import DecodeConfig
 
-    base = DecodeConfig(gen_length=args.gen_length, block_length=args.block_length)
+    base = DecodeConfig(gen_length=args.gen_length, block_length=args.block_length, cache=args.cache)
     threshold = {"policy": "threshold", "threshold": args.threshold}
     table = {
         "fixed": {"policy": "fixed", "steps": args.steps or args.gen_length},
@@ -358,6 +361,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--random-dir", help="keep the random model here instead of a temp dir")
     p.add_argument("--gen-length", type=int, default=256)
     p.add_argument("--block-length", type=int, default=32)
+    p.add_argument(
+        "--cache",
+        default="none",
+        choices=["none", "prefix", "dual"],
+        help="block KV cache of every decoder, in both backends (Fast-dLLM's prefix or dual cache)",
+    )
     p.add_argument("--steps", type=int, help="fixed: total steps (default gen_length: 1 token per step)")
     p.add_argument("--threshold", type=float, default=0.9)
     p.add_argument("--depth", type=int, default=3, help="PSD depth D")
@@ -413,6 +422,9 @@ def main(argv=None) -> int:
         )
     for d in args.decoders:
         decoder_settings(d, args)  # fail early on a bad name or bad settings
+    if args.breakdown and args.cache != "none":
+        # The replay forwards whole canvases; a cached decode's calls are mostly windows.
+        raise SystemExit("--breakdown replays uncached forwards only: use it with --cache none")
 
     import jax
     import torch
@@ -447,7 +459,7 @@ def table_title(label: str, res: dict, args) -> str:
     precision = f" (matmuls {args.matmul_precision})" if args.dtype == "float32" else ""  # bf16: n/a
     return (
         f"{label}: {m['params'] / 1e6:.1f}M params, {args.dtype}{precision}, "
-        f"gen {args.gen_length}, block {args.block_length}, "
+        f"gen {args.gen_length}, block {args.block_length}, cache {args.cache}, "
         f"{res['prompts']} prompts x batch {args.batch}, median of {args.repeats}, "
         f"torch threads {res['torch_threads']}"
     )
@@ -494,6 +506,7 @@ def run_meta(args, argv) -> dict:
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "gen_length": args.gen_length,
         "block_length": args.block_length,
+        "cache": args.cache,
     }
 
 

@@ -208,15 +208,6 @@ def test_shipped_default_model_torch_equals_jax(decoder):
     assert got[0].sequence_forwards == expected[0].sequence_forwards
 
 
-def test_kv_cache_settings_are_refused(torch_lms):
-    """The block KV cache exists only in the JAX engine: the torch backend says so instead of
-    silently decoding without it."""
-    from psd_jax import DecodeConfigError
-
-    with pytest.raises(DecodeConfigError, match="no block KV cache"):
-        torch_lms["llada-tiny"].generate([[1, 2, 3]], DecodeConfig(gen_length=16, block_length=16, cache="prefix"))
-
-
 def test_bf16_checkpoint_loads_the_bf16_values(tmp_path):
     """A bf16 safetensors source (as real LLaDA/Dream ships) gives exactly its bf16 values."""
     import shutil

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from models import ModelConfig
 
-from ..config import DecodeConfig, DecodeConfigError
+from ..config import DecodeConfig
 from ..decoders import decoder_for, forward_sizes  # the engine's decoders' static sizes and statistics
 from ..policies import step_counts  # the engine's own count tables (numpy)
 from ..predict import ENTROPY_EPS, forwards_per_call
@@ -57,7 +57,9 @@ class Prediction:
     topk_id: torch.Tensor | None = None  # [..., N, k_max] (RPS)
 
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Prediction:
-        return Prediction(*(None if v is None else fn(v) for v in dataclasses.astuple(self)))
+        # getattr, not dataclasses.astuple: astuple deep-copies every tensor.
+        values = (getattr(self, f.name) for f in dataclasses.fields(self))
+        return Prediction(*(None if v is None else fn(v) for v in values))
 
 
 def shift_logits(logits: torch.Tensor, shift: int) -> torch.Tensor:
@@ -108,22 +110,25 @@ def logits_to_prediction(
 
 
 class Predictor:
-    """The one model call: canvases [B, K, N] -> ``Prediction`` [B, K, N] (see psd_jax.predict).
+    """The model calls: canvases [B, K, N] -> ``Prediction`` [B, K, N] (see psd_jax.predict), and
+    with a block KV cache the full forward that fills it (``prefill``) and the window calls
+    against it (``window``).
 
-    With ``compile=True`` the forward and the logits-to-prediction step are one ``torch.compile``d
-    function (static shapes; random draws stay outside it, so the compiled graph is pure).
+    With ``compile=True`` each call's forward and logits-to-prediction step are one
+    ``torch.compile``d function (static shapes; random draws stay outside it, so the compiled
+    graph is pure).
     """
 
     def __init__(self, model: torch.nn.Module, mcfg: ModelConfig, dcfg: DecodeConfig, compile: bool = False):
         self.model, self.mcfg, self.dcfg = model, mcfg, dcfg
+        cores = (self._forward_predict, self._prefill_predict, self._window_predict)
         if compile:
             # One graph per (shape, mask or not, settings): several per decode, across decoders.
             dynamo = torch._dynamo.config
             dynamo.recompile_limit = max(dynamo.recompile_limit, 64)
             dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, 1024)
-            self._core = torch.compile(self._forward_predict, dynamic=False)
-        else:
-            self._core = self._forward_predict
+            cores = tuple(torch.compile(core, dynamic=False) for core in cores)
+        self._core, self._prefill_core, self._window_core = cores
 
     def _forward_predict(self, flat, mask, prompt_length: int, gumbel, random_conf):
         dcfg, mcfg = self.dcfg, self.mcfg
@@ -139,21 +144,43 @@ class Predictor:
         logits = shift_logits(logits, mcfg.logit_shift)
         return logits_to_prediction(logits, mcfg, dcfg, gumbel, random_conf)
 
+    def _prefill_predict(self, canvas, mask, logit_index, gumbel, random_conf):
+        logits, keys, values = self.model.prefill(canvas, mask, logit_index)
+        return logits_to_prediction(logits, self.mcfg, self.dcfg, gumbel, random_conf), keys, values
+
+    def _window_predict(self, tokens, positions, keys, values, key_mask, out_length: int, gumbel, random_conf):
+        logits = self.model.window(tokens, positions, keys, values, key_mask, out_length)
+        return logits_to_prediction(logits, self.mcfg, self.dcfg, gumbel, random_conf)
+
+    def _draws(self, shape: tuple[int, int], device, generator: torch.Generator | None):
+        """(Gumbel noise [*shape, V], random confidences [*shape]) where the settings need them."""
+        gumbel = random_conf = None
+        if self.dcfg.temperature > 0:  # Gumbel-max sampling, as LLaDA's add_gumbel_noise
+            u = torch.rand((*shape, self.mcfg.vocab_size), generator=generator, device=device)
+            gumbel = -torch.log(-torch.log(u.clamp_(min=torch.finfo(torch.float32).tiny)))
+        if self.dcfg.confidence == "random":
+            random_conf = torch.rand(shape, generator=generator, device=device)
+        return gumbel, random_conf
+
     def __call__(self, canvases, attention_mask, prompt_length: int, generator: torch.Generator | None) -> Prediction:
         b, k, n = canvases.shape
         flat = canvases.reshape(b * k, n)
         mask = None if attention_mask is None else attention_mask.repeat_interleave(k, dim=0)
-        vocab, dev = self.mcfg.vocab_size, canvases.device
-        gumbel = random_conf = None
-        if self.dcfg.temperature > 0:  # Gumbel-max sampling, as LLaDA's add_gumbel_noise
-            u = torch.rand((b * k, n, vocab), generator=generator, device=dev).clamp_(
-                min=torch.finfo(torch.float32).tiny
-            )
-            gumbel = -torch.log(-torch.log(u))
-        if self.dcfg.confidence == "random":
-            random_conf = torch.rand((b * k, n), generator=generator, device=dev)
-        out = self._core(flat, mask, prompt_length, gumbel, random_conf)
+        out = self._core(flat, mask, prompt_length, *self._draws((b * k, n), canvases.device, generator))
         return Prediction(*out).map(lambda a: a.reshape(b, k, *a.shape[1:]))
+
+    def prefill(self, canvas, attention_mask, logit_index, generator: torch.Generator | None):
+        """Full forward of canvas [B, N] with logits at ``logit_index`` [B, W] only:
+        (Prediction [B, W] of those logits, keys, values [L, B, KV, N, hd])."""
+        draws = self._draws(tuple(logit_index.shape), canvas.device, generator)
+        out, keys, values = self._prefill_core(canvas, attention_mask, logit_index, *draws)
+        return Prediction(*out), keys, values
+
+    def window(self, tokens, positions, cache, key_mask, out_length: int, generator) -> Prediction:
+        """Window call, tokens/positions [B*M, W] against the cache -> Prediction [B*M, out_length]
+        of the first ``out_length`` window positions (unshifted: the caller places them)."""
+        draws = self._draws((tokens.shape[0], out_length), tokens.device, generator)
+        return Prediction(*self._window_core(tokens, positions, *cache, key_mask, out_length, *draws))
 
 
 # --------------------------------------------------------------------------------- policies
@@ -354,7 +381,7 @@ def _rps_choose(dcfg: DecodeConfig, proposal, preds, live):
 # ------------------------------------------------------------------------------------ loop
 
 
-class _Blocks:
+class Blocks:
     """Block geometry of one decode (``Loop.in_block``/``advance`` of the JAX engine)."""
 
     def __init__(self, mcfg: ModelConfig, dcfg: DecodeConfig, prompt_length: int, device):
@@ -384,6 +411,52 @@ class _Blocks:
         return canvas, block, step, new_done
 
 
+@dataclasses.dataclass(frozen=True)
+class Loop:
+    """The static pieces of one decode (the engine's ``Loop``): settings, model calls, geometry."""
+
+    mcfg: ModelConfig
+    dcfg: DecodeConfig
+    prompt_length: int
+    predictor: Predictor
+    policy: Policy
+    blocks: Blocks
+    attention_mask: torch.Tensor | None  # [B, N], None when nothing is padded
+    generator: torch.Generator | None
+
+    def committable(self, canvas: torch.Tensor, block: torch.Tensor, frozen: torch.Tensor) -> torch.Tensor:
+        """M(x): masked positions of each row's current block ([B, N]); nothing for frozen rows."""
+        return (canvas == self.mcfg.mask_id) & self.blocks.in_block(block) & ~frozen[:, None]
+
+
+@dataclasses.dataclass
+class DecodeState:
+    """The loop's carry (the engine's ``DecodeState``): per-row tensors and batch-wide counters."""
+
+    canvas: torch.Tensor  # [B, N]
+    pred: Prediction  # forward of `canvas`, [B, N]
+    block: torch.Tensor  # [B] current block index
+    step: torch.Tensor  # [B] schedule step within the block
+    done: torch.Tensor  # [B] bool
+    row_nfe: torch.Tensor  # [B] model calls while the row was still decoding
+    nfe: int  # model calls
+    sequence_forwards: int  # sequences processed by the model
+    iterations: int
+    stats: dict
+
+    @classmethod
+    def start(cls, loop: Loop, canvas: torch.Tensor, pred: Prediction) -> DecodeState:
+        """The state after the decode's first forward ``pred`` of ``canvas`` (one model call)."""
+        batch = canvas.shape[0]
+        zeros = torch.zeros(batch, dtype=torch.long, device=canvas.device)
+        sequences = batch * (2 if loop.dcfg.cfg_scale > 0 else 1)
+        stats = initial_stats(loop.dcfg, batch, canvas.device)
+        return cls(canvas, pred, zeros, zeros.clone(), zeros.bool(), zeros + 1, 1, sequences, 0, stats)
+
+    def output(self) -> DecodeOutput:
+        return DecodeOutput(self.canvas, self.row_nfe, self.nfe, self.sequence_forwards, self.iterations, self.stats)
+
+
 @torch.inference_mode()
 def generate(
     model: torch.nn.Module,
@@ -395,53 +468,81 @@ def generate(
     generator: torch.Generator | None = None,
     predictor: Predictor | None = None,
 ) -> DecodeOutput:
-    """Decode left-padded prompts [B, P] (0/1 mask [B, P] or None) with the JAX engine's semantics."""
-    dcfg = settings
-    if dcfg.cache != "none":
-        raise DecodeConfigError(
-            f"the PyTorch backend has no block KV cache (cache={dcfg.cache!r}); use cache='none' or the JAX backend"
-        )
+    """Decode left-padded prompts [B, P] (0/1 mask [B, P] or None) with the JAX engine's semantics;
+    ``settings.cache`` "prefix"/"dual" runs Fast-dLLM's block KV cache (``torch_backend.cache``)."""
+    dcfg = settings  # checked when made: a cache with classifier-free guidance is refused there
     device = prompt_ids.device
     batch, prompt_length = prompt_ids.shape
-    predictor = predictor or Predictor(model, mcfg, dcfg)
-    policy = Policy(dcfg, device)
-    blocks = _Blocks(mcfg, dcfg, prompt_length, device)
-    attention_mask = _canvas_mask(prompt_mask, dcfg.gen_length)
+    loop = Loop(
+        mcfg,
+        dcfg,
+        prompt_length,
+        predictor or Predictor(model, mcfg, dcfg),
+        Policy(dcfg, device),
+        Blocks(mcfg, dcfg, prompt_length, device),
+        _canvas_mask(prompt_mask, dcfg.gen_length),
+        generator,
+    )
     gen = torch.full((batch, dcfg.gen_length), mcfg.mask_id, dtype=torch.long, device=device)
     canvas = torch.cat([prompt_ids.long(), gen], dim=1)
-    pred = predictor(canvas[:, None], attention_mask, prompt_length, generator).map(lambda a: a[:, 0])
-    block = torch.zeros(batch, dtype=torch.long, device=device)
-    step = torch.zeros_like(block)
-    done = torch.zeros(batch, dtype=torch.bool, device=device)
-    row_nfe = torch.ones_like(block)
-    nfe, sequence_forwards, iterations = 1, batch * (2 if dcfg.cfg_scale > 0 else 1), 0
-    stats = initial_stats(dcfg, batch, device)
-    rows = torch.arange(batch, device=device)
-    call = partial(predictor, attention_mask=attention_mask, prompt_length=prompt_length, generator=generator)
+    if dcfg.cache != "none":
+        from .cache import decode_cached  # builds on this module's loop pieces
 
+        return decode_cached(loop, canvas)
+    return _decode(loop, canvas)
+
+
+def _decode(loop: Loop, canvas: torch.Tensor) -> DecodeOutput:
+    """The uncached loop: every call forwards whole canvases (the engine's ``step``)."""
+    call = partial(
+        loop.predictor, attention_mask=loop.attention_mask, prompt_length=loop.prompt_length, generator=loop.generator
+    )
+    state = DecodeState.start(loop, canvas, call(canvas[:, None]).map(lambda a: a[:, 0]))
+    batch = canvas.shape[0]
     while True:
-        iterations += 1
-        valid = (canvas == mcfg.mask_id) & blocks.in_block(block) & ~done[:, None]
-        proposal = propose(policy, pred, canvas, valid, step)
+        valid = loop.committable(state.canvas, state.block, state.done)
+        proposal = propose(loop.policy, state.pred, state.canvas, valid, state.step)
         # A row is live if it still decodes after its policy commit; only live rows need a forward.
-        live = ~blocks.advance(proposal.s0, block, step + 1, done)[3]
-        preds, size = _forward_leading(call, proposal, live)
-        if preds is None:
-            # Every row finishes with its policy commit: no model call (the engine's `skip`).
-            canvas, block, step, done = blocks.advance(proposal.s0, block, step + 1, done)
-            break
-        index, steps, increments = choose(policy, proposal, preds, live, step, mcfg.mask_id)
-        chosen = torch.where(done[:, None], canvas, proposal.candidates[rows, index])
-        pred = preds.map(lambda a: a[rows, index])  # noqa: B023 (called at once)
-        canvas, block, step, done = blocks.advance(chosen, block, step + steps, done)
-        row_nfe += live
-        nfe += 1
-        sequence_forwards += forwards_per_call(batch, dcfg) // proposal.candidates.shape[1] * size
-        for name, value in increments.items():
-            stats[name] += value
-        if bool(done.all()):
-            break
-    return DecodeOutput(canvas, row_nfe, nfe, sequence_forwards, iterations, stats)
+        live = ~loop.blocks.advance(proposal.s0, state.block, state.step + 1, state.done)[3]
+        # No row live: no call (every row finishes with its policy commit, the engine's `skip`).
+        preds, calls, size = forward_leading(call, proposal, live, state.pred)
+        sequences = forwards_per_call(batch, loop.dcfg) // proposal.candidates.shape[1] * size
+        state = apply_choice(loop, state, proposal, preds, live, state.done, live.long(), calls, sequences)
+        if bool(state.done.all()):
+            return state.output()
+
+
+def apply_choice(
+    loop: Loop,
+    state: DecodeState,
+    proposal: Proposal,
+    preds: Prediction,
+    live: torch.Tensor,
+    frozen: torch.Tensor,
+    row_calls: torch.Tensor,
+    calls: int,
+    sequences: int,
+) -> DecodeState:
+    """The tail of an iteration shared by both loops: each row's choice, its canvas and forward,
+    block advance, counters. ``frozen`` rows (finished, or waiting for a block-start refresh)
+    keep their canvas and step."""
+    index, steps, increments = choose(loop.policy, proposal, preds, live, state.step, loop.mcfg.mask_id)
+    rows = torch.arange(index.shape[0], device=index.device)
+    canvas = torch.where(frozen[:, None], state.canvas, proposal.candidates[rows, index])
+    steps = state.step + torch.where(frozen, 0, steps)
+    canvas, block, step, done = loop.blocks.advance(canvas, state.block, steps, frozen)
+    return DecodeState(
+        canvas,
+        preds.map(lambda a: a[rows, index]),
+        block,
+        step,
+        done,
+        state.row_nfe + row_calls,
+        state.nfe + calls,
+        state.sequence_forwards + sequences,
+        state.iterations + 1,
+        {name: value + increments[name] for name, value in state.stats.items()},
+    )
 
 
 def _canvas_mask(prompt_mask: torch.Tensor | None, gen_length: int) -> torch.Tensor | None:
@@ -452,16 +553,24 @@ def _canvas_mask(prompt_mask: torch.Tensor | None, gen_length: int) -> torch.Ten
     return torch.cat([prompt_mask.long(), gen_mask], dim=1)
 
 
-def _forward_leading(call: Callable, proposal: Proposal, live: torch.Tensor) -> tuple[Prediction | None, int]:
-    """(predictions [B, K, ...], candidates forwarded) of one call over the leading candidates some
-    live row can choose, in the engine's static sizes; the others repeat candidate 0's prediction
-    (no row can choose them). (None, 0) when no row is live: no call."""
-    any_live, most_needed = torch.stack([live.any().long(), torch.where(live, proposal.needed, 1).max()]).tolist()
-    if not any_live:
-        return None, 0
+def broadcast(pred: Prediction, k: int) -> Prediction:
+    """A Prediction [B, ...] repeated as the prediction of K candidates [B, K, ...] (a view)."""
+    return pred.map(lambda a: a[:, None].expand(a.shape[0], k, *a.shape[1:]))
+
+
+def forward_leading(
+    call: Callable, proposal: Proposal, rows: torch.Tensor, pred: Prediction
+) -> tuple[Prediction, int, int]:
+    """(predictions [B, K, ...], calls made, candidates forwarded) of one call over the leading
+    candidates some of ``rows`` can choose, in the engine's static sizes; the others repeat
+    candidate 0's prediction (no row can choose them). No call when no row needs one: the
+    predictions are then ``pred`` repeated."""
+    any_row, most_needed = torch.stack([rows.any().long(), torch.where(rows, proposal.needed, 1).max()]).tolist()
     k = proposal.candidates.shape[1]
+    if not any_row:
+        return broadcast(pred, k), 0, 0
     size = min(s for s in forward_sizes(k) if s >= most_needed)
     preds = call(proposal.candidates[:, :size])
     if size < k:
         preds = preds.map(lambda a: torch.cat([a, a[:, :1].expand(a.shape[0], k - size, *a.shape[2:])], dim=1))
-    return preds, size
+    return preds, 1, size

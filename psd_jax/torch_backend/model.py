@@ -97,20 +97,55 @@ class Block(nn.Module):
         self.up_proj = nn.Linear(d, cfg.mlp_hidden, bias=False, **kw)
         self.down_proj = nn.Linear(cfg.mlp_hidden, d, bias=False, **kw)
 
-    def forward(
-        self, h: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor, key_mask: torch.Tensor | None
-    ) -> torch.Tensor:
+    def project(self, h: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor):
+        """q [B, H, N, hd], k and v [B, KV, N, hd] of the residual stream h [B, N, D]; RoPE on q, k."""
         cfg = self.cfg
         b, n, _ = h.shape
         x = self.attn_norm(h)
         q = self.q_proj(x).view(b, n, cfg.n_heads, cfg.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, n, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, n, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, sin, cos), apply_rope(k, sin, cos)
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, enable_gqa=cfg.n_kv_heads != cfg.n_heads)
+        return apply_rope(q, sin, cos), apply_rope(k, sin, cos), v
+
+    def attend(self, q, k, v, key_mask: torch.Tensor | None) -> torch.Tensor:
+        cfg = self.cfg
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, enable_gqa=cfg.n_kv_heads != cfg.n_heads)
+
+    def finish(self, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The residual stream after the attention output attn [B, H, N, hd] and the SwiGLU MLP."""
+        cfg = self.cfg
+        b, n, _ = h.shape
         h = h + self.o_proj(attn.transpose(1, 2).reshape(b, n, cfg.n_heads * cfg.head_dim))
         y = self.mlp_norm(h)
         return h + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        sin: torch.Tensor,
+        cos: torch.Tensor,
+        key_mask: torch.Tensor | None,
+        kv: list | None = None,
+    ) -> torch.Tensor:
+        """One layer over the whole sequence; appends its (keys, values) to ``kv`` when given."""
+        q, k, v = self.project(h, sin, cos)
+        if kv is not None:
+            kv.append((k, v))
+        return self.finish(h, self.attend(q, k, v, key_mask))
+
+    def window(
+        self, h: torch.Tensor, sin, cos, cache_k: torch.Tensor, cache_v: torch.Tensor, key_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """One layer over windows h [B*M, W, D] against the cache [B, KV, N, hd] of their rows.
+
+        Each window attends to [its row's cached keys ; its own fresh keys] (``key_mask``
+        [B*M, 1, 1, N + W] says which), as ``models.transformer.cached_attention``; the M windows
+        of a row are M batch entries, each with its own copy of the row's cache."""
+        q, k, v = self.project(h, sin, cos)
+        m = h.shape[0] // cache_k.shape[0]
+        keys = torch.cat([cache_k.repeat_interleave(m, dim=0), k], dim=2)
+        values = torch.cat([cache_v.repeat_interleave(m, dim=0), v], dim=2)
+        return self.finish(h, self.attend(q, keys, values, key_mask))
 
 
 class TorchDiffusionLM(nn.Module):
@@ -134,7 +169,44 @@ class TorchDiffusionLM(nn.Module):
             return torch.where(mask > 0, mask.cumsum(-1) - 1, 1)
         return torch.arange(length, device=device).expand(batch, length)
 
-    def forward(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None, logit_index: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Logits [B, N, V], or [B, W, V] of the positions ``logit_index`` [B, W] names."""
+        return self._head(self._layers(tokens, attention_mask, None), logit_index)
+
+    def prefill(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None, logit_index: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``forward`` that also returns every layer's keys and values (keys after RoPE), the block
+        KV cache ``window`` attends to: (logits, keys [L, B, KV, N, hd], values [L, B, KV, N, hd])."""
+        kv: list = []
+        logits = self._head(self._layers(tokens, attention_mask, kv), logit_index)
+        return logits, torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv])
+
+    def window(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+        key_mask: torch.Tensor,
+        out_length: int,
+    ) -> torch.Tensor:
+        """Logits [B*M, out_length, V] of the first ``out_length`` positions of M windows per row.
+
+        tokens/positions [B*M, W] (rows' windows consecutive); cache_k/cache_v [L, B, KV, N, hd]
+        from ``prefill``; key_mask [B*M, N + W]: the cached keys to attend (not pads, not the
+        window's own positions, whose fresh keys replace them) and the window's keys to attend."""
+        cfg = self.config
+        sin, cos = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
+        mask = key_mask[:, None, None, :]
+        h = self.embed(tokens)
+        for layer, ck, cv in zip(self.layers, cache_k, cache_v):
+            h = layer.window(h, sin, cos, ck, cv, mask)
+        return self._head(h[:, :out_length], None)
+
+    def _layers(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None, kv: list | None) -> torch.Tensor:
         cfg = self.config
         batch, length = tokens.shape
         positions = self.positions(attention_mask, batch, length, tokens.device)
@@ -143,7 +215,13 @@ class TorchDiffusionLM(nn.Module):
         key_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
         h = self.embed(tokens)
         for layer in self.layers:
-            h = layer(h, sin, cos, key_mask)
+            h = layer(h, sin, cos, key_mask, kv)
+        return h
+
+    def _head(self, h: torch.Tensor, logit_index: torch.Tensor | None) -> torch.Tensor:
+        """Float32 logits of hidden states h [B, N, D] (only at ``logit_index`` [B, W] when given)."""
+        if logit_index is not None:
+            h = h.gather(1, logit_index[..., None].expand(-1, -1, h.shape[-1]))
         h = self.final_norm(h)
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(h, weight).float()
