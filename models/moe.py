@@ -82,10 +82,12 @@ def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, tile: int
     tiles_per_group = (sizes + tile - 1) // tile
     tile_end = jnp.cumsum(tiles_per_group)  # [G]: first tile after group g
     row_start = jnp.cumsum(sizes) - sizes
-    group_of_row = jnp.searchsorted(jnp.cumsum(sizes), jnp.arange(rows), side="right")
+    group_of_row = jnp.searchsorted(jnp.cumsum(sizes), jnp.arange(rows), side="right", method="compare_all")
     group_of_row = jnp.minimum(group_of_row, n_groups - 1)
     padded_row = (tile_end - tiles_per_group)[group_of_row] * tile + jnp.arange(rows) - row_start[group_of_row]
-    group_of_tile = jnp.minimum(jnp.searchsorted(tile_end, jnp.arange(n_tiles), side="right"), n_groups - 1)
+    group_of_tile = jnp.minimum(
+        jnp.searchsorted(tile_end, jnp.arange(n_tiles), side="right", method="compare_all"), n_groups - 1
+    )
     xt = jnp.zeros((n_tiles * tile, x.shape[1]), x.dtype).at[padded_row].set(x, unique_indices=True)
     xt = xt.reshape(n_tiles, tile, x.shape[1])
     out = jnp.einsum("tmk,tkn->tmn", xt, w[group_of_tile], preferred_element_type=jnp.float32).astype(x.dtype)
