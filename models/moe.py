@@ -103,19 +103,22 @@ def routed_experts(
     w_down: jax.Array,
     swiglu,
     tile: int | None = None,
+    grouped=None,
 ) -> jax.Array:
     """Sum over each row's k experts of weight * SwiGLU expert(x), rows x [T, D] -> [T, D] in x's dtype.
 
     chosen/weights [T, k] from ``route``; w_gate/w_up [E, D, F], w_down [E, F, D]; ``swiglu(gate, up)``
-    is the model's activation (float32 SiLU, rounded once)."""
+    is the model's activation (float32 SiLU, rounded once); ``grouped(x, w, sizes)`` replaces
+    ``grouped_matmul`` (scripts/moe_cost.py measures ``jax.lax.ragged_dot`` in its place)."""
     tokens, k = chosen.shape
     n_experts = w_gate.shape[0]
     flat = chosen.reshape(-1)
     order = jnp.argsort(flat, stable=True)  # assignments sorted by expert
     sizes = jnp.zeros((n_experts,), jnp.int32).at[flat].add(1)
     xs = jnp.take(x, order // k, axis=0)
-    h = swiglu(grouped_matmul(xs, w_gate, sizes, tile), grouped_matmul(xs, w_up, sizes, tile))
-    ys = grouped_matmul(h, w_down, sizes, tile)
+    grouped = grouped or (lambda a, w, n: grouped_matmul(a, w, n, tile))
+    h = swiglu(grouped(xs, w_gate, sizes), grouped(xs, w_up, sizes))
+    ys = grouped(h, w_down, sizes)
     y = jnp.zeros_like(ys).at[order].set(ys, unique_indices=True).reshape(tokens, k, -1)
     # An elementwise product and sum, not a dot: no reduced-precision matmul passes on any backend.
     return (y.astype(jnp.float32) * weights[..., None]).sum(axis=1).astype(x.dtype)
