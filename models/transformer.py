@@ -17,6 +17,9 @@ and measurements: docs/xla-vs-pytorch.md).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -84,9 +87,24 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return weight * x32.astype(x.dtype)
 
 
+_COMPILE_TARGET: list[str] = []  # innermost ``compiling_for`` platform, when one is active
+
+
+@contextlib.contextmanager
+def compiling_for(platform: str) -> Iterator[None]:
+    """Trace for ``platform`` ("cpu", "tpu", "gpu") instead of the default backend: ahead-of-time
+    compilation for an accelerator from a CPU host (``jax.experimental.topologies``) must trace the
+    accelerator's kernel forms and layer layout, not this host's."""
+    _COMPILE_TARGET.append(platform)
+    try:
+        yield
+    finally:
+        _COMPILE_TARGET.pop()
+
+
 def on_cpu() -> bool:
     """Whether this trace targets XLA:CPU, where ``models.cpu_kernels`` replaces the slow forms."""
-    return jax.default_backend() == "cpu"
+    return (_COMPILE_TARGET[-1] if _COMPILE_TARGET else jax.default_backend()) == "cpu"
 
 
 def rope_inv_freq(head_dim: int, theta: float) -> np.ndarray:
@@ -259,19 +277,23 @@ class DiffusionLM(nnx.Module):
         positions: jax.Array | None = None,
         logits_from: int = 0,
         logit_index: jax.Array | None = None,
+        into: tuple[jax.Array, jax.Array, jax.Array] | None = None,
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """``__call__`` that also returns every layer's keys and values (keys after RoPE).
 
         Returns (logits [B, N - logits_from, V], keys [L, B, N, KV, hd], values [L, B, N, KV, hd]):
-        the block KV cache that ``window`` attends to.
+        the block KV cache that ``window`` attends to. With ``into = (keys, values, rows [B])`` each
+        layer's fresh keys/values replace that layer's rows ``rows`` of the given cache as the layer
+        runs, and the updated cache is returned: a refresh then holds one cache, not a fresh copy
+        beside the old one (at LLaDA-8B's batch 32 / 1152 tokens each copy is 18 GiB).
         """
-        return self._full(tokens, attention_mask, positions, True, logits_from, logit_index)
+        return self._full(tokens, attention_mask, positions, True, logits_from, logit_index, into)
 
     def positions(self, attention_mask: jax.Array | None, batch: int, length: int) -> jax.Array:
         """Position ids [B, N] of a forward without explicit positions (``default_positions``)."""
         return default_positions(self.config, attention_mask, batch, length)
 
-    def _full(self, tokens, attention_mask, positions, collect_kv: bool, logits_from: int, logit_index):
+    def _full(self, tokens, attention_mask, positions, collect_kv: bool, logits_from: int, logit_index, into=None):
         cfg = self.config
         batch, length = tokens.shape
         if positions is None:
@@ -283,14 +305,30 @@ class DiffusionLM(nnx.Module):
         # whose backward transposes XLA:CPU emits about 3x faster than those of [B, N, D] dots.
         x = jnp.take(self.embed[...], tokens.reshape(-1), axis=0).astype(self.dtype)
 
-        def block(h: jax.Array, layer: tuple[dict[str, jax.Array]]):
-            (w,) = layer
+        def layer_out(h: jax.Array, w: dict[str, jax.Array]):
             q, k, v = self._project(rms_norm(h, w["attn_norm"], cfg.norm_eps), w, sin, cos, (batch, length))
             out = attention(q, k, v, key_mask)
             h = h + matmul(out.reshape(batch * length, cfg.n_heads * cfg.head_dim), w["wo"])
-            return self._mlp(h, w), ((k, v) if collect_kv else None)
+            return self._mlp(h, w), k, v
 
-        x, kv = self._run_layers(block, x)
+        if into is None:
+
+            def block(h: jax.Array, layer: tuple[dict[str, jax.Array]]):
+                h, k, v = layer_out(h, layer[0])
+                return h, ((k, v) if collect_kv else None)
+
+            x, kv = self._run_layers(block, x)
+        else:
+            cache_k, cache_v, rows = into
+            pick = rows[:, None, None, None]
+
+            def block(carry, layer):
+                (h, ck, cv), (w, i) = carry, layer
+                h, k, v = layer_out(h, w)
+                put = lambda c, new: jax.lax.dynamic_update_index_in_dim(c, jnp.where(pick, new, c[i]), i, 0)
+                return (h, put(ck, k), put(cv, v)), None
+
+            (x, *kv), _ = self._run_layers(block, (x, cache_k, cache_v), (np.arange(cfg.n_layers),))
         h = x.reshape(batch, length, -1)
         h = h[:, logits_from:] if logit_index is None else jnp.take_along_axis(h, logit_index[..., None], axis=1)
         logits = self._head(h)

@@ -287,11 +287,12 @@ def _refresh(loop: Loop, attention_mask: jax.Array, state: DecodeState, rows: ja
 
     def do_refresh(_):
         window = loop.logit_window(state.block)  # the refreshed rows' new blocks
+        # The fresh keys/values are written into the carried cache layer by layer (``into``).
+        prefill = partial(loop.prefill, into=(*state.cache, rows))
         pred, keys, values = predict_prefill(
-            loop.prefill, state.canvas, attention_mask, loop.prompt_length, key, loop.mcfg, loop.dcfg, window
+            prefill, state.canvas, attention_mask, loop.prompt_length, key, loop.mcfg, loop.dcfg, window
         )
-        cache = _where_rows(rows, (keys, values), state.cache, axis=1)
-        return _where_rows(rows, pred, state.pred), constrain_kv_cache(cache, loop.mcfg)
+        return _where_rows(rows, pred, state.pred), constrain_kv_cache((keys, values), loop.mcfg)
 
     return jax.lax.cond(jnp.any(rows), do_refresh, lambda _: (state.pred, state.cache), None)
 

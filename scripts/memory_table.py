@@ -9,19 +9,31 @@ guessed and no weight is materialised (only ``ShapeDtypeStruct`` / ``eval_shape`
   device from the sharding GSPMD gives it in the compiled ``init_state`` (exact from shapes,
   given that sharding);
 * activations: ``temp_size_in_bytes`` of XLA's memory analysis of that compiled ``init_state``
-  (one full forward [B, P + gen] + logits -> prediction), compiled by XLA:CPU on simulated
-  devices: a proxy for the TPU/GPU compilers, which fuse and schedule differently;
+  (one full forward [B, P + gen] + logits -> prediction);
 * optionally (``--decode``) the whole jitted ``engine.decode`` loop, for the largest batch and
   generation length per model and target (slow to compile), as a check of the per-call sum.
 
-Runs itself in a subprocess with 8 simulated CPU devices. Prints Markdown, writes ``--json``.
+``--compiler`` chooses who compiles:
 
-    python -m scripts.memory_table [--json PATH] [--decode] [--batches 1,8,32] [--gens 256,1024]
+* ``tpu`` (needs libtpu: ``pip install "jax[tpu]"``; no TPU needed): the TPU compiler itself,
+  ahead of time for the real topologies (``jax.experimental.topologies``: a v5e 2x4 slice, a v4
+  2x2x1 slice in megacore mode) with the accelerator kernel forms and ``lax.scan`` layers. There
+  is no deviceless GPU compiler, so the "GPU 80GB" row is the same program compiled for one
+  accelerator chip (a v5p chip, 95 GiB) and compared with 80 GiB: an accelerator compiler's
+  buffer assignment of the one-device program, not XLA:GPU's.
+* ``cpu`` (default): XLA:CPU on 8 simulated devices, with the CPU kernel forms this host would
+  run. A pessimistic proxy: XLA:CPU upcasts bfloat16 dot operands to float32 (the whole KV cache
+  for a cached call) and materialises per-head attention scores.
+
+Runs itself in a subprocess. Prints Markdown, writes ``--json``.
+
+    python -m scripts.memory_table [--json PATH] [--decode] [--batches 1,8,32] [--gens 256,1024] [--compiler cpu|tpu]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -39,6 +51,12 @@ TARGETS = {
     "TPU v5e-8": (8, 16 * GiB, "data=1,model=8"),
     "TPU v4-8": (4, 32 * GiB, "data=1,model=4"),
     "GPU 80GB": (1, 80 * GiB, "data=1,model=1"),
+}
+# --compiler tpu: the topology each target is compiled for (name, get_topology_desc options).
+TOPOLOGIES = {
+    "TPU v5e-8": ("v5e:2x4", {}),
+    "TPU v4-8": ("v4:2x2x1", {"chip_config_name": "megacore"}),
+    "GPU 80GB": ("v5p:1x1x1", {"chips_per_host_bounds": (1, 1, 1)}),
 }
 PROMPT = 128
 
@@ -132,18 +150,30 @@ def measure(cfg, mesh, batch: int, gen: int, full_decode: bool) -> dict:
     return out
 
 
-def worker(batches: list[int], gens: list[int], full_decode: bool) -> list[dict]:
+def target_devices(target: str, compiler: str) -> list:
+    import jax
+
+    if compiler == "cpu":
+        assert jax.device_count() >= 8, jax.devices()
+        return jax.devices()[: TARGETS[target][0]]
+    from jax.experimental import topologies
+
+    name, options = TOPOLOGIES[target]
+    return list(topologies.get_topology_desc(topology_name=name, platform="tpu", **options).devices)
+
+
+def worker(batches: list[int], gens: list[int], full_decode: bool, compiler: str) -> list[dict]:
     import jax
 
     from models import load_config
+    from models.transformer import compiling_for
     from psd_jax.sharding import make_mesh
 
-    assert jax.device_count() >= 8, jax.devices()
     rows = []
     for model, path in MODELS.items():
         cfg = load_config(path)
-        for target, (n, hbm, spec) in TARGETS.items():
-            mesh = make_mesh(spec, jax.devices()[:n])
+        for target, (_, hbm, spec) in TARGETS.items():
+            mesh = make_mesh(spec, target_devices(target, compiler))
             for batch in batches:
                 for gen in gens:
                     last = batch == max(batches) and gen == max(gens)
@@ -155,8 +185,10 @@ def worker(batches: list[int], gens: list[int], full_decode: bool) -> list[dict]
                         "batch": batch,
                         "prompt": PROMPT,
                         "gen": gen,
+                        "compiler": compiler,
                     }
-                    row.update(measure(cfg, mesh, batch, gen, full_decode and last))
+                    with compiling_for(compiler), jax.set_mesh(mesh):
+                        row.update(measure(cfg, mesh, batch, gen, full_decode and last))
                     row["total"] = row["params"] + row["kv_cache"] + row["state"] + row["activations"]
                     row["fits"] = row["total"] <= hbm
                     print(json.dumps(row), file=sys.stderr, flush=True)
@@ -171,8 +203,8 @@ def gib(n: int) -> str:
 def markdown(rows: list[dict]) -> str:
     lines = [
         f'Per-device memory, bfloat16 weights, prompt {PROMPT} tokens, `cache="dual"`, plain decoder (K = 1), GiB.',
-        "Params, KV cache and state: exact from shapes and shardings. Activations: XLA:CPU `temp_size_in_bytes` "
-        "of the block-start full forward (a proxy for TPU/GPU).",
+        "Params, KV cache and state: exact from shapes and shardings. Activations: "
+        f"XLA:{rows[0]['compiler'].upper()} `temp_size_in_bytes` of the block-start full forward.",
         "",
         "| model | target | batch | gen | params | KV cache | state | activations | total | HBM | fits |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
@@ -186,7 +218,7 @@ def markdown(rows: list[dict]) -> str:
     if whole:
         lines += [
             "",
-            "Whole jitted `engine.decode` loop (XLA:CPU memory analysis), GiB per device:",
+            f"Whole jitted `engine.decode` loop (XLA:{rows[0]['compiler'].upper()} memory analysis), GiB per device:",
             "",
             "| model | target | batch | gen | arguments | temp | output | arguments + temp + output | table total |",
             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -208,18 +240,24 @@ def main() -> int:
     parser.add_argument(
         "--decode", action="store_true", help="also compile the whole decode loop at the largest batch/gen"
     )
+    parser.add_argument(
+        "--compiler", choices=("cpu", "tpu"), default="cpu", help="XLA:CPU proxy or the TPU compiler ahead of time"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     batches, gens = [int(b) for b in args.batches.split(",")], [int(g) for g in args.gens.split(",")]
     if args.worker:
-        print(json.dumps(worker(batches, gens, args.decode)))
+        print(json.dumps(worker(batches, gens, args.decode, args.compiler)))
         return 0
-    env = dict(
-        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO)
-    )
-    cmd = [sys.executable, __file__, "--worker", "--batches", args.batches, "--gens", args.gens] + (
-        ["--decode"] if args.decode else []
-    )
+    if args.compiler == "tpu" and importlib.util.find_spec("libtpu") is None:
+        parser.error('--compiler tpu needs libtpu in this environment: pip install "jax[tpu]"')
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    if args.compiler == "cpu":
+        env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    else:
+        env.setdefault("TPU_ACCELERATOR_TYPE", "none")  # no local TPU to probe: compile only
+    cmd = [sys.executable, __file__, "--worker", "--batches", args.batches, "--gens", args.gens]
+    cmd += ["--compiler", args.compiler] + (["--decode"] if args.decode else [])
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
     if proc.returncode:
         return proc.returncode

@@ -454,3 +454,33 @@ def test_cpu_loads_unrolled_by_default(lms):
     """On the CPU backend load_model picks the unrolled layout unless told otherwise."""
     assert jax.default_backend() == "cpu"
     assert all(lm.model.unrolled for lm in lms.values())
+
+
+@pytest.mark.parametrize("unroll", [True, False])
+def test_prefill_into_replaces_only_the_given_rows_of_the_cache(unroll):
+    """A refresh writes each layer's fresh keys/values into the carried cache: the chosen rows get
+    exactly a fresh prefill's, the others keep theirs, in both layer layouts."""
+    cfg = config_from_dict(json.loads((GOLDENS / "llada-tiny-gqa" / "config.json").read_text()))
+    model = DiffusionLM(cfg, rngs=nnx.Rngs(3), unroll_layers=unroll)
+    tokens = jax.random.randint(jax.random.key(1), (3, 20), 0, cfg.vocab_size)
+    logits, keys, values = model.prefill(tokens)
+    old = (keys + 1.0, values - 1.0)
+    rows = jnp.array([True, False, True])
+    got_logits, got_k, got_v = model.prefill(tokens, into=(*old, rows))
+    np.testing.assert_array_equal(got_logits, logits)
+    pick = rows[None, :, None, None, None]
+    np.testing.assert_array_equal(got_k, jnp.where(pick, keys, old[0]))
+    np.testing.assert_array_equal(got_v, jnp.where(pick, values, old[1]))
+
+
+def test_compiling_for_traces_the_target_platform_forms():
+    """Ahead-of-time compiles for an accelerator from this CPU host trace the accelerator's forms."""
+    from models.transformer import compiling_for, default_unroll_layers, on_cpu
+
+    assert on_cpu() and default_unroll_layers()
+    with compiling_for("tpu"):
+        assert not on_cpu() and not default_unroll_layers()
+        with compiling_for("cpu"):
+            assert on_cpu()
+        assert not on_cpu()
+    assert on_cpu()
