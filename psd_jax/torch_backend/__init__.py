@@ -2,7 +2,8 @@
 
 ``load_torch_model(path)`` loads a Hugging Face LLaDA/Dream directory into ``TorchDiffusionLM``
 and returns a ``TorchLM`` whose ``generate`` mirrors ``psd_jax.load_model(path).generate`` (same
-settings, same ``Generation`` records, same tokens and call counts in float32 greedy decoding).
+settings, block KV caches included, same ``Generation`` records, same tokens and call counts in
+float32 greedy decoding).
 It exists to compare the two backends (``scripts/compare_backends.py``); the JAX engine is the spec.
 """
 

@@ -18,6 +18,10 @@ token (the JAX engine is the spec):
 - ``nfe`` counts model calls (the initial forward included), ``sequence_forwards`` the sequences
   the model processed (``B*K`` per full call, doubled under classifier-free guidance).
 
+With ``cache="prefix"|"dual"`` the loop is ``torch_backend.cache`` (Fast-dLLM's block KV cache,
+the engine's ``step_cached``); it shares this module's predictions, policies, decoders and
+``apply_choice``.
+
 Host synchronisation: two reads per iteration (``any(live)`` and the live rows' most ``needed``
 candidates in one, to size or skip the forward, and ``all(done)`` to stop), which an eager
 decoder's loop needs anyway.

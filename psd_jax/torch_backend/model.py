@@ -8,7 +8,11 @@ The module mirrors ``models.transformer.DiffusionLM`` op for op (same numerics, 
 - LLaDA keeps absolute positions under left padding (pad keys are masked for every query);
   Dream derives positions from the mask (``cumsum(mask) - 1``, pad positions -> 1);
 - attention is ``F.scaled_dot_product_attention`` with grouped-query heads (``enable_gqa``);
-- logits are returned in float32 (the LM head runs in the model dtype, then is upcast).
+- logits are returned in float32 (the LM head runs in the model dtype, then is upcast), and
+  only for the positions a caller names (``logit_index``) when it names them;
+- ``prefill``/``window`` are the block KV cache's two calls (``DiffusionLM.prefill``/``window``):
+  a full forward that also returns every layer's keys (after RoPE) and values, and windows of
+  positions attending to [cached keys ; their own fresh keys].
 
 Weights are read tensor by tensor through ``convert.safetensors_dir.SafetensorsDir`` and checked
 against the family's key table (``convert.keys.expected_keys``, via ``convert.hf.check_key_set``):
