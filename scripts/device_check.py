@@ -459,22 +459,31 @@ def step_env(part: Part, prof: Profile, deadline: float) -> None:
     }
     print(json.dumps(info, indent=1))
     part.write(info=info)
-    toy = dataclasses.replace(TINY, dtype="float32")
-    lm = jax_model(toy)
-    row = measure_row(
-        {"jax": lm}, rows(toy)[0], dataclasses.replace(toy, max_passes=1), prompts(lm.config, 1, 32), deadline
+    # True float32 products in both (JAX's GPU default for float32 is TF32, torch's is float32).
+    jax.config.update("jax_default_matmul_precision", "highest")
+    lm = jax_model(TINY)
+    smoke = measure_row(
+        {"jax": lm}, rows(TINY)[0], dataclasses.replace(TINY, max_passes=1), prompts(lm.config, 1, 32), deadline
     )
-    ids = np.asarray(prompts(lm.config, 2, 32))
-    with torch.inference_mode():
+    part.add(smoke)
+    if "error" in smoke or "error" in smoke["backends"]["jax"]:  # the machine's packages cannot run the engine
+        raise SystemExit(f"smoke test failed: {smoke}")
+    print(f"smoke test: toy JAX decode {smoke['backends']['jax']['tokens_per_second']:.1f} tokens/s")
+    part.write(torch_smoke=torch_smoke(lm))
+    print(f"torch smoke test: {part.data['torch_smoke']}")
+
+
+def torch_smoke(lm) -> dict:
+    """The PyTorch model on the JAX model's weights (DLPack) against JAX's logits, relative to their scale.
+    Recorded, not fatal: the JAX steps are worth running whatever torch does."""
+    try:
+        ids = np.asarray(prompts(lm.config, 2, 32))
         ours = torch_from_jax(lm).logits(ids).float().cpu().numpy()
-    diff = float(np.abs(np.asarray(lm.logits(ids)) - ours).max())
-    part.add({**row, "torch_logits_max_abs_diff": diff})
-    if "error" in row or "error" in row["backends"]["jax"] or not diff < 1e-3:
-        raise SystemExit(f"smoke test failed: {row}, torch logits differ by {diff}")
-    print(
-        f"smoke test passed: toy JAX decode {row['backends']['jax']['tokens_per_second']:.1f} tokens/s, "
-        f"torch logits within {diff:.2e} of JAX's"
-    )
+        theirs = np.asarray(lm.logits(ids))
+        diff = float(np.abs(theirs - ours).max() / np.abs(theirs).max())
+        return {"logits_max_rel_diff": diff, "ok": diff < 1e-4}
+    except Exception as exc:
+        return {"error": error_text(exc), "ok": False}
 
 
 def peak_flops() -> float | None:

@@ -214,7 +214,12 @@ def torch_table(report: dict) -> list[str]:
     lines = [
         "",
         "JAX against PyTorch on the same weights and prompts, passes interleaved; JAX / this = median of the "
-        "per-pass ratios of tokens/s. torch.compile rows come from the torch_compile step.",
+        "per-pass ratios of tokens/s. torch.compile rows come from the torch_compile step"
+        + (
+            f" (torch.compile backend {backend!r}: dynamo's graphs run eagerly)."
+            if (backend := report["steps"].get("torch_compile", {}).get("torch_compile_backend"))
+            else "."
+        ),
         "",
         f"| decoder | cache | batch | JAX tokens/s | torch eager tokens/s | JAX / eager | >= {target}x "
         "| same tokens | torch.compile tokens/s | JAX / torch.compile | torch.compile compile s |",
