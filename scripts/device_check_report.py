@@ -167,6 +167,8 @@ def cell(row: dict | None, name: str, fmt) -> str:
     """One backend's value in a row, or why there is none."""
     if row is None:
         return "not run"
+    if not row:
+        return "-"  # not a row of this step
     if "skipped" in row:
         return f"skipped ({row['skipped']})"
     if "error" in row:
@@ -225,8 +227,9 @@ def torch_table(report: dict) -> list[str]:
         "| same tokens | torch.compile tokens/s | JAX / torch.compile | torch.compile compile s |",
         "| --- | --- | ---: | ---: | ---: | ---: | :---: | :---: | ---: | ---: | ---: |",
     ]
+    in_compile_step = {r["key"] for r in rows(prof)[: prof.compile_rows]}
     for row in rows(prof):
-        e, c = eager.get(row["key"]), compiled.get(row["key"])
+        e, c = eager.get(row["key"]), compiled.get(row["key"], None if row["key"] in in_compile_step else {})
         cells = [
             cell(e, "jax", rate),
             cell(e, "torch", rate),
