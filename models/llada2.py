@@ -59,6 +59,33 @@ MOE_MLP_PARAMS = (
     "shared_down",
 )
 TOP_PARAMS = ("embed", "final_norm", "lm_head")
+# Logical axes of each parameter (without the leading "layers" of the stacked groups), which
+# ``psd_jax.sharding.LOGICAL_RULES`` maps to mesh axes: experts over ``expert`` and their hidden
+# units over ``model``; attention, the dense and shared MLPs, embedding and head over ``model`` as
+# for LLaDA/Dream; the router and expert_bias replicated. ``wqkv``'s fused output ("qkv") is split
+# over ``model`` as one dimension: each shard holds a contiguous run of [q heads | k heads | v heads].
+LOGICAL_AXES: dict[str, tuple[str | None, ...]] = {
+    "attn_norm": ("embed",),
+    "wqkv": ("embed", "qkv"),
+    "q_norm": ("head_dim",),
+    "k_norm": ("head_dim",),
+    "wo": ("heads", "embed"),
+    "mlp_norm": ("embed",),
+    "w_gate": ("embed", "mlp"),
+    "w_up": ("embed", "mlp"),
+    "w_down": ("mlp", "embed"),
+    "router": ("embed", "router"),
+    "expert_bias": ("router",),
+    "expert_gate": ("experts", "embed", "expert_mlp"),
+    "expert_up": ("experts", "embed", "expert_mlp"),
+    "expert_down": ("experts", "expert_mlp", "embed"),
+    "shared_gate": ("embed", "mlp"),
+    "shared_up": ("embed", "mlp"),
+    "shared_down": ("mlp", "embed"),
+    "embed": ("vocab", "embed"),
+    "final_norm": ("embed",),
+    "lm_head": ("embed", "vocab"),
+}
 # Kept in float32 whatever the model dtype: it only shifts the (discrete) expert choice, and
 # upstream keeps it as a float32 buffer.
 FLOAT32_PARAMS = ("moe_expert_bias",)
@@ -94,6 +121,12 @@ def param_shapes(cfg: LLaDA2Config) -> dict[str, tuple[int, ...]]:
         if n:
             shapes.update({f"{group}_{name}": (n, *shape) for name, shape in {**attn, **mlp}.items()})
     return shapes
+
+
+def logical_axes(name: str) -> tuple[str | None, ...]:
+    """The logical axes of parameter ``name`` as ``param_shapes`` names it (stacked: "layers" first)."""
+    group, base = split_name(name)
+    return LOGICAL_AXES[base] if group is None else ("layers", *LOGICAL_AXES[base])
 
 
 def param_dtype(name: str, dtype: jnp.dtype) -> jnp.dtype:

@@ -16,8 +16,12 @@ float32, rounded once, as upstream's ``moe_infer``.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+
+from .transformer import on_tpu
 
 MAX_TILE = 128
 
@@ -72,7 +76,7 @@ def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, tile: int
     the weights are read once per tile. TPU keeps ``ragged_dot`` (its native grouped kernel).
     Products accumulate in float32 and round once to x's dtype.
     """
-    if jax.default_backend() == "tpu":
+    if on_tpu():
         out = jax.lax.ragged_dot(x, w, group_sizes, preferred_element_type=jnp.float32)
         return out.astype(x.dtype)
     rows, n_groups = x.shape[0], w.shape[0]
@@ -109,16 +113,80 @@ def routed_experts(
 
     chosen/weights [T, k] from ``route``; w_gate/w_up [E, D, F], w_down [E, F, D]; ``swiglu(gate, up)``
     is the model's activation (float32 SiLU, rounded once); ``grouped(x, w, sizes)`` replaces
-    ``grouped_matmul`` (scripts/moe_cost.py measures ``jax.lax.ragged_dot`` in its place)."""
-    tokens, k = chosen.shape
-    n_experts = w_gate.shape[0]
-    flat = chosen.reshape(-1)
-    order = jnp.argsort(flat, stable=True)  # assignments sorted by expert
-    sizes = jnp.zeros((n_experts,), jnp.int32).at[flat].add(1)
-    xs = jnp.take(x, order // k, axis=0)
+    ``grouped_matmul`` (scripts/moe_cost.py measures ``jax.lax.ragged_dot`` in its place).
+
+    Traced under a mesh (``jax.set_mesh``) with more than one device, the product runs expert
+    parallel (``expert_parallel``); otherwise on the whole arrays."""
     grouped = grouped or (lambda a, w, n: grouped_matmul(a, w, n, tile))
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and math.prod(mesh.shape.values()) > 1:
+        return expert_parallel(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, dict(mesh.shape))
+    return _local_experts(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, 0).astype(x.dtype)
+
+
+def _local_experts(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, first) -> jax.Array:
+    """The float32 sum over each row's chosen experts among ``first .. first + E_local - 1`` (the
+    experts of w_gate/w_up/w_down [E_local, ...]); the row's other experts contribute nothing.
+
+    Their assignments are sorted after every local group and left out of the group sizes, so the
+    grouped product does not count them as any group's rows (``ragged_dot`` gives zeros there;
+    ``grouped_matmul`` computes them against the last group, and they are dropped)."""
+    tokens, k = chosen.shape
+    n_local = w_gate.shape[0]
+    local = chosen - first
+    mine = (local >= 0) & (local < n_local)
+    flat = jnp.where(mine, local, n_local).reshape(-1)
+    order = jnp.argsort(flat, stable=True)  # assignments sorted by expert, other devices' last
+    sizes = jnp.zeros((n_local,), jnp.int32).at[flat].add(1, mode="drop")
+    xs = jnp.take(x, order // k, axis=0)
     h = swiglu(grouped(xs, w_gate, sizes), grouped(xs, w_up, sizes))
     ys = grouped(h, w_down, sizes)
     y = jnp.zeros_like(ys).at[order].set(ys, unique_indices=True).reshape(tokens, k, -1)
     # An elementwise product and sum, not a dot: no reduced-precision matmul passes on any backend.
-    return (y.astype(jnp.float32) * weights[..., None]).sum(axis=1).astype(x.dtype)
+    return jnp.where(mine[..., None], y.astype(jnp.float32) * weights[..., None], 0.0).sum(axis=1)
+
+
+def expert_parallel(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, mesh_shape: dict[str, int]):
+    """``routed_experts`` over the current mesh: each device runs its own experts on its rows.
+
+    The expert weights are split over ``expert`` on their expert dimension and over ``model`` on
+    their hidden dimension (``psd_jax.sharding``); rows over ``data``, and every device of a
+    ``data`` shard holds all of that shard's rows already (attention does not split rows over
+    ``expert`` or ``model``). So each device runs ``_local_experts`` on its experts' assignments
+    with its weight slices (no weight ever moves), and one float32 all-reduce over ``expert`` and
+    ``model`` of the combined rows [T, D] (the partial sums over experts and hidden units) finishes
+    the layer: the same collective as a tensor-parallel MLP's, and no token all-to-all is needed
+    because no token has to travel to its experts.
+
+    Why ``jax.shard_map`` and not the partitioner: GSPMD cannot split a sort-by-expert grouped
+    product over experts. On TPU it all-gathers the whole expert stack in front of
+    ``jax.lax.ragged_dot`` (it partitions a ragged dot's non-grouped dimensions only); for the tiled
+    product it gathers each tile's expert weights with a masked local gather and an all-reduce of
+    the gathered [tiles, K, N] weights, more bytes than the stack itself (both seen in the compiled
+    HLO of the LLaDA2.0 forward on ``expert=8``; docs/memory-and-scaling.md). Here the compiled
+    forward has no all-gather and no all-to-all of expert weights.
+
+    Every device still runs the grouped product over all T * k assignment rows (static shapes);
+    other devices' rows are outside its groups, which ``ragged_dot`` does not compute and the tiled
+    CPU product does.
+    """
+    P = jax.sharding.PartitionSpec
+
+    def axis(name: str, dim: int) -> str | None:
+        size = mesh_shape.get(name, 1)
+        return name if size > 1 and dim % size == 0 else None
+
+    experts, hidden, rows = axis("expert", w_gate.shape[0]), axis("model", w_gate.shape[2]), axis("data", x.shape[0])
+    reduced = tuple(a for a in (experts, hidden) if a is not None)
+
+    def local(x, chosen, weights, w_gate, w_up, w_down):
+        first = jax.lax.axis_index(experts) * w_gate.shape[0] if experts else 0
+        out = _local_experts(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, first)
+        return (jax.lax.psum(out, reduced) if reduced else out).astype(x.dtype)
+
+    row_spec, stack = P(rows, None), P(experts, None, hidden)
+    return jax.shard_map(
+        local,
+        in_specs=(row_spec, row_spec, row_spec, stack, stack, P(experts, hidden, None)),
+        out_specs=row_spec,
+    )(x, chosen, weights, w_gate, w_up, w_down)

@@ -107,6 +107,11 @@ def on_cpu() -> bool:
     return (_COMPILE_TARGET[-1] if _COMPILE_TARGET else jax.default_backend()) == "cpu"
 
 
+def on_tpu() -> bool:
+    """Whether this trace targets TPU (``models.moe.grouped_matmul`` keeps ``ragged_dot`` there)."""
+    return (_COMPILE_TARGET[-1] if _COMPILE_TARGET else jax.default_backend()) == "tpu"
+
+
 def rope_inv_freq(head_dim: int, theta: float) -> np.ndarray:
     """RoPE inverse frequencies [head_dim // 2] in float32, computed on the host as upstream torch does:
     ``1 / theta ** (arange(0, head_dim, 2) / head_dim)`` in float32 steps. The power is taken in float64

@@ -390,12 +390,7 @@ def load_model(
         mesh = make_mesh(mesh)
     shardings = None
     if mesh is not None:
-        cfg = load_config(path)
-        if cfg.family == "llada2_moe":
-            raise ValueError(
-                f"{path}: sharding over a mesh is not supported for LLaDA2.0 (llada2_moe); load it unsharded"
-            )
-        shardings = param_shardings(cfg, mesh)
+        shardings = param_shardings(load_config(path), mesh)
     if unroll_layers is None:
         unroll_layers = default_unroll_layers()
     if is_orbax_dir(path):

@@ -1,11 +1,15 @@
-"""Sharding with JAX's own SPMD machinery: a ``(data, model)`` mesh and one logical-axis table.
+"""Sharding with JAX's own SPMD machinery: a ``(data, model)`` or ``(data, expert, model)`` mesh
+and one logical-axis table.
 
-Parameters carry logical axis names (``models.transformer.logical_axes``); ``LOGICAL_RULES`` maps
-them to mesh axes: attention heads, MLP hidden units and the vocabulary dimension of the
-embedding and LM head are split over ``model`` (tensor parallel); prompt rows over ``data``. A
-dimension that the mesh axis does not divide is replicated instead (e.g. 4 KV heads on 8
-devices). ``jax.jit`` then partitions the whole decode loop (GSPMD); nothing here communicates
-by hand.
+Parameters carry logical axis names (``models.transformer.logical_axes``, ``models.llada2.logical_axes``);
+``LOGICAL_RULES`` maps them to mesh axes: attention heads, MLP hidden units and the vocabulary
+dimension of the embedding and LM head are split over ``model`` (tensor parallel); the experts of a
+mixture-of-experts layer (LLaDA2.0's weights stacked [layers, experts, ...]) over ``expert``, and
+their hidden units over ``model`` too; prompt rows over ``data``. The router and its selection bias
+are replicated. A dimension that the mesh axis does not divide, or an axis the mesh does not have,
+is replicated instead (e.g. 4 KV heads on 8 devices). ``jax.jit`` then partitions the whole decode
+loop (GSPMD); nothing here communicates by hand (the expert product's partitioning:
+``models.moe.grouped_matmul``).
 """
 
 from __future__ import annotations
@@ -16,17 +20,22 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from models import ModelConfig, param_shapes
-from models.transformer import logical_axes
+from models import LLaDA2Config, ModelConfig, llada2, param_shapes, transformer
 
-AXES = ("data", "model")
+AXES = ("data", "model")  # a mesh without experts (LLaDA, Dream): the default
+EXPERT_AXES = ("data", "expert", "model")  # when the spec names ``expert``
 LOGICAL_RULES: dict[str, str | None] = {
     "layers": None,
     "embed": None,
     "heads": "model",
     "kv_heads": "model",
+    "qkv": "model",  # LLaDA2.0's fused [q heads | k heads | v heads] projection
+    "head_dim": None,
     "mlp": "model",
     "vocab": "model",
+    "experts": "expert",
+    "expert_mlp": "model",
+    "router": None,  # the router's expert scores and selection bias: replicated
     "batch": "data",
 }
 
@@ -36,7 +45,11 @@ class MeshError(ValueError):
 
 
 def parse_mesh(spec: str | None, n_devices: int | None = None) -> dict[str, int]:
-    """``"data=2,model=4"`` -> sizes; a missing axis takes the remaining devices (default: all on model)."""
+    """``"data=2,model=4"`` -> sizes; a missing axis takes the remaining devices (default: all on model).
+
+    ``expert`` is an axis only when the spec names it (``"expert=8"``, ``"data=1,expert=4,model=2"``):
+    then the sizes have the three axes, ``data`` defaults to 1 unless ``model`` is given too, and
+    ``model`` takes the devices the others leave."""
     n = n_devices if n_devices is not None else jax.device_count()
     sizes: dict[str, int] = {}
     for part in (spec or "").split(","):
@@ -44,32 +57,37 @@ def parse_mesh(spec: str | None, n_devices: int | None = None) -> dict[str, int]
             continue
         name, _, value = part.partition("=")
         name = name.strip()
-        if name not in AXES:
-            raise MeshError(f"unknown mesh axis {name!r} in {spec!r}; axes are {', '.join(AXES)}")
+        if name not in EXPERT_AXES:
+            raise MeshError(f"unknown mesh axis {name!r} in {spec!r}; axes are {', '.join(EXPERT_AXES)}")
         try:
             sizes[name] = int(value)
         except ValueError:
             raise MeshError(f"mesh axis {name} needs an integer size, got {value!r}") from None
         if sizes[name] < 1:
             raise MeshError(f"mesh axis {name} must be >= 1, got {sizes[name]}")
+    axes = EXPERT_AXES if "expert" in sizes else AXES
+    expert = sizes.get("expert", 1)
+    if n % expert:
+        raise MeshError(f"expert={expert} does not divide the {n} devices")
+    rest = n // expert  # devices for data x model
     if "data" not in sizes and "model" not in sizes:
-        sizes = {"data": 1, "model": n}
+        sizes.update(data=1, model=rest)
     for axis, other in (("data", "model"), ("model", "data")):
         if axis not in sizes:
-            if n % sizes[other]:
-                raise MeshError(f"{other}={sizes[other]} does not divide the {n} devices")
-            sizes[axis] = n // sizes[other]
-    if sizes["data"] * sizes["model"] != n:
-        raise MeshError(
-            f"mesh data={sizes['data']} x model={sizes['model']} needs {sizes['data'] * sizes['model']} devices, found {n}"
-        )
-    return {axis: sizes[axis] for axis in AXES}
+            if rest % sizes[other]:
+                what = f"{other}={sizes[other]}" + (f" x expert={expert}" if "expert" in sizes else "")
+                raise MeshError(f"{what} does not divide the {n} devices")
+            sizes[axis] = rest // sizes[other]
+    if math.prod(sizes[a] for a in axes) != n:
+        shape = " x ".join(f"{a}={sizes[a]}" for a in axes)
+        raise MeshError(f"mesh {shape} needs {math.prod(sizes[a] for a in axes)} devices, found {n}")
+    return {axis: sizes[axis] for axis in axes}
 
 
 def make_mesh(spec: str | None = None, devices=None) -> Mesh:
     devices = list(devices) if devices is not None else jax.devices()
     sizes = parse_mesh(spec, len(devices))
-    return Mesh(np.array(devices).reshape(sizes["data"], sizes["model"]), AXES)
+    return Mesh(np.array(devices).reshape(tuple(sizes.values())), tuple(sizes))
 
 
 def spec_for(axes: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
@@ -77,16 +95,21 @@ def spec_for(axes: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> Parti
     out = []
     for axis, dim in zip(axes, shape):
         mesh_axis = LOGICAL_RULES.get(axis)
-        if mesh_axis is not None and dim % mesh.shape[mesh_axis] == 0:
+        if mesh_axis in mesh.shape and dim % mesh.shape[mesh_axis] == 0:
             out.append(mesh_axis)
         else:
             out.append(None)
     return PartitionSpec(*out)
 
 
-def param_shardings(cfg: ModelConfig, mesh: Mesh) -> dict[str, NamedSharding]:
+def logical_axes(cfg: ModelConfig | LLaDA2Config, name: str) -> tuple[str | None, ...]:
+    """The logical axes of parameter ``name`` of ``cfg``'s family."""
+    return (llada2 if isinstance(cfg, LLaDA2Config) else transformer).logical_axes(name)
+
+
+def param_shardings(cfg: ModelConfig | LLaDA2Config, mesh: Mesh) -> dict[str, NamedSharding]:
     return {
-        name: NamedSharding(mesh, spec_for(logical_axes(name), shape, mesh))
+        name: NamedSharding(mesh, spec_for(logical_axes(cfg, name), shape, mesh))
         for name, shape in param_shapes(cfg).items()
     }
 
@@ -96,11 +119,11 @@ def batch_sharding(mesh: Mesh, batch: int) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec("data" if batch % mesh.shape["data"] == 0 else None, None))
 
 
-def bytes_per_device(cfg: ModelConfig, mesh: Mesh, itemsize: int = 2) -> int:
-    """Parameter bytes held by each device under ``param_shardings``."""
+def bytes_per_device(cfg: ModelConfig | LLaDA2Config, mesh: Mesh, itemsize: int = 2) -> int:
+    """Parameter bytes held by each device under ``param_shardings`` (every parameter at ``itemsize``)."""
     total = 0
     for name, shape in param_shapes(cfg).items():
-        spec = spec_for(logical_axes(name), shape, mesh)
+        spec = spec_for(logical_axes(cfg, name), shape, mesh)
         split = math.prod(mesh.shape[a] for a in spec if a is not None)
         total += math.prod(shape) * itemsize // split
     return total

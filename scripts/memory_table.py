@@ -1,4 +1,4 @@
-"""Per-device memory of LLaDA-8B / Dream-7B decoding (bfloat16) on TPU v5e-8, TPU v4-8 and one 80 GB GPU.
+"""Per-device memory of LLaDA-8B / Dream-7B / LLaDA2.0-mini decoding (bfloat16) on TPU v5e-8, TPU v4-8 and one 80 GB GPU.
 
 Why: to say which batch / generation length fits where before renting the hardware. Nothing is
 guessed and no weight is materialised (only ``ShapeDtypeStruct`` / ``eval_shape``):
@@ -25,9 +25,14 @@ guessed and no weight is materialised (only ``ShapeDtypeStruct`` / ``eval_shape`
   run. A pessimistic proxy: XLA:CPU upcasts bfloat16 dot operands to float32 (the whole KV cache
   for a cached call) and materialises per-head attention scores.
 
+LLaDA2.0-mini (16.3B parameters, 256 experts) runs on its expert mesh (``MOE_MESHES``: experts
+over ``expert``, see ``psd_jax.sharding``); ``--mesh "TPU v5e-8:expert=4,model=2"`` (entries
+separated by ``;``) replaces a target's mesh for the selected models. ``--models`` selects models.
+
 Runs itself in a subprocess. Prints Markdown, writes ``--json``.
 
     python -m scripts.memory_table [--json PATH] [--decode] [--batches 1,8,32] [--gens 256,1024] [--compiler cpu|tpu]
+        [--models LLaDA-8B,Dream-7B,LLaDA2.0-mini] [--mesh "TARGET:SPEC;..."]
 """
 
 from __future__ import annotations
@@ -44,7 +49,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 HF = REPO.parent / "shared" / "hf-configs"
-MODELS = {"LLaDA-8B": HF / "LLaDA-8B-Instruct", "Dream-7B": HF / "Dream-v0-Instruct-7B"}
+MODELS = {
+    "LLaDA-8B": HF / "LLaDA-8B-Instruct",
+    "Dream-7B": HF / "Dream-v0-Instruct-7B",
+    "LLaDA2.0-mini": HF / "LLaDA2.0-mini",
+}
 GiB = 2**30
 # name: (devices, HBM per device in bytes, mesh spec)
 TARGETS = {
@@ -58,7 +67,28 @@ TOPOLOGIES = {
     "TPU v4-8": ("v4:2x2x1", {"chip_config_name": "megacore"}),
     "GPU 80GB": ("v5p:1x1x1", {"chips_per_host_bounds": (1, 1, 1)}),
 }
+# The mixture-of-experts model's mesh per target (experts over ``expert``; the 4 KV heads and the
+# 512 expert hidden units split over ``model`` as well where it is given).
+MOE_MESHES = {"TPU v5e-8": "expert=8", "TPU v4-8": "expert=4", "GPU 80GB": "data=1,model=1"}
 PROMPT = 128
+
+
+def model_config(path: Path):
+    """The config of ``path``; LLaDA2.0's real config names no mask/EOS ids: those are in special_ids.json."""
+    from models import config_from_dict, load_config
+
+    ids = path / "special_ids.json"
+    if not ids.is_file():
+        return load_config(path)
+    return config_from_dict(json.loads((path / "config.json").read_text()), str(path), json.loads(ids.read_text()))
+
+
+def mesh_spec(cfg, target: str, overrides: dict[str, str]) -> str:
+    from models import LLaDA2Config
+
+    if target in overrides:
+        return overrides[target]
+    return MOE_MESHES[target] if isinstance(cfg, LLaDA2Config) else TARGETS[target][2]
 
 
 def _leaf_bytes(shape, dtype, sharding) -> int:
@@ -79,13 +109,13 @@ def measure(cfg, mesh, batch: int, gen: int, full_decode: bool) -> dict:
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from models import DiffusionLM
+    from models import model_class
     from psd_jax.config import DecodeConfig
     from psd_jax.engine import Loop, decode, init_state
     from psd_jax.sharding import batch_sharding, bytes_per_device, param_shardings
 
     dcfg = DecodeConfig(gen_length=gen, block_length=32, cache="dual")
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: DiffusionLM(cfg, dtype=jnp.bfloat16)))
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: model_class(cfg)(cfg, dtype=jnp.bfloat16)))
     shardings = param_shardings(cfg, mesh)
     params = jax.tree_util.tree_map_with_path(
         lambda path, x: jax.ShapeDtypeStruct(
@@ -114,8 +144,9 @@ def measure(cfg, mesh, batch: int, gen: int, full_decode: bool) -> dict:
     state_leaves = jax.tree.leaves(shapes.replace(cache=None))
     state_shard = jax.tree.leaves(out_shardings.replace(cache=None))
     mem = compiled.memory_analysis()
-    param_bytes = bytes_per_device(cfg, mesh, 2)
-    assert param_bytes == sum(_leaf_bytes(s.shape, s.dtype, s.sharding) for s in jax.tree.leaves(params))
+    param_bytes = sum(_leaf_bytes(s.shape, s.dtype, s.sharding) for s in jax.tree.leaves(params))
+    if all(s.dtype == jnp.bfloat16 for s in jax.tree.leaves(params)):  # LLaDA2.0 keeps expert_bias in float32
+        assert param_bytes == bytes_per_device(cfg, mesh, 2)
     out = {
         "params": param_bytes,
         "kv_cache": sum(kv),
@@ -162,17 +193,19 @@ def target_devices(target: str, compiler: str) -> list:
     return list(topologies.get_topology_desc(topology_name=name, platform="tpu", **options).devices)
 
 
-def worker(batches: list[int], gens: list[int], full_decode: bool, compiler: str) -> list[dict]:
+def worker(
+    batches: list[int], gens: list[int], full_decode: bool, compiler: str, models: list[str], overrides: dict[str, str]
+) -> list[dict]:
     import jax
 
-    from models import load_config
     from models.transformer import compiling_for
     from psd_jax.sharding import make_mesh
 
     rows = []
-    for model, path in MODELS.items():
-        cfg = load_config(path)
-        for target, (_, hbm, spec) in TARGETS.items():
+    for model in models:
+        cfg = model_config(MODELS[model])
+        for target, (_, hbm, _) in TARGETS.items():
+            spec = mesh_spec(cfg, target, overrides)
             mesh = make_mesh(spec, target_devices(target, compiler))
             for batch in batches:
                 for gen in gens:
@@ -206,12 +239,12 @@ def markdown(rows: list[dict]) -> str:
         "Params, KV cache and state: exact from shapes and shardings. Activations: "
         f"XLA:{rows[0]['compiler'].upper()} `temp_size_in_bytes` of the block-start full forward.",
         "",
-        "| model | target | batch | gen | params | KV cache | state | activations | total | HBM | fits |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| model | target | mesh | batch | gen | params | KV cache | state | activations | total | HBM | fits |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in rows:
         lines.append(
-            f"| {r['model']} | {r['target']} | {r['batch']} | {r['gen']} | {gib(r['params'])} | {gib(r['kv_cache'])} | "
+            f"| {r['model']} | {r['target']} | `{r['mesh']}` | {r['batch']} | {r['gen']} | {gib(r['params'])} | {gib(r['kv_cache'])} | "
             f"{gib(r['state'])} | {gib(r['activations'])} | {gib(r['total'])} | {gib(r['hbm'])} | {'yes' if r['fits'] else '**no**'} |"
         )
     whole = [r for r in rows if "xla_decode" in r]
@@ -243,11 +276,23 @@ def main() -> int:
     parser.add_argument(
         "--compiler", choices=("cpu", "tpu"), default="cpu", help="XLA:CPU proxy or the TPU compiler ahead of time"
     )
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+    parser.add_argument(
+        "--mesh", default="", help='replace targets\' meshes: "TPU v5e-8:expert=4,model=2;TPU v4-8:expert=2,model=2"'
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     batches, gens = [int(b) for b in args.batches.split(",")], [int(g) for g in args.gens.split(",")]
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    overrides = dict(entry.split(":", 1) for entry in args.mesh.split(";") if entry.strip())
+    overrides = {target.strip(): spec.strip() for target, spec in overrides.items()}
+    if set(overrides) - set(TARGETS):
+        parser.error(f"unknown target(s) in --mesh: {', '.join(set(overrides) - set(TARGETS))}")
     if args.worker:
-        print(json.dumps(worker(batches, gens, args.decode, args.compiler)))
+        print(json.dumps(worker(batches, gens, args.decode, args.compiler, models, overrides)))
         return 0
     if args.compiler == "tpu" and importlib.util.find_spec("libtpu") is None:
         parser.error('--compiler tpu needs libtpu in this environment: pip install "jax[tpu]"')
@@ -257,7 +302,8 @@ def main() -> int:
     else:
         env.setdefault("TPU_ACCELERATOR_TYPE", "none")  # no local TPU to probe: compile only
     cmd = [sys.executable, __file__, "--worker", "--batches", args.batches, "--gens", args.gens]
-    cmd += ["--compiler", args.compiler] + (["--decode"] if args.decode else [])
+    cmd += ["--compiler", args.compiler, "--models", ",".join(models), "--mesh", args.mesh]
+    cmd += ["--decode"] if args.decode else []
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
     if proc.returncode:
         return proc.returncode

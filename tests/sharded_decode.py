@@ -1,15 +1,19 @@
 """Run in a subprocess with 8 simulated CPU devices: decode on several meshes, print JSON.
 
-Usage: XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharded_decode.py CKPT
+Usage: XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharded_decode.py CKPT [MOE_CKPT]
+
+With MOE_CKPT (llada2-tiny: 8 experts, top-2) it also runs LLaDA2.0's forward on expert meshes.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 
 import jax
+import numpy as np
 
 from psd_jax import DecodeConfig, load_model
 
@@ -29,7 +33,13 @@ CACHED = {
     "psd+dual": DECODERS["psd"].replace(cache="dual"),
     "rps+dual": DECODERS["rps"].replace(cache="dual"),
 }
-MESHES = ["data=1,model=8", "data=2,model=4", "data=8,model=1"]
+# Each (mesh, setting) is one compile (several seconds of CI): both tensor-parallel meshes run every
+# setting; pure data parallelism (2 rows do not split over 8) runs one uncached and one cached.
+MESHES = {
+    "data=1,model=8": [*DECODERS, *CACHED],
+    "data=2,model=4": [*DECODERS, *CACHED],
+    "data=8,model=1": ["fixed", "psd+dual"],
+}
 
 
 def kv_cache_sharding(lm) -> list:
@@ -52,27 +62,85 @@ def kv_cache_sharding(lm) -> list:
     return spec + [None] * (state.cache[0].ndim - len(spec))  # JAX drops trailing Nones
 
 
-def main(ckpt: str) -> None:
+# LLaDA2.0 on expert meshes: forward logits (one compile each) against one device.
+MOE_MESHES = ["expert=8", "data=2,expert=2,model=2", "expert=4,model=2"]
+MOE_IDS = [[5, 77, 301, 12, 9, 480, 33, 2, 150, 64, 7, 260] * 2, [44, 3, 91, 500, 17, 230, 8, 1, 66, 402, 13, 99] * 2]
+MOE_RTOL = 2e-6  # test_llada2's float32-rounding rtol (CACHE_RTOL)
+COLLECTIVE = re.compile(
+    r"= \(?((?:[a-z0-9]+\[[0-9,]*\][^ ]*,? ?)+)\)? (all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)[-a-z]*\("
+)
+
+
+def expert_weight_collectives(hlo: str, d_model: int, hidden: set[int]) -> list[str]:
+    """Collectives in compiled HLO whose result is shaped like expert weights: rank >= 3 with trailing
+    dims (d_model, F) or (F, d_model), F the expert hidden size or its ``model`` shard."""
+    found = []
+    for match in COLLECTIVE.finditer(hlo):
+        for dims in re.findall(r"\[([0-9,]*)\]", match.group(1)):
+            shape = [int(d) for d in dims.split(",") if d]
+            if len(shape) >= 3 and (
+                (shape[-2] == d_model and shape[-1] in hidden) or (shape[-1] == d_model and shape[-2] in hidden)
+            ):
+                found.append(f"{match.group(2)} {shape}")
+    return found
+
+
+def moe_meshes(ckpt: str) -> dict:
+    import jax.numpy as jnp
+
+    ids = jnp.asarray(MOE_IDS, jnp.int32)  # 24 tokens: no activation dim equals the expert weights'
+    single = load_model(ckpt)
+    reference = np.asarray(single.logits(ids))
+    cfg = single.config
+    out = {}
+    for mesh in MOE_MESHES:
+        start = time.perf_counter()
+        lm = load_model(ckpt, mesh=mesh)
+        params = {path[-1]: param[...] for path, param in lm.params.flat_state()}
+        split = sorted(name for name, a in params.items() if not a.sharding.is_fully_replicated)
+        shards = {
+            name: list(params[name].sharding.shard_shape(params[name].shape)) for name in split if "expert" in name
+        }
+        with jax.set_mesh(lm.mesh):  # as generate compiles: routed experts run expert-parallel
+            logits = np.asarray(lm.logits(ids))
+            hlo = lm._forward.lower(lm.params, ids, None).compile().as_text()
+        hidden = {cfg.moe_hidden, cfg.moe_hidden // lm.mesh.shape.get("model", 1)}
+        out[mesh] = {
+            "split_params": split,
+            "expert_shards": shards,
+            "max_abs_diff": float(np.abs(logits - reference).max()),
+            # beyond float32 rounding of the tensor-parallel sums: |diff| - rtol * |reference|
+            "max_excess": float((np.abs(logits - reference) - MOE_RTOL * np.abs(reference)).max()),
+            "expert_weight_collectives": expert_weight_collectives(hlo, cfg.d_model, hidden),
+        }
+        print(f"llada2 {mesh} logits: {time.perf_counter() - start:.1f}s", file=sys.stderr)
+    return out
+
+
+def main(ckpt: str, moe_ckpt: str | None = None) -> None:
     assert jax.device_count() == 8, jax.devices()
     out = {"reference": {}, "meshes": {}}
     single = load_model(ckpt)
     for name, settings in {**DECODERS, **CACHED}.items():
         out["reference"][name] = [[r.output_ids, r.nfe] for r in single.generate(PROMPTS, settings, prompt_bucket=16)]
-    for mesh in MESHES:
+    for mesh, names in MESHES.items():
         lm = load_model(ckpt, mesh=mesh)
         # Parameter names (a path's last key: the same in the stacked and the unrolled layout).
         split = sorted(
             {path[-1] for path, param in lm.params.flat_state() if not param[...].sharding.is_fully_replicated}
         )
         out["meshes"][mesh] = {"split_params": split, "kv_cache_spec": kv_cache_sharding(lm)}
-        for name, settings in {**DECODERS, **CACHED}.items():
+        for name in names:
+            settings = {**DECODERS, **CACHED}[name]
             start = time.perf_counter()
             out["meshes"][mesh][name] = [
                 [r.output_ids, r.nfe] for r in lm.generate(PROMPTS, settings, prompt_bucket=16)
             ]
             print(f"{mesh} {name}: {time.perf_counter() - start:.1f}s", file=sys.stderr)
+    if moe_ckpt is not None:
+        out["moe"] = moe_meshes(moe_ckpt)
     print(json.dumps(out))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])

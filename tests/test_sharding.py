@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -11,7 +12,16 @@ from pathlib import Path
 import jax
 import pytest
 
-from psd_jax.sharding import MeshError, kv_cache_spec, make_mesh, param_shardings, parse_mesh, spec_for
+from models import param_shapes
+from psd_jax.sharding import (
+    MeshError,
+    kv_cache_spec,
+    logical_axes,
+    make_mesh,
+    param_shardings,
+    parse_mesh,
+    spec_for,
+)
 
 from conftest import GOLDENS, HF_CONFIGS
 
@@ -21,22 +31,34 @@ def sharded_run():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     script = Path(__file__).with_name("sharded_decode.py")
     proc = subprocess.run(
-        [sys.executable, str(script), str(GOLDENS / "llada-tiny")], env=env, capture_output=True, text=True, timeout=900
+        [sys.executable, str(script), str(GOLDENS / "llada-tiny"), str(GOLDENS / "llada2-tiny")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("mesh", ["data=1,model=8", "data=2,model=4", "data=8,model=1"])
+TENSOR_PARALLEL = ["data=1,model=8", "data=2,model=4"]
+
+
+@pytest.mark.parametrize("mesh", TENSOR_PARALLEL)
 @pytest.mark.parametrize("decoder", ["fixed", "threshold", "psd", "rps"])
 def test_mesh_gives_single_device_tokens(sharded_run, mesh, decoder):
     assert sharded_run["meshes"][mesh][decoder] == sharded_run["reference"][decoder]
 
 
-@pytest.mark.parametrize("mesh", ["data=1,model=8", "data=2,model=4", "data=8,model=1"])
+@pytest.mark.parametrize("mesh", TENSOR_PARALLEL)
 @pytest.mark.parametrize("decoder", ["fixed+prefix", "threshold+dual", "psd+dual", "rps+dual"])
 def test_mesh_with_kv_cache_gives_single_device_tokens(sharded_run, mesh, decoder):
     assert sharded_run["meshes"][mesh][decoder] == sharded_run["reference"][decoder]
+
+
+@pytest.mark.parametrize("decoder", ["fixed", "psd+dual"])
+def test_data_parallel_mesh_gives_single_device_tokens(sharded_run, decoder):
+    assert sharded_run["meshes"]["data=8,model=1"][decoder] == sharded_run["reference"][decoder]
 
 
 def test_parameters_are_really_sharded(sharded_run):
@@ -44,6 +66,47 @@ def test_parameters_are_really_sharded(sharded_run):
     assert sharded_run["meshes"]["data=1,model=8"]["split_params"] == tensor_parallel
     assert sharded_run["meshes"]["data=2,model=4"]["split_params"] == tensor_parallel
     assert sharded_run["meshes"]["data=8,model=1"]["split_params"] == []
+
+
+MOE_MESHES = ["expert=8", "data=2,expert=2,model=2", "expert=4,model=2"]
+
+
+def test_expert_mesh_forward_equals_one_device(sharded_run):
+    """LLaDA2.0-tiny's logits (8 experts, top-2) on expert meshes against one device: splitting only
+    experts is exact (each row's expert sum is the same float32 sum); with ``model`` the
+    tensor-parallel contractions (wo, dense and expert down-projections) are summed in another order,
+    within float32 rounding: |diff| <= 1e-5 + 2e-6 |logit| (test_llada2's cached-forward tolerance)."""
+    runs = sharded_run["moe"]
+    assert runs["expert=8"]["max_abs_diff"] == 0.0
+    for mesh in MOE_MESHES:
+        assert runs[mesh]["max_excess"] <= 1e-5, (mesh, runs[mesh])
+
+
+def test_expert_weights_are_really_split(sharded_run):
+    runs = sharded_run["moe"]
+    experts = ["expert_down", "expert_gate", "expert_up"]
+    tensor_parallel = ["embed", "lm_head", "shared_down", "shared_gate", "shared_up", "w_down", "w_gate", "w_up"]
+    assert runs["expert=8"]["split_params"] == experts  # router, expert_bias, norms: replicated
+    for mesh in ["data=2,expert=2,model=2", "expert=4,model=2"]:
+        assert runs[mesh]["split_params"] == sorted(experts + tensor_parallel + ["wo", "wqkv"])
+    # one layer's [experts, d_model, F] / [experts, F, d_model] on each device (8 experts, F = 32)
+    assert runs["expert=8"]["expert_shards"] == {
+        "expert_down": [1, 32, 64],
+        "expert_gate": [1, 64, 32],
+        "expert_up": [1, 64, 32],
+    }
+    assert runs["data=2,expert=2,model=2"]["expert_shards"]["expert_gate"] == [4, 64, 16]
+    assert runs["expert=4,model=2"]["expert_shards"] == {
+        "expert_down": [2, 16, 64],
+        "expert_gate": [2, 64, 16],
+        "expert_up": [2, 64, 16],
+    }
+
+
+@pytest.mark.parametrize("mesh", MOE_MESHES)
+def test_expert_weights_never_travel(sharded_run, mesh):
+    """The compiled forward has no collective shaped like expert weights (models.moe.expert_parallel)."""
+    assert sharded_run["moe"][mesh]["expert_weight_collectives"] == []
 
 
 def test_kv_cache_sharding_is_pinned(sharded_run):
@@ -78,6 +141,43 @@ def test_mesh_spec_parsing():
         parse_mesh("tensor=8", 8)
     with pytest.raises(MeshError, match="data=3 does not divide the 8 devices"):
         parse_mesh("data=3", 8)
+
+
+def test_expert_mesh_spec_parsing():
+    assert parse_mesh("expert=8", 8) == {"data": 1, "expert": 8, "model": 1}
+    assert parse_mesh("data=1,expert=4,model=2", 8) == {"data": 1, "expert": 4, "model": 2}
+    assert parse_mesh("expert=4", 8) == {"data": 1, "expert": 4, "model": 2}
+    assert parse_mesh("data=2,expert=2", 8) == {"data": 2, "expert": 2, "model": 2}
+    assert parse_mesh("expert=2,model=2", 8) == {"data": 2, "expert": 2, "model": 2}
+    with pytest.raises(MeshError, match="expert=3 does not divide the 8 devices"):
+        parse_mesh("expert=3", 8)
+    with pytest.raises(MeshError, match="needs 16 devices, found 8"):
+        parse_mesh("data=2,expert=4,model=2", 8)
+    assert make_mesh("expert=1").axis_names == ("data", "expert", "model")
+    assert make_mesh("data=1").axis_names == ("data", "model")
+
+
+def test_llada2_logical_axes_map_to_mesh_axes():
+    """LLaDA2.0-mini: experts over expert, their hidden units over model, router replicated; on
+    expert=8 each device holds an eighth of the experts and the rest whole."""
+    from jax.sharding import AbstractMesh, PartitionSpec
+
+    from models import config_from_dict
+    from psd_jax.sharding import bytes_per_device
+
+    mini = HF_CONFIGS / "LLaDA2.0-mini"  # special ids beside the config (the real config has none)
+    cfg = config_from_dict(
+        json.loads((mini / "config.json").read_text()), str(mini), json.loads((mini / "special_ids.json").read_text())
+    )
+    mesh = AbstractMesh((1, 8, 1), ("data", "expert", "model"))
+    specs = {name: spec_for(logical_axes(cfg, name), shape, mesh) for name, shape in param_shapes(cfg).items()}
+    assert specs["moe_expert_gate"] == PartitionSpec(None, "expert", None, "model")
+    assert specs["moe_expert_down"] == PartitionSpec(None, "expert", "model", None)
+    assert all(a is None for a in specs["moe_router"]) and all(a is None for a in specs["moe_expert_bias"])
+    assert specs["moe_wqkv"] == PartitionSpec(None, None, "model") and specs["lm_head"] == PartitionSpec(None, "model")
+    sizes = {name: math.prod(shape) for name, shape in param_shapes(cfg).items()}
+    experts = sum(sizes[f"moe_expert_{p}"] for p in ("gate", "up", "down"))
+    assert bytes_per_device(cfg, mesh) == 2 * (sum(sizes.values()) - experts + experts // 8)
 
 
 def test_logical_axes_map_to_mesh_axes():
