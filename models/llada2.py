@@ -312,8 +312,11 @@ class LLaDA2MoE(nnx.Module):
         window_mask: jax.Array,
         out_length: int,
         block_length: int | None = None,
-    ) -> jax.Array:
-        """Logits [B, M, out_length, V] of M windows [B, M, W] against the cache (module docstring)."""
+        return_kv: bool = False,
+    ) -> jax.Array | tuple[jax.Array, jax.Array, jax.Array]:
+        """Logits [B, M, out_length, V] of M windows [B, M, W] against the cache (module docstring);
+        with ``return_kv`` also the windows' own keys and values [L, B, M, W, KV, hd] (a finished
+        block's are final under block-causal attention, so a decoder can write them into its cache)."""
         cfg = self.config
         batch, m, width = tokens.shape
         sin, cos = rope_tables(positions.reshape(batch * m, width), cfg.rotary_dim, cfg.rope_theta)
@@ -330,13 +333,13 @@ class LLaDA2MoE(nnx.Module):
                 split = lambda a: a.reshape(batch, m, width, *a.shape[2:])
                 out = window_attention(split(q), split(k), split(v), ck, cv, cache_mask, visible)
                 h = h + matmul(out.reshape(batch * m * width, -1), w["wo"])
-                return self._ffn(group, h, w), None
+                return self._ffn(group, h, w), ((split(k), split(v)) if return_kv else None)
 
             return block
 
-        x, _ = self._run_layers(make_block, x, (cache_k, cache_v))
-        logits = self._head(x.reshape(batch * m, width, -1)[:, :out_length])
-        return logits.reshape(batch, m, out_length, -1)
+        x, kv = self._run_layers(make_block, x, (cache_k, cache_v))
+        logits = self._head(x.reshape(batch * m, width, -1)[:, :out_length]).reshape(batch, m, out_length, -1)
+        return (logits, *kv) if return_kv else logits
 
     # ------------------------------------------------------------------------------- pieces
     def _project(self, x, w, sin, cos, shape: tuple[int, int]) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -28,7 +28,8 @@ from models import DiffusionLM, ModelConfig, load_config
 from models.transformer import default_unroll_layers
 
 from .config import DecodeConfig, DecodeConfigError, settings_from
-from .engine import decode, decode_blocks, decode_start, final_blocks, finish
+from .engine import decode, decode_blocks, decode_start, finish, streamed
+from .predict import block_causal
 from .records import DecodeOutput, Generation, generations
 from .sharding import batch_sharding, make_mesh, param_shardings
 from .tokenizer import TokenizerError, encode_prompt, load_tokenizer, resolve_special_ids
@@ -141,6 +142,10 @@ class PromptIO:
         dcfg = settings_from(settings or DecodeConfig(), overrides or {})
         if dcfg.decoder == "rps" and dcfg.k_max > self.config.vocab_size:
             raise DecodeConfigError(f"k_max {dcfg.k_max} exceeds the vocabulary of {self.config.vocab_size}")
+        if block_causal(self.config) and dcfg.cfg_scale > 0:
+            raise DecodeConfigError(
+                f"classifier-free guidance (cfg_scale > 0) is not supported for the block-causal {self.config.family}"
+            )
         return dcfg
 
     def request(
@@ -347,8 +352,9 @@ class BlockDecode:
         self.seconds += time.perf_counter() - began
         self.done = bool(done.all())
         n = self.rows
-        generated = canvas[:n, self.prompt_length :]
-        return BlockProgress(generated, np.asarray(final_blocks(block, done))[:n], done[:n], nfe[:n])
+        canvas, final = streamed(canvas, block, done, self._mask, self.lm.config, self.dcfg)
+        generated = np.asarray(canvas)[:n, self.prompt_length :]
+        return BlockProgress(generated, np.asarray(final)[:n], done[:n], nfe[:n])
 
     def stop(self, rows: Sequence[int]) -> None:
         """Stop decoding ``rows`` (their output is no longer wanted): they are frozen like finished
@@ -360,7 +366,9 @@ class BlockDecode:
 
     def results(self) -> list[Generation]:
         """One ``Generation`` per prompt, as ``generate`` returns them (call once every row is done)."""
-        out = jax.device_get(finish(self._state))
+        state = self._state
+        canvas, _ = streamed(state.canvas, state.block, state.done, self._mask, self.lm.config, self.dcfg)
+        out = jax.device_get(finish(state, canvas))
         n = self.rows
         rows = DecodeOutput(out.canvas[:n], out.row_nfe[:n], out.nfe, out.sequence_forwards, out.iterations, {})
         rows = rows._replace(stats={k: v[:n] for k, v in out.stats.items()})

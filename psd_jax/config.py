@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable
 from typing import Any, Literal
 
-POLICIES = ("fixed", "threshold", "factor", "dream")
+POLICIES = ("fixed", "threshold", "factor", "dream", "threshold_schedule")
 CONFIDENCES = ("prob", "margin", "entropy", "random")
 DECODERS = ("plain", "psd", "rps")
 ACCEPTANCES = ("tokens", "strict")
@@ -46,8 +46,8 @@ class DecodeConfigError(ValueError):
 class DecodeConfig:
     gen_length: int = 128
     block_length: int = 32
-    steps: int | None = None  # total steps over all blocks; None: gen_length (one token per step)
-    policy: Literal["fixed", "threshold", "factor", "dream"] = "fixed"
+    steps: int | None = None  # total steps over all blocks (threshold_schedule: per block); None: one token per step
+    policy: Literal["fixed", "threshold", "factor", "dream", "threshold_schedule"] = "fixed"
     confidence: Literal["prob", "margin", "entropy", "random"] = "prob"
     threshold: float = 0.9
     factor: float = 1.0
@@ -85,6 +85,8 @@ class DecodeConfig:
     @property
     def total_steps(self) -> int:
         """Steps over all blocks (``steps``, default ``gen_length``: one token per step)."""
+        if self.policy == "threshold_schedule":
+            return self.steps_per_block * self.num_blocks
         return self.gen_length if self.steps is None else self.steps
 
     @property
@@ -93,6 +95,10 @@ class DecodeConfig:
 
     @property
     def steps_per_block(self) -> int:
+        """Schedule steps per block. ``threshold_schedule`` takes ``steps`` per block, as LLaDA2.0's
+        ``generate`` (default block_length: one token per step); the others split the total."""
+        if self.policy == "threshold_schedule":
+            return self.block_length if self.steps is None else self.steps
         return self.total_steps // self.num_blocks
 
     @property
@@ -111,10 +117,12 @@ class DecodeConfig:
 FIELD_HELP: dict[str, str] = {
     "gen_length": "generated positions (the canvas after the prompt)",
     "block_length": "semi-autoregressive block size; must divide gen_length",
-    "steps": "total steps over all blocks for the scheduled policies (default: gen_length, one token per step)",
+    "steps": "threshold_schedule: steps PER BLOCK, as LLaDA2.0's generate (unset: block_length); "
+    "fixed/dream: total steps over all blocks (unset: gen_length, one token per step)",
     "policy": "which masked positions of the block to commit each step",
     "confidence": "the score a policy ranks positions by (upstream aliases low_confidence, maskgit_plus, topk_margin, neg_entropy)",
-    "threshold": "threshold policy: commit every position with confidence >= this (and the most confident one)",
+    "threshold": "threshold policy: commit every position with confidence >= this (and the most confident one); "
+    "threshold_schedule: those with confidence > this if at least the schedule's count, else the top count",
     "factor": "factor policy: Fast-dLLM's dynamic rule, commit the leading k with confidence >= 1 - factor / (k + 2)",
     "temperature": "0: greedy; > 0: Gumbel-max sampling at this temperature",
     "cfg_scale": "classifier-free guidance scale (0: off; not with a KV cache)",
@@ -190,7 +198,7 @@ def _check_values(c: DecodeConfig) -> None:
             _fail(f"{name} {message}, got {getattr(c, name)!r}")
     if c.gen_length % c.block_length:
         _fail(f"block_length {c.block_length} does not divide gen_length {c.gen_length}")
-    if c.total_steps % c.num_blocks:
+    if c.policy != "threshold_schedule" and c.total_steps % c.num_blocks:
         _fail(
             f"steps {c.total_steps} is not divisible by the number of blocks {c.num_blocks} (gen_length / block_length)"
         )
@@ -201,8 +209,14 @@ def _check_values(c: DecodeConfig) -> None:
 # Settings read only under some policy or decoder: (condition, what it needs). Setting one of them
 # to anything but its default elsewhere would be silently ignored, so it is refused.
 USED_ONLY_WITH: dict[str, tuple[Callable[[DecodeConfig], bool], str]] = {
-    "steps": (lambda c: c.policy in ("fixed", "dream"), "policy 'fixed' or 'dream'"),
-    "threshold": (lambda c: c.policy == "threshold", "policy 'threshold'"),
+    "steps": (
+        lambda c: c.policy in ("fixed", "dream", "threshold_schedule"),
+        "policy 'fixed' or 'dream' (total steps), or 'threshold_schedule' (steps per block)",
+    ),
+    "threshold": (
+        lambda c: c.policy in ("threshold", "threshold_schedule"),
+        "policy 'threshold' or 'threshold_schedule'",
+    ),
     "factor": (lambda c: c.policy == "factor", "policy 'factor'"),
     "dream_eps": (lambda c: c.policy == "dream", "policy 'dream'"),
     "depth": (lambda c: c.decoder == "psd", "decoder 'psd'"),

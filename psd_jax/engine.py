@@ -17,6 +17,11 @@ With ``cache="prefix"|"dual"`` (Fast-dLLM's block KV cache) ``step_cached`` repl
 carry also holds fixed-size per-layer keys/values and a per-row ``stale`` flag; a full forward at
 each block start refreshes a row's cache (one model call), and the block's other calls run only a
 static window of positions (the rest of the canvas, or the block) against it.
+
+A block-causal model (LLaDA2.0, ``predict.block_causal``) decodes on a canvas aligned to blocks
+from each row's position 0 (``BlockLayout``), stops as its upstream ``generate`` does
+(``Loop.advance``), and its cache is exact: finished blocks' keys/values are written once, by a
+window over [previous block, current block] at each block's first call (``_block_refresh``).
 """
 
 from __future__ import annotations
@@ -37,7 +42,10 @@ from .predict import (
     ForwardFn,
     LogitWindow,
     Prediction,
+    block_causal,
     forwards_per_call,
+    logits_to_prediction,
+    on_canvas,
     predict,
     predict_prefill,
     predict_window,
@@ -78,14 +86,22 @@ class Loop:
     prefill: Callable | None = None  # (tokens, mask, logits_from=) -> (logits, keys, values); cache != "none"
     window: Callable | None = None  # DiffusionLM.window; cache != "none"
     positions: Callable | None = None  # DiffusionLM.positions (the family's position rule); cache != "none"
+    layout: BlockLayout | None = None  # block-causal families: per-row alignment to blocks (else None)
 
     @property
     def decoder(self) -> Decoder:
         return decoder_for(self.dcfg)
 
     @property
+    def region_length(self) -> int:
+        """Canvas positions after ``prompt_length`` (where blocks are decoded): gen_length, or for a
+        block-causal layout one block more, the most a row needs (its first block also holds its
+        prompt's tail)."""
+        return self.dcfg.gen_length + (0 if self.layout is None else self.dcfg.block_length)
+
+    @property
     def total_length(self) -> int:
-        return self.prompt_length + self.dcfg.gen_length
+        return self.prompt_length + self.region_length
 
     def call(
         self, canvases: jax.Array, attention_mask: jax.Array, key: jax.Array, block: jax.Array | None = None
@@ -101,7 +117,7 @@ class Loop:
         block and the next without (a row whose block completes commits from this forward next);
         None when that is every generated position anyway."""
         width = self.dcfg.block_length * (1 if self.dcfg.cache != "none" else 2)
-        return None if width >= self.dcfg.gen_length else width
+        return None if width >= self.region_length else width
 
     def logit_window(self, block: jax.Array) -> LogitWindow | None:
         width = self.logit_width
@@ -109,10 +125,11 @@ class Loop:
 
     @property
     def window_lengths(self) -> tuple[int, ...]:
-        """Static query windows of a cached call, ascending: the block (dual); for prefix, the rest
-        of the canvas rounded up to block_length * 2^i, or to gen_length (a few compiled sizes)."""
+        """Static query windows of a cached call, ascending: the block (dual, and block-causal
+        models, whose later blocks are never visible); for prefix, the rest of the canvas rounded
+        up to block_length * 2^i, or to gen_length (a few compiled sizes)."""
         block, gen = self.dcfg.block_length, self.dcfg.gen_length
-        if self.dcfg.cache == "dual":
+        if self.dcfg.cache == "dual" or self.layout is not None:
             return (block,)
         lengths, w = [], block
         while w < gen:
@@ -133,8 +150,13 @@ class Loop:
         """M(x): masked positions of each row's current block ([B, N]); nothing for done rows."""
         return (state.canvas == self.mcfg.mask_id) & self.in_block(state.block) & ~state.done[:, None]
 
-    def advance(self, canvas, block, step, done):
-        """Move rows whose block is complete to the next block; stop rows at the end or at EOS."""
+    def advance(self, canvas, block, step, done, before=None):
+        """Move rows whose block is complete to the next block; stop rows at the end or at EOS.
+
+        ``before`` is the canvas before this commit (the block-causal rule needs what was just
+        committed)."""
+        if self.layout is not None:
+            return self._advance_block_causal(canvas, block, step, done, before)
         in_block = self.in_block(block)
         complete = ~jnp.any(in_block & (canvas == self.mcfg.mask_id), axis=-1) & ~done
         stops = jnp.isin(canvas, jnp.asarray(self.mcfg.stop_ids))
@@ -148,12 +170,110 @@ class Loop:
         step = jnp.where(complete, 0, step)
         return canvas, block, step, new_done
 
+    def _advance_block_causal(self, canvas, block, step, done, before):
+        """``advance`` as LLaDA2.0's ``generate``: a row stops after a complete block when its
+        generated part holds EOS, and after its own last block; with ``eos_early_stop`` also
+        mid-block, when this commit placed an EOS and every generated position up to the first
+        EOS is filled. The canvas is left as is: ``output_canvas`` cuts after the first EOS."""
+        mask_id, eos_id = self.mcfg.mask_id, self.mcfg.eos_id
+        masked = canvas == mask_id
+        complete = ~jnp.any(self.in_block(block) & masked, axis=-1) & ~done
+        pos = jnp.arange(self.total_length)[None, :]
+        generated = pos >= self.layout.gen_start[:, None]
+        eos = (canvas == eos_id) & generated
+        stop = complete & jnp.any(eos, axis=-1)  # later blocks are still all masks
+        if self.dcfg.eos_early_stop and before is not None:
+            placed = jnp.any((before == mask_id) & (canvas == eos_id), axis=-1)
+            first = jnp.where(jnp.any(eos, axis=-1), jnp.argmax(eos, axis=-1), -1)
+            filled = ~jnp.any(masked & generated & (pos < first[:, None]), axis=-1)
+            stop |= ~done & placed & (first >= 0) & filled
+        new_done = done | stop | (complete & (block >= self.layout.last_block(self.dcfg)))
+        block = jnp.where(complete & ~new_done, block + 1, block)
+        return canvas, block, jnp.where(complete, 0, step), new_done
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class BlockLayout:
+    """Block-causal canvas rows (docs/algorithms.md "LLaDA2.0"). Blocks are aligned from each row's
+    position 0, so row r's prompt of ``lengths[r]`` tokens is left-padded by whole blocks until its
+    first decoded block (the one holding the prompt's last ``lengths[r] % B`` tokens, never
+    committed as they are not masks) starts at the loop's ``prompt_length`` in every row: the
+    batch shares one block structure, and block-causal attention by canvas index is unchanged."""
+
+    lengths: jax.Array  # [B] prompt tokens per row
+    padded_length: int  # P: the prompts' (left-padded) length as given
+    block_length: int
+
+    @property
+    def start(self) -> int:
+        """Canvas index of the first decoded block (the loop's ``prompt_length``)."""
+        return self.padded_length // self.block_length * self.block_length
+
+    @property
+    def tail(self) -> jax.Array:
+        return self.lengths % self.block_length
+
+    @property
+    def pad(self) -> jax.Array:
+        """[B] canvas index of each row's position 0 (a multiple of the block length)."""
+        return self.start - (self.lengths - self.tail)
+
+    @property
+    def gen_start(self) -> jax.Array:
+        """[B] canvas index of each row's first generated position."""
+        return self.start + self.tail
+
+    def last_block(self, dcfg: DecodeConfig) -> jax.Array:
+        """[B] each row's last block: upstream decodes ceil((tail + gen_length) / B) blocks."""
+        return (self.tail + dcfg.gen_length - 1) // self.block_length
+
+    def prompt_index(self) -> jax.Array:
+        """[B, P]: the canvas index of each left-padded prompt position (clipped where padding)."""
+        p = self.padded_length
+        return jnp.maximum(jnp.arange(p)[None, :] - (p - self.lengths)[:, None], 0) + self.pad[:, None]
+
+
+def layout_loop(mcfg, dcfg: DecodeConfig, prompt_mask: jax.Array) -> Loop:
+    """The static part of a block-causal loop (no model): its geometry, for reading a canvas."""
+    layout = BlockLayout(prompt_mask.astype(jnp.int32).sum(axis=1), prompt_mask.shape[1], dcfg.block_length)
+    return Loop(mcfg, dcfg, layout.start, None, layout=layout)
+
+
+def initial_canvas(loop: Loop, prompt_ids: jax.Array) -> jax.Array:
+    """Canvas [B, N] = prompt + masks; block-causal: each row placed by its ``BlockLayout``."""
+    batch, p = prompt_ids.shape
+    if loop.layout is None:
+        gen = jnp.full((batch, loop.dcfg.gen_length), loop.mcfg.mask_id, jnp.int32)
+        return jnp.concatenate([prompt_ids.astype(jnp.int32), gen], axis=1)
+    lengths = loop.layout.lengths[:, None]
+    pos = jnp.arange(loop.total_length)[None, :] - loop.layout.pad[:, None]
+    src = jnp.clip(p - lengths + pos, 0, p - 1)
+    tokens = jnp.take_along_axis(prompt_ids.astype(jnp.int32), src, axis=1)
+    fill = jnp.where(pos < 0, loop.mcfg.pad_id, loop.mcfg.mask_id)
+    return jnp.where((pos >= 0) & (pos < lengths), tokens, fill)
+
+
+def output_canvas(canvas: jax.Array, loop: Loop) -> jax.Array:
+    """The canvas as every caller reads it, [B, P + gen_length]: the left-padded prompt, then the
+    gen_length generated ids. Block-causal: rebuilt from each row's layout, every id after the
+    first EOS replaced by EOS (upstream returns the sequence cut there)."""
+    if loop.layout is None:
+        return canvas
+    layout, eos_id = loop.layout, loop.mcfg.eos_id
+    index = layout.gen_start[:, None] + jnp.arange(loop.dcfg.gen_length)[None, :]
+    generated = jnp.take_along_axis(canvas, index, axis=1)
+    is_eos = generated == eos_id
+    generated = jnp.where(jnp.cumsum(is_eos, axis=1) - is_eos > 0, eos_id, generated)
+    p = layout.padded_length
+    prompt = jnp.take_along_axis(canvas, layout.prompt_index(), axis=1)
+    prompt = jnp.where(jnp.arange(p)[None, :] >= (p - layout.lengths)[:, None], prompt, loop.mcfg.pad_id)
+    return jnp.concatenate([prompt, generated], axis=1)
+
 
 def init_state(loop: Loop, prompt_ids: jax.Array, attention_mask: jax.Array, key: jax.Array) -> DecodeState:
     """Canvas = prompt + gen_length masks, and its first forward (one model call)."""
     batch = prompt_ids.shape[0]
-    gen = jnp.full((batch, loop.dcfg.gen_length), loop.mcfg.mask_id, jnp.int32)
-    canvas = jnp.concatenate([prompt_ids.astype(jnp.int32), gen], axis=1)
+    canvas = initial_canvas(loop, prompt_ids)
     key, sub = jax.random.split(key)
     cached = {}
     if loop.dcfg.cache != "none":
@@ -191,7 +311,7 @@ def step(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeSta
     valid = loop.committable(state)
     proposal = propose(state.pred, state.canvas, valid, state.step, loop.dcfg)
     # A row is live if it still decodes after its policy commit; only live rows need a forward.
-    _, _, _, done_after_s0 = loop.advance(proposal.s0, state.block, state.step + 1, state.done)
+    _, _, _, done_after_s0 = loop.advance(proposal.s0, state.block, state.step + 1, state.done, state.canvas)
     live = ~done_after_s0
     key, sub = jax.random.split(state.key)
     preds, calls, forwarded = _forward_leading(
@@ -253,7 +373,7 @@ def _apply_choice(
     canvas = jnp.where(frozen[:, None], state.canvas, canvas)
     pred = jax.tree.map(lambda a: jnp.take_along_axis(a, _expand(choice.index, a), axis=1)[:, 0], preds)
     steps = state.step + jnp.where(frozen, 0, choice.steps)
-    canvas, block, new_step, done = loop.advance(canvas, state.block, steps, frozen)
+    canvas, block, new_step, done = loop.advance(canvas, state.block, steps, frozen, state.canvas)
     return DecodeState(
         canvas=canvas,
         pred=pred,
@@ -297,6 +417,34 @@ def _refresh(loop: Loop, attention_mask: jax.Array, state: DecodeState, rows: ja
     return jax.lax.cond(jnp.any(rows), do_refresh, lambda _: (state.pred, state.cache), None)
 
 
+def _block_refresh(loop: Loop, attention_mask: jax.Array, state: DecodeState, rows: jax.Array, key: jax.Array):
+    """``_refresh`` for a block-causal model: the first call of a block is a window over [previous
+    block, current block] against the cache of the blocks before them (one call, only if some row
+    needs it). The previous block is final, so its keys/values, written into the cache here, are
+    exact for the rest of the decode; the current block's predictions replace the rows'."""
+    b, (batch, n) = loop.dcfg.block_length, state.canvas.shape
+
+    def do_refresh(_):
+        start, _ = loop.block_span(state.block)
+        previous = start - b
+        index = previous[:, None] + jnp.arange(2 * b)[None, :]
+        tokens = jnp.take_along_axis(state.canvas, index, axis=1)[:, None]
+        positions = jnp.take_along_axis(loop.positions(attention_mask, batch, n), index, axis=1)[:, None]
+        earlier = attention_mask.astype(bool) & (jnp.arange(n)[None, :] < previous[:, None])
+        window = jnp.ones((batch, 2 * b), bool)
+        logits, keys, values = loop.window(tokens, positions, *state.cache, earlier, window, 2 * b, return_kv=True)
+        pred = logits_to_prediction(logits[:, 0, b:], key, loop.mcfg, loop.dcfg)
+        pred = on_canvas(pred, state.canvas, loop.prompt_length, LogitWindow(start, b))
+        write = jax.vmap(lambda c, new, at: jax.lax.dynamic_update_slice_in_dim(c, new, at, axis=1), (1, 1, 0), 1)
+        cache = tuple(
+            jnp.where(rows[None, :, None, None, None], write(c, new[:, :, 0, :b], previous), c)
+            for c, new in zip(state.cache, (keys, values))
+        )
+        return _where_rows(rows, pred, state.pred), constrain_kv_cache(cache, loop.mcfg)
+
+    return jax.lax.cond(jnp.any(rows), do_refresh, lambda _: (state.pred, state.cache), None)
+
+
 def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeState:
     """``step`` with the block KV cache (Fast-dLLM semantics, docs/algorithms.md "Block KV cache").
 
@@ -318,12 +466,13 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
     synced = jnp.all(state.stale | state.done)  # every live row is at a block start
     waiting = state.stale & ~state.done & ~synced
     refresh = state.stale & ~state.done & synced
-    pred, cache = _refresh(loop, attention_mask, state, refresh, refresh_key)
+    refresh_fn = _refresh if loop.layout is None else _block_refresh
+    pred, cache = refresh_fn(loop, attention_mask, state, refresh, refresh_key)
 
     frozen = state.done | waiting  # waiting rows are frozen like finished ones
     valid = loop.committable(state.replace(done=frozen))
     proposal = propose(pred, state.canvas, valid, state.step, dcfg)
-    _, block_after_s0, _, done_after_s0 = loop.advance(proposal.s0, state.block, state.step + 1, frozen)
+    _, block_after_s0, _, done_after_s0 = loop.advance(proposal.s0, state.block, state.step + 1, frozen, state.canvas)
     live = ~done_after_s0
     windowed = live & (block_after_s0 == state.block)  # rows whose forward is a window call
     start, _ = loop.block_span(state.block)
@@ -381,7 +530,7 @@ def _window_call(
         tokens,
         jnp.broadcast_to(positions[:, None], (batch, m, w)),
         cache,
-        attention_mask.astype(bool) & ~in_window,  # cached keys: not pads, not replaced by the window
+        attention_mask.astype(bool) & _cached_keys(loop, pos, start, in_window),
         window_mask,
         dcfg.block_length - shift,
         key,
@@ -392,6 +541,12 @@ def _window_call(
     # position keeps the prediction of its block-start full forward, as Fast-dLLM does).
     place = lambda a, b, s: jax.lax.dynamic_update_slice_in_dim(a, b, s, axis=1)  # noqa: E731
     return jax.tree.map(lambda a, b: jax.vmap(place)(a, b, start + shift), _broadcast(pred, m), win)
+
+
+def _cached_keys(loop: Loop, pos: jax.Array, start: jax.Array, in_window: jax.Array) -> jax.Array:
+    """The cached keys a window attends to (besides pads): all but those the window replaces;
+    block-causal, only the blocks before the window's (later blocks are not visible, and not final)."""
+    return pos < start[:, None] if loop.layout is not None else ~in_window
 
 
 def _broadcast(pred: Prediction, k: int) -> Prediction:
@@ -428,8 +583,10 @@ def run_python_loop(loop: Loop, prompt_ids, attention_mask, key, max_iterations:
     raise RuntimeError(f"decode did not finish in {max_iterations} iterations")
 
 
-def finish(state: DecodeState) -> DecodeOutput:
-    return DecodeOutput(state.canvas, state.row_nfe, state.nfe, state.sequence_forwards, state.iteration, state.stats)
+def finish(state: DecodeState, canvas: jax.Array | None = None) -> DecodeOutput:
+    """The decode's record; ``canvas`` (``output_canvas``) replaces the state's own if given."""
+    canvas = state.canvas if canvas is None else canvas
+    return DecodeOutput(canvas, state.row_nfe, state.nfe, state.sequence_forwards, state.iteration, state.stats)
 
 
 def _loop_for(model, prompt_length: int, mcfg: ModelConfig, dcfg: DecodeConfig) -> Loop:
@@ -444,15 +601,44 @@ def _loop_for(model, prompt_length: int, mcfg: ModelConfig, dcfg: DecodeConfig) 
     )
 
 
+def _block_causal_loop(model, prompt_mask: jax.Array, mcfg, dcfg: DecodeConfig) -> Loop:
+    """The loop of a block-causal model: every call passes ``block_length`` and the rows' own
+    positions (canvas index minus the row's block padding); decoding starts at ``layout.start``."""
+    b = dcfg.block_length
+    positions = lambda mask, batch=None, n=None: jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0)  # noqa: E731
+
+    def full(call):
+        return lambda tokens, mask, **kw: call(tokens, mask, positions=positions(mask), block_length=b, **kw)
+
+    return dataclasses.replace(
+        layout_loop(mcfg, dcfg, prompt_mask),
+        forward=full(model),
+        prefill=full(model.prefill),
+        window=partial(model.window, block_length=b),
+        positions=positions,
+    )
+
+
 def _attention_mask(prompt_mask: jax.Array, gen_length: int) -> jax.Array:
     """The canvas's attention mask [B, P + gen_length]: the prompt's, then every generated position."""
     batch = prompt_mask.shape[0]
     return jnp.concatenate([prompt_mask.astype(jnp.int32), jnp.ones((batch, gen_length), jnp.int32)], 1)
 
 
+def loop_and_mask(model, prompt_mask: jax.Array, mcfg, dcfg: DecodeConfig) -> tuple[Loop, jax.Array]:
+    """The decode's ``Loop`` and its canvas attention mask [B, N] (block-causal: the row's
+    left padding masked, every other position visible)."""
+    if not block_causal(mcfg):
+        return _loop_for(model, prompt_mask.shape[1], mcfg, dcfg), _attention_mask(prompt_mask, dcfg.gen_length)
+    loop = _block_causal_loop(model, prompt_mask, mcfg, dcfg)
+    index = jnp.arange(loop.total_length)[None, :]
+    return loop, (index >= loop.layout.pad[:, None]).astype(jnp.int32)
+
+
 def _decode(model, prompt_ids, prompt_mask, key, mcfg: ModelConfig, dcfg: DecodeConfig, runner) -> DecodeOutput:
-    loop = _loop_for(model, prompt_ids.shape[1], mcfg, dcfg)
-    return finish(runner(loop, prompt_ids, _attention_mask(prompt_mask, dcfg.gen_length), key))
+    loop, attention_mask = loop_and_mask(model, prompt_mask, mcfg, dcfg)
+    state = runner(loop, prompt_ids, attention_mask, key)
+    return finish(state, output_canvas(state.canvas, loop))
 
 
 @partial(jax.jit, static_argnames=("graphdef", "mcfg", "dcfg"))
@@ -486,8 +672,8 @@ def decode_start(
     Rows that start done are padding: a server pads a batch to one of a few compiled sizes, and a
     done row is frozen, gets no model calls of its own and does not hold the others back."""
     model = nnx.merge(graphdef, params)
-    loop = _loop_for(model, prompt_ids.shape[1], mcfg, dcfg)
-    state = init_state(loop, prompt_ids, _attention_mask(prompt_mask, dcfg.gen_length), key)
+    loop, attention_mask = loop_and_mask(model, prompt_mask, mcfg, dcfg)
+    state = init_state(loop, prompt_ids, attention_mask, key)
     return state.replace(done=~live)
 
 
@@ -495,8 +681,8 @@ def decode_start(
 def decode_blocks(graphdef, params, prompt_mask, state: DecodeState, *, mcfg: ModelConfig, dcfg: DecodeConfig):
     """Advance ``state`` until every row that was decoding has left its block or finished."""
     model = nnx.merge(graphdef, params)
-    loop = _loop_for(model, prompt_mask.shape[1], mcfg, dcfg)
-    return run_until_block_ends(loop, _attention_mask(prompt_mask, dcfg.gen_length), state)
+    loop, attention_mask = loop_and_mask(model, prompt_mask, mcfg, dcfg)
+    return run_until_block_ends(loop, attention_mask, state)
 
 
 def run_until_block_ends(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeState:
@@ -514,3 +700,16 @@ def final_blocks(block, done):
     """Blocks of each row whose tokens are final: those it has left, and its current one once done
     (a row stops in the block that completes it: the last one, or one holding EOS)."""
     return block + done.astype(block.dtype)
+
+
+def streamed(canvas, block, done, prompt_mask, mcfg, dcfg: DecodeConfig):
+    """What a block-streaming caller reads of a state: the canvas as ``output_canvas`` gives it,
+    and per row the number of final ``block_length`` pieces of its generated ids (``final_blocks``;
+    block-causal: a row's blocks are offset by its prompt's tail, so a piece is final once the
+    decoded blocks cover it, and every piece once the row is done)."""
+    if not block_causal(mcfg):
+        return canvas, final_blocks(block, done)
+    loop = layout_loop(mcfg, dcfg, jnp.asarray(prompt_mask))
+    covered = (block + 1) * dcfg.block_length - loop.layout.tail  # generated ids up to the current block's end
+    pieces = jnp.where(done, dcfg.num_blocks, (covered - dcfg.block_length) // dcfg.block_length)
+    return output_canvas(jnp.asarray(canvas), loop), jnp.clip(pieces, 0, dcfg.num_blocks)

@@ -25,7 +25,7 @@ def ranks(conf: jax.Array, valid: jax.Array) -> jax.Array:
 
 def step_counts(dcfg: DecodeConfig) -> np.ndarray | None:
     """Per-step commit counts of the scheduled policies (``None`` for confidence-driven ones)."""
-    if dcfg.policy == "fixed":
+    if dcfg.policy in ("fixed", "threshold_schedule"):
         return llada_schedule(dcfg.block_length, dcfg.steps_per_block)
     if dcfg.policy == "dream":
         return dream_schedule(dcfg.block_length, dcfg.steps_per_block, dcfg.dream_eps)
@@ -47,6 +47,8 @@ def commit_mask(conf: jax.Array, valid: jax.Array, step: jax.Array, dcfg: Decode
     if dcfg.policy in ("fixed", "dream"):
         k = scheduled_count(dcfg, step, remaining)
         chosen = rank < k[:, None]
+    elif dcfg.policy == "threshold_schedule":
+        chosen = threshold_schedule_mask(conf, valid, rank, scheduled_count(dcfg, step, remaining), dcfg.threshold)
     elif dcfg.policy == "threshold":
         # Fast-dLLM get_transfer_index: the argmax position plus every position with c >= tau.
         chosen = (rank == 0) | (conf >= dcfg.threshold)
@@ -66,3 +68,13 @@ def factor_count(conf: jax.Array, valid: jax.Array, remaining: jax.Array, factor
     passes = (sorted_conf >= 1.0 - factor / (k + 2.0)) | (k == 0)
     leading = jnp.cumprod(passes & (k < remaining[:, None]), axis=-1).sum(axis=-1)
     return jnp.where(leading >= remaining - 1, remaining, leading)
+
+
+def threshold_schedule_mask(
+    conf: jax.Array, valid: jax.Array, rank: jax.Array, k: jax.Array, threshold: float
+) -> jax.Array:
+    """LLaDA2.0 ``generate``: the positions with c > threshold if at least k = min(k, remaining) of
+    them qualify, else the k most confident ones (so a step never commits fewer than the schedule)."""
+    k = jnp.minimum(k, valid.sum(axis=-1))
+    sure = valid & (conf > threshold)
+    return jnp.where((sure.sum(axis=-1) >= k)[:, None], sure, rank < k[:, None])
