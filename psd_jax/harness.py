@@ -131,7 +131,8 @@ class PsdJaxLM(LM):
         if max_tokens is None or max_tokens >= s.gen_length:
             return s
         blocks = math.ceil(max_tokens / s.block_length)
-        steps = None if s.steps is None else s.steps_per_block * blocks
+        # threshold_schedule counts steps per block already; the others count them over the generation.
+        steps = s.steps if s.steps is None or s.policy == "threshold_schedule" else s.steps_per_block * blocks
         capped = s.replace(gen_length=blocks * s.block_length, steps=steps)
         self.efficiency.task(task).gen_lengths[str(max_tokens)] = capped.gen_length
         if (task, max_tokens) not in self._noted:

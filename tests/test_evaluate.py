@@ -359,3 +359,25 @@ def test_requests_beyond_the_context_fail_before_any_decode(tmp_path, harness_in
     code = harness_in_process(["--tasks", "long", "--include_path", str(tmp_path / "tasks")])
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
     assert code == 2 and len(err) == 1 and "exceeds the model's context of 512" in err[0]
+
+
+@pytest.mark.parametrize(
+    ("settings", "steps"),
+    [
+        (dict(gen_length=64, block_length=8, steps=32), 12),  # total steps scale with the blocks kept
+        (dict(gen_length=64, block_length=8, policy="threshold_schedule", threshold=0.9, steps=4), 4),  # per block
+    ],
+)
+def test_max_gen_toks_caps_gen_length_and_keeps_the_steps_per_block(settings, steps):
+    from types import SimpleNamespace
+
+    from psd_jax import DecodeConfig
+    from psd_jax.efficiency import EfficiencyLog
+    from psd_jax.harness import PsdJaxLM
+
+    host = SimpleNamespace(
+        args=SimpleNamespace(settings=DecodeConfig(**settings)), efficiency=EfficiencyLog(), _noted=set()
+    )
+    capped = PsdJaxLM._settings_for(host, 20, "task")
+    assert (capped.gen_length, capped.steps) == (24, steps)
+    assert capped.steps_per_block == DecodeConfig(**settings).steps_per_block
