@@ -27,7 +27,7 @@ from .config import DecodeConfig
 
 ENTROPY_EPS = 1e-10  # Dream's epsilon inside log for the entropy confidence
 # Families trained for block diffusion (LLaDA2.0): decoding attends block-causally, with blocks
-# aligned from each row's position 0 (engine.BlockLayout), and finished blocks' K/V never change.
+# aligned from each row's position 0 (block_layout.BlockLayout), and finished blocks' K/V never change.
 BLOCK_CAUSAL_FAMILIES = frozenset({"llada2_moe"})
 
 

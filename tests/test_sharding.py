@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from sharded_decode import CACHED, DECODERS, MESHES
 
 from models import param_shapes
 from psd_jax.sharding import (
@@ -41,24 +42,15 @@ def sharded_run():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-TENSOR_PARALLEL = ["data=1,model=8", "data=2,model=4"]
-
-
-@pytest.mark.parametrize("mesh", TENSOR_PARALLEL)
-@pytest.mark.parametrize("decoder", ["fixed", "threshold", "psd", "rps"])
+@pytest.mark.parametrize(("mesh", "decoder"), [(mesh, name) for mesh, names in MESHES.items() for name in names])
 def test_mesh_gives_single_device_tokens(sharded_run, mesh, decoder):
+    """Every decoder, uncached and with the KV cache, on a tensor-parallel mesh (and a data-parallel one)."""
     assert sharded_run["meshes"][mesh][decoder] == sharded_run["reference"][decoder]
 
 
-@pytest.mark.parametrize("mesh", TENSOR_PARALLEL)
-@pytest.mark.parametrize("decoder", ["fixed+prefix", "threshold+dual", "psd+dual", "rps+dual"])
-def test_mesh_with_kv_cache_gives_single_device_tokens(sharded_run, mesh, decoder):
-    assert sharded_run["meshes"][mesh][decoder] == sharded_run["reference"][decoder]
-
-
-@pytest.mark.parametrize("decoder", ["fixed", "psd+dual"])
-def test_data_parallel_mesh_gives_single_device_tokens(sharded_run, decoder):
-    assert sharded_run["meshes"]["data=8,model=1"][decoder] == sharded_run["reference"][decoder]
+def test_every_setting_runs_on_a_tensor_parallel_mesh():
+    tensor_parallel = set(MESHES["data=1,model=8"]) | set(MESHES["data=2,model=4"])
+    assert tensor_parallel == set(DECODERS) | set(CACHED)
 
 
 def test_parameters_are_really_sharded(sharded_run):

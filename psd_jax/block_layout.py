@@ -1,0 +1,92 @@
+"""The canvas of a block-causal model (LLaDA2.0; docs/algorithms.md "LLaDA2.0: block diffusion").
+
+Blocks are aligned from each row's own position 0, so rows of different prompt lengths start their
+blocks at different offsets. ``BlockLayout`` left-pads each row by whole blocks so that the batch
+shares one block structure; ``initial_canvas`` places the prompts, ``output_canvas`` reads the
+canvas back in the ``[prompt | gen_length]`` layout every caller of the engine reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+
+from .config import DecodeConfig
+
+if TYPE_CHECKING:
+    from .engine import Loop
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class BlockLayout:
+    """Block-causal canvas rows (docs/algorithms.md "LLaDA2.0"). Blocks are aligned from each row's
+    position 0, so row r's prompt of ``lengths[r]`` tokens is left-padded by whole blocks until its
+    first decoded block (the one holding the prompt's last ``lengths[r] % B`` tokens, never
+    committed as they are not masks) starts at the loop's ``prompt_length`` in every row: the
+    batch shares one block structure, and block-causal attention by canvas index is unchanged."""
+
+    lengths: jax.Array  # [B] prompt tokens per row
+    padded_length: int  # P: the prompts' (left-padded) length as given
+    block_length: int
+
+    @property
+    def start(self) -> int:
+        """Canvas index of the first decoded block (the loop's ``prompt_length``)."""
+        return self.padded_length // self.block_length * self.block_length
+
+    @property
+    def tail(self) -> jax.Array:
+        return self.lengths % self.block_length
+
+    @property
+    def pad(self) -> jax.Array:
+        """[B] canvas index of each row's position 0 (a multiple of the block length)."""
+        return self.start - (self.lengths - self.tail)
+
+    @property
+    def gen_start(self) -> jax.Array:
+        """[B] canvas index of each row's first generated position."""
+        return self.start + self.tail
+
+    def last_block(self, dcfg: DecodeConfig) -> jax.Array:
+        """[B] each row's last block: upstream decodes ceil((tail + gen_length) / B) blocks."""
+        return (self.tail + dcfg.gen_length - 1) // self.block_length
+
+    def prompt_index(self) -> jax.Array:
+        """[B, P]: the canvas index of each left-padded prompt position (clipped where padding)."""
+        p = self.padded_length
+        return jnp.maximum(jnp.arange(p)[None, :] - (p - self.lengths)[:, None], 0) + self.pad[:, None]
+
+
+def initial_canvas(loop: Loop, prompt_ids: jax.Array) -> jax.Array:
+    """Canvas [B, N] = prompt + masks; block-causal: each row placed by its ``BlockLayout``."""
+    batch, p = prompt_ids.shape
+    if loop.layout is None:
+        gen = jnp.full((batch, loop.dcfg.gen_length), loop.mcfg.mask_id, jnp.int32)
+        return jnp.concatenate([prompt_ids.astype(jnp.int32), gen], axis=1)
+    lengths = loop.layout.lengths[:, None]
+    pos = jnp.arange(loop.total_length)[None, :] - loop.layout.pad[:, None]
+    src = jnp.clip(p - lengths + pos, 0, p - 1)
+    tokens = jnp.take_along_axis(prompt_ids.astype(jnp.int32), src, axis=1)
+    fill = jnp.where(pos < 0, loop.mcfg.pad_id, loop.mcfg.mask_id)
+    return jnp.where((pos >= 0) & (pos < lengths), tokens, fill)
+
+
+def output_canvas(canvas: jax.Array, loop: Loop) -> jax.Array:
+    """The canvas as every caller reads it, [B, P + gen_length]: the left-padded prompt, then the
+    gen_length generated ids. Block-causal: rebuilt from each row's layout, every id after the
+    first EOS replaced by EOS (upstream returns the sequence cut there)."""
+    if loop.layout is None:
+        return canvas
+    layout, eos_id = loop.layout, loop.mcfg.eos_id
+    index = layout.gen_start[:, None] + jnp.arange(loop.dcfg.gen_length)[None, :]
+    generated = jnp.take_along_axis(canvas, index, axis=1)
+    is_eos = generated == eos_id
+    generated = jnp.where(jnp.cumsum(is_eos, axis=1) - is_eos > 0, eos_id, generated)
+    p = layout.padded_length
+    prompt = jnp.take_along_axis(canvas, layout.prompt_index(), axis=1)
+    prompt = jnp.where(jnp.arange(p)[None, :] >= (p - layout.lengths)[:, None], prompt, loop.mcfg.pad_id)
+    return jnp.concatenate([prompt, generated], axis=1)
