@@ -29,7 +29,9 @@ from conftest import GOLDENS, HF_CONFIGS
 
 @pytest.fixture(scope="module")
 def sharded_run():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = dict(
+        os.environ, XLA_FLAGS=f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu"
+    )
     script = Path(__file__).with_name("sharded_decode.py")
     proc = subprocess.run(
         [sys.executable, str(script), str(GOLDENS / "llada-tiny"), str(GOLDENS / "llada2-tiny")],
