@@ -10,7 +10,7 @@
   decoder.
 
 XLA compiles are what such a test costs (10-35 s each for a cached loop on 2 shared cores). The
-cases in ``REUSED`` are decodes that tests/test_cache.py runs through the session's ``lms``
+cases in ``REUSED`` are decodes that tests/test_cache.py runs through the shared ``lms`` fixture's
 models, with the same settings and prompt shapes, so the JAX side reuses those compiled loops
 when the whole suite runs (alone, this file compiles them itself). The two ``FRESH`` cases cover
 what test_cache.py does not (PSD with the prefix cache, Dream with PSD and RPS) and compare the
