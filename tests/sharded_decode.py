@@ -2,7 +2,8 @@
 
 Usage: XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharded_decode.py CKPT [MOE_CKPT]
 
-With MOE_CKPT (llada2-tiny: 8 experts, top-2) it also runs LLaDA2.0's forward on expert meshes.
+With MOE_CKPT (llada2-tiny: 8 experts, top-2) it also runs LLaDA2.0's forward and one block
+diffusion decode per expert mesh.
 """
 
 from __future__ import annotations
@@ -64,10 +65,25 @@ def kv_cache_sharding(lm) -> list:
     return spec + [None] * (state.cache[0].ndim - len(spec))  # JAX drops trailing Nones
 
 
-# LLaDA2.0 on expert meshes: forward logits (one compile each) against one device.
-MOE_MESHES = ["expert=8", "data=2,expert=2,model=2", "expert=4,model=2"]
+# LLaDA2.0 on expert meshes: forward logits (one compile each) and a decode against one device.
 MOE_IDS = [[5, 77, 301, 12, 9, 480, 33, 2, 150, 64, 7, 260] * 2, [44, 3, 91, 500, 17, 230, 8, 1, 66, 402, 13, 99] * 2]
 MOE_RTOL = 2e-6  # test_llada2's float32-rounding rtol (CACHE_RTOL)
+# One block-diffusion setting per expert mesh (each a compile on the mesh and one on one device):
+# uncached, the exact block cache, and PSD on the cache. The first two prompts of the golden
+# setting g32b8s4t07 (10 and 21 tokens: a padded batch; upstream decodes them in 9 and 15 calls).
+MOE_PROMPTS = [
+    [148, 62, 268, 325, 17, 51, 134, 453, 262, 402],
+    [329, 191, 348, 455, 258, 408, 338, 101, 45, 214, 429, 476, 230, 133, 267, 311, 501, 165, 474, 213, 411],
+]
+MOE_BASE = DecodeConfig(
+    gen_length=32, block_length=8, steps=4, policy="threshold_schedule", threshold=0.7, eos_early_stop=False
+)
+MOE_DECODE = {
+    "expert=8": MOE_BASE,
+    "data=2,expert=2,model=2": MOE_BASE.replace(cache="prefix"),
+    "expert=4,model=2": MOE_BASE.replace(cache="prefix", decoder="psd", depth=2),
+}
+MOE_MESHES = list(MOE_DECODE)
 COLLECTIVE = re.compile(
     r"= \(?((?:[a-z0-9]+\[[0-9,]*\][^ ]*,? ?)+)\)? (all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)[-a-z]*\("
 )
@@ -95,6 +111,7 @@ def moe_meshes(ckpt: str) -> dict:
     reference = np.asarray(single.logits(ids))
     cfg = single.config
     out = {}
+    decoded = lambda lm, settings: [[r.output_ids, r.nfe] for r in lm.generate(MOE_PROMPTS, settings)]  # noqa: E731
     for mesh in MOE_MESHES:
         start = time.perf_counter()
         lm = load_model(ckpt, mesh=mesh)
@@ -114,6 +131,8 @@ def moe_meshes(ckpt: str) -> dict:
             # beyond float32 rounding of the tensor-parallel sums: |diff| - rtol * |reference|
             "max_excess": float((np.abs(logits - reference) - MOE_RTOL * np.abs(reference)).max()),
             "expert_weight_collectives": expert_weight_collectives(hlo, cfg.d_model, hidden),
+            "decoded": decoded(lm, MOE_DECODE[mesh]),
+            "decoded_reference": decoded(single, MOE_DECODE[mesh]),
         }
         print(f"llada2 {mesh} logits: {time.perf_counter() - start:.1f}s", file=sys.stderr)
     return out

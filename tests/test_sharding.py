@@ -11,7 +11,7 @@ from pathlib import Path
 
 import jax
 import pytest
-from sharded_decode import CACHED, DECODERS, MESHES
+from sharded_decode import CACHED, DECODERS, MESHES, MOE_DECODE, MOE_MESHES
 
 from models import param_shapes
 from psd_jax.sharding import (
@@ -62,9 +62,6 @@ def test_parameters_are_really_sharded(sharded_run):
     assert sharded_run["meshes"]["data=8,model=1"]["split_params"] == []
 
 
-MOE_MESHES = ["expert=8", "data=2,expert=2,model=2", "expert=4,model=2"]
-
-
 def test_expert_mesh_forward_equals_one_device(sharded_run):
     """LLaDA2.0-tiny's logits (8 experts, top-2) on expert meshes against one device: splitting only
     experts is exact (each row's expert sum is the same float32 sum); with ``model`` the
@@ -95,6 +92,15 @@ def test_expert_weights_are_really_split(sharded_run):
         "expert_gate": [2, 64, 16],
         "expert_up": [2, 64, 16],
     }
+
+
+@pytest.mark.parametrize("mesh", MOE_MESHES)
+def test_expert_mesh_decodes_single_device_tokens(sharded_run, mesh):
+    """Block diffusion on each expert mesh (uncached; the block cache; PSD on it) gives one device's
+    tokens and model calls for a padded batch of two rows."""
+    run = sharded_run["moe"][mesh]
+    assert run["decoded"] == run["decoded_reference"]
+    assert all(len(ids) == MOE_DECODE[mesh].gen_length for ids, _ in run["decoded"])
 
 
 @pytest.mark.parametrize("mesh", MOE_MESHES)
