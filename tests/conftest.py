@@ -32,3 +32,17 @@ def lms() -> dict:
     from psd_jax import load_model
 
     return {name: load_model(GOLDENS / name) for name in ("llada-tiny", "llada-tiny-gqa", "dream-tiny")}
+
+
+@pytest.fixture(scope="session")
+def llada2_cases() -> dict:
+    """The LLaDA2.0 goldens (forward logits and ``generate`` cases of ``llada2-tiny``)."""
+    return load_file(str(GOLDENS / "llada2_cases.safetensors"))
+
+
+@pytest.fixture(scope="session")
+def llada2_lm():
+    """The tiny LLaDA2.0 golden checkpoint, loaded once (float32)."""
+    from psd_jax import load_model
+
+    return load_model(GOLDENS / "llada2-tiny")

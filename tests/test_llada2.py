@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from safetensors.numpy import load_file
 
 from convert import expected_keys
 from convert.hf import iter_params
@@ -20,7 +19,6 @@ from models import ConfigError, LLaDA2MoE, config_from_dict, load_config
 from models.llada2 import block_causal
 from models.moe import grouped_matmul, route, routed_experts
 from models.transformer import swiglu
-from psd_jax import load_model
 
 from conftest import GOLDENS, HF_CONFIGS
 
@@ -34,19 +32,9 @@ CACHE_RTOL, CACHE_ATOL = 2e-6, 1e-5
 
 
 @pytest.fixture(scope="module")
-def cases() -> dict:
-    return load_file(str(GOLDENS / "llada2_cases.safetensors"))
-
-
-@pytest.fixture(scope="module")
-def lm():
-    return load_model(TINY)
-
-
-@pytest.fixture(scope="module")
-def forward(lm):
+def forward(llada2_lm):
     """The tiny model's jitted forward: (ids, mask, positions, block_length) -> logits (numpy)."""
-    graphdef, params = nnx.split(lm.model)
+    graphdef, params = nnx.split(llada2_lm.model)
     fn = jax.jit(lambda p, i, m, q, bl: nnx.merge(graphdef, p)(i, m, q, bl), static_argnums=4)
 
     def call(ids, mask=None, positions=None, block_length=None):
@@ -62,23 +50,24 @@ def mini_config():
 
 
 # ------------------------------------------------------------------------------------ forward
-def test_block_causal_forward_matches_upstream(lm, cases, forward):
+def test_block_causal_forward_matches_upstream(llada2_lm, llada2_cases, forward):
     pre = "llada2-tiny.forward."
-    block_length = int(cases[pre + "block_length"])
+    block_length = int(llada2_cases[pre + "block_length"])
     blocks = np.arange(48) // block_length
-    np.testing.assert_array_equal(np.asarray(block_causal(blocks, blocks)), cases[pre + "visible"].astype(bool))
-    positions = jnp.asarray(cases[pre + "position_ids"], jnp.int32)
-    logits = forward(cases[pre + "input_ids"], None, positions, block_length)
+    np.testing.assert_array_equal(np.asarray(block_causal(blocks, blocks)), llada2_cases[pre + "visible"].astype(bool))
+    positions = jnp.asarray(llada2_cases[pre + "position_ids"], jnp.int32)
+    logits = forward(llada2_cases[pre + "input_ids"], None, positions, block_length)
     assert logits.dtype == np.float32 and logits.shape == (2, 48, 512)
-    np.testing.assert_allclose(logits, cases[pre + "logits"], rtol=0, atol=LOGIT_ATOL)
+    np.testing.assert_allclose(logits, llada2_cases[pre + "logits"], rtol=0, atol=LOGIT_ATOL)
 
 
-def test_bidirectional_forward_matches_upstream(lm, cases):
+def test_bidirectional_forward_matches_upstream(llada2_lm, llada2_cases):
     """``load_model`` builds the LLaDA2.0 module; with no mask the forward is fully bidirectional."""
-    assert isinstance(lm.model, LLaDA2MoE)
-    assert (lm.config.mask_id, lm.config.eos_id, lm.config.pad_id, lm.config.logit_shift) == (511, 508, 509, 0)
-    logits = np.asarray(lm.logits(cases["llada2-tiny.forward_full.input_ids"]))
-    np.testing.assert_allclose(logits, cases["llada2-tiny.forward_full.logits"], rtol=0, atol=LOGIT_ATOL)
+    assert isinstance(llada2_lm.model, LLaDA2MoE)
+    cfg = llada2_lm.config
+    assert (cfg.mask_id, cfg.eos_id, cfg.pad_id, cfg.logit_shift) == (511, 508, 509, 0)
+    logits = np.asarray(llada2_lm.logits(llada2_cases["llada2-tiny.forward_full.input_ids"]))
+    np.testing.assert_allclose(logits, llada2_cases["llada2-tiny.forward_full.logits"], rtol=0, atol=LOGIT_ATOL)
 
 
 @pytest.fixture(scope="module")
@@ -114,24 +103,24 @@ def full_and_cached(scanned):
     return lambda ids, mask: tuple(map(np.asarray, both(params, jnp.asarray(ids, jnp.int32), jnp.asarray(mask))))
 
 
-def test_scanned_layers_from_orbax_checkpoint_match_upstream(scanned, full_and_cached, cases):
+def test_scanned_layers_from_orbax_checkpoint_match_upstream(scanned, full_and_cached, llada2_cases):
     assert not scanned.unrolled and scanned.moe_wqkv.shape[0] == 2
-    ids = cases["llada2-tiny.forward.input_ids"]
+    ids = llada2_cases["llada2-tiny.forward.input_ids"]
     full, window = full_and_cached(ids, np.ones(ids.shape, np.int32))
-    np.testing.assert_allclose(full, cases["llada2-tiny.forward.logits"], rtol=0, atol=LOGIT_ATOL)
-    np.testing.assert_allclose(window, cases["llada2-tiny.forward.logits"][:, PREFIX:], rtol=0, atol=LOGIT_ATOL)
+    np.testing.assert_allclose(full, llada2_cases["llada2-tiny.forward.logits"], rtol=0, atol=LOGIT_ATOL)
+    np.testing.assert_allclose(window, llada2_cases["llada2-tiny.forward.logits"][:, PREFIX:], rtol=0, atol=LOGIT_ATOL)
 
 
 # ------------------------------------------------------------------------------------ caching
-def test_cached_window_equals_uncached_forward(lm, full_and_cached):
+def test_cached_window_equals_uncached_forward(llada2_lm, full_and_cached):
     """prefill of the first block + a window over the next two = the block-causal forward there
     (so the window is block-causal inside), with left padding in one row."""
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 508, (2, 48)).astype(np.int32)
     mask = np.ones((2, 48), np.int32)
     mask[1, :5] = 0
-    ids[mask == 0] = lm.config.pad_id
-    ids[:, 40:] = lm.config.mask_id
+    ids[mask == 0] = llada2_lm.config.pad_id
+    ids[:, 40:] = llada2_lm.config.mask_id
     full, window = full_and_cached(ids, mask)
     np.testing.assert_allclose(window, full[:, PREFIX:], rtol=CACHE_RTOL, atol=CACHE_ATOL)
     # The window's first block must not see its second: changing the second changes only it.

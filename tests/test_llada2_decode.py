@@ -13,9 +13,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from safetensors.numpy import load_file
 
-from psd_jax import DecodeConfig, load_model
+from psd_jax import DecodeConfig
 from psd_jax.flags import EXIT_BAD_INPUT
 from psd_jax.generate import main as generate_main
 
@@ -24,16 +23,6 @@ from conftest import GOLDENS
 TINY = GOLDENS / "llada2-tiny"
 SETTINGS = ("g32b8s8t095", "g32b8s4t07", "g48b16s16t1", "g32b8s8t09eos")
 ROWS = range(3)
-
-
-@pytest.fixture(scope="module")
-def cases() -> dict:
-    return load_file(str(GOLDENS / "llada2_cases.safetensors"))
-
-
-@pytest.fixture(scope="module")
-def lm():
-    return load_model(TINY)
 
 
 def case(cases: dict, setting: str, row: int, field: str):
@@ -80,52 +69,52 @@ def generate(lm, cases: dict, setting: str, bucket: int | None = None, **changes
 
 
 @pytest.mark.parametrize("setting", ["g32b8s8t095", "g48b16s16t1"])
-def test_golden_cases_uncached(lm, cases, setting):
-    ids, nfe, _ = generate(lm, cases, setting)
-    assert_upstream(cases, setting, ids, nfe, lm.config.eos_id)
+def test_golden_cases_uncached(llada2_lm, llada2_cases, setting):
+    ids, nfe, _ = generate(llada2_lm, llada2_cases, setting)
+    assert_upstream(llada2_cases, setting, ids, nfe, llada2_lm.config.eos_id)
 
 
 @pytest.mark.parametrize(
     "setting, cache", [("g32b8s4t07", "prefix"), ("g48b16s16t1", "prefix"), ("g32b8s8t09eos", "dual")]
 )
-def test_golden_cases_cached(lm, cases, setting, cache):
+def test_golden_cases_cached(llada2_lm, llada2_cases, setting, cache):
     """The block cache is exact (finished blocks' keys/values never change under block-causal
     attention) and costs no extra call; ``dual`` is the same cache here. Prompts padded to 32: the
     rows' first decoded blocks are aligned by whole blocks of left padding."""
-    ids, nfe, _ = generate(lm, cases, setting, bucket=32, cache=cache)
-    assert_upstream(cases, setting, ids, nfe, lm.config.eos_id)
+    ids, nfe, _ = generate(llada2_lm, llada2_cases, setting, bucket=32, cache=cache)
+    assert_upstream(llada2_cases, setting, ids, nfe, llada2_lm.config.eos_id)
 
 
-def test_cli_decodes_upstream_tokens_and_refuses_guidance(cases, capsys):
+def test_cli_decodes_upstream_tokens_and_refuses_guidance(llada2_cases, capsys):
     """``python -m psd_jax.generate --policy threshold_schedule`` (token-id prompts: the tiny
     checkpoint has no tokenizer) on the early-stop setting; a setting the family cannot run is one
     line and exit status 2."""
     setting = SETTINGS[3]
-    dcfg = settings_of(cases, setting)
+    dcfg = settings_of(llada2_cases, setting)
     flags = ["--model", str(TINY), "--policy", "threshold_schedule", "--gen-length", str(dcfg.gen_length)]
     flags += ["--block-length", str(dcfg.block_length), "--steps", str(dcfg.steps), "--threshold", str(dcfg.threshold)]
-    ids = [f"--prompt-ids={','.join(map(str, p))}" for p in prompts(cases, setting)]
+    ids = [f"--prompt-ids={','.join(map(str, p))}" for p in prompts(llada2_cases, setting)]
     assert generate_main([*flags, "--eos-early-stop", *ids, "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert_upstream(cases, setting, [r["output_ids"] for r in rows], [r["nfe"] for r in rows], 508)
+    assert_upstream(llada2_cases, setting, [r["output_ids"] for r in rows], [r["nfe"] for r in rows], 508)
     assert generate_main([*flags, "--cfg-scale", "1", *ids]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "classifier-free guidance" in err[0], err
 
 
-def test_strict_psd_gives_the_policy_tokens_with_no_more_calls(lm, cases):
+def test_strict_psd_gives_the_policy_tokens_with_no_more_calls(llada2_lm, llada2_cases):
     setting = "g32b8s8t095"
-    ids, nfe, results = generate(lm, cases, setting, decoder="psd", depth=1, acceptance="strict")
+    ids, nfe, results = generate(llada2_lm, llada2_cases, setting, decoder="psd", depth=1, acceptance="strict")
     for row in ROWS:
-        want, want_nfe = upstream(cases, setting, row)
+        want, want_nfe = upstream(llada2_cases, setting, row)
         assert ids[row][: len(want)] == want and nfe[row] <= want_nfe
     assert sum(r.stats["accepted_depth"][1] for r in results) > 0  # some drafts were accepted
 
 
-def test_rps_without_an_eligible_pivot_is_its_base_policy(lm, cases):
+def test_rps_without_an_eligible_pivot_is_its_base_policy(llada2_lm, llada2_cases):
     """A pivot needs top-k_max mass >= pivot_tau: with one value and tau 1 none qualifies here, and
     RPS is then its base policy exactly: upstream's tokens and model calls."""
     setting = "g32b8s4t07"
-    ids, nfe, results = generate(lm, cases, setting, decoder="rps", k_max=1, pivot_tau=1.0)
+    ids, nfe, results = generate(llada2_lm, llada2_cases, setting, decoder="rps", k_max=1, pivot_tau=1.0)
     assert all(r.stats["pivot_found"] == 0 for r in results)
-    assert_upstream(cases, setting, ids, nfe, lm.config.eos_id)
+    assert_upstream(llada2_cases, setting, ids, nfe, llada2_lm.config.eos_id)
