@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 FAMILIES = ("llada", "dream", "llada2_moe")
 # Side files of a LLaDA2.0 directory that may name the special ids (its config.json does not).
@@ -23,8 +23,42 @@ class ConfigError(ValueError):
     """A config.json that this library cannot run, with the reason."""
 
 
+_Config = TypeVar("_Config", bound="_DecodingMixin")
+
+
+class _DecodingMixin:
+    """What decoding reads of every family's config, derived from its ``family``, ``eos_id`` and
+    ``eot_id`` fields (declared by the frozen dataclasses that use this mixin)."""
+
+    family: str
+    eos_id: int
+    eot_id: int | None
+
+    @property
+    def logit_shift(self) -> int:
+        """How far logits are shifted right before decoding: Dream predicts position ``i`` at logit
+        ``i - 1`` (1); LLaDA and LLaDA2.0 at logit ``i`` (0)."""
+        return 1 if self.family == "dream" else 0
+
+    @property
+    def positions_from_mask(self) -> bool:
+        """Dream derives positions from the attention mask (cumsum - 1); LLaDA and LLaDA2.0 keep
+        absolute ones (upstream's ``arange``)."""
+        return self.family == "dream"
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """Token ids that end an answer (EOS, and EOT when known)."""
+        ids = [self.eos_id] + ([self.eot_id] if self.eot_id is not None else [])
+        return tuple(dict.fromkeys(ids))
+
+    def replace(self: _Config, **changes: Any) -> _Config:
+        """A copy with ``changes`` applied to its fields."""
+        return dataclasses.replace(self, **changes)
+
+
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(_DecodingMixin):
     family: Literal["llada", "dream"]
     vocab_size: int  # rows of the embedding / columns of the LM head
     d_model: int
@@ -45,25 +79,6 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
-
-    @property
-    def logit_shift(self) -> int:
-        """How far logits are shifted right before decoding (Dream: 1, LLaDA: 0)."""
-        return 1 if self.family == "dream" else 0
-
-    @property
-    def positions_from_mask(self) -> bool:
-        """Dream derives positions from the attention mask (cumsum - 1); LLaDA keeps absolute ones."""
-        return self.family == "dream"
-
-    @property
-    def stop_ids(self) -> tuple[int, ...]:
-        """Token ids that end an answer (EOS, and EOT when known)."""
-        ids = [self.eos_id] + ([self.eot_id] if self.eot_id is not None else [])
-        return tuple(dict.fromkeys(ids))
-
-    def replace(self, **changes: Any) -> ModelConfig:
-        return dataclasses.replace(self, **changes)
 
     def param_count(self) -> int:
         """Number of parameters implied by the shapes (no allocation)."""
@@ -200,7 +215,7 @@ def load_config(model_dir: str | Path) -> ModelConfig | LLaDA2Config:
 
 
 @dataclasses.dataclass(frozen=True)
-class LLaDA2Config:
+class LLaDA2Config(_DecodingMixin):
     """LLaDA2.0 (``llada2_moe``): fused-QKV GQA attention with per-head q/k RMSNorm and partial
     RoPE; ``n_dense_layers`` dense SwiGLU layers, then mixture-of-experts layers (sigmoid router
     with a selection bias, group-limited top-k, shared experts). Block diffusion: decoding attends
@@ -234,24 +249,6 @@ class LLaDA2Config:
     @property
     def n_moe_layers(self) -> int:
         return self.n_layers - self.n_dense_layers
-
-    @property
-    def logit_shift(self) -> int:
-        """LLaDA2.0 predicts position ``i`` at logit ``i`` (no shift)."""
-        return 0
-
-    @property
-    def positions_from_mask(self) -> bool:
-        """Upstream uses absolute positions (``arange``), as LLaDA."""
-        return False
-
-    @property
-    def stop_ids(self) -> tuple[int, ...]:
-        ids = [self.eos_id] + ([self.eot_id] if self.eot_id is not None else [])
-        return tuple(dict.fromkeys(ids))
-
-    def replace(self, **changes: Any) -> LLaDA2Config:
-        return dataclasses.replace(self, **changes)
 
     def param_count(self, include_expert_bias: bool = False) -> int:
         """Parameters implied by the shapes, as torch counts them: the routers' ``expert_bias``
