@@ -267,10 +267,10 @@ def torch_from_jax(lm, compile: bool = False):
 
     from convert.keys import expected_keys
     from psd_jax.torch_backend.api import TorchLM
-    from psd_jax.torch_backend.model import _LAYER_ATTR, _TOP_ATTR, TORCH_DTYPES, TorchDiffusionLM, _set
+    from psd_jax.torch_backend.model import TORCH_DTYPES, model_from_torch_tensors
 
     jm, cfg = lm.model, lm.config
-    model = TorchDiffusionLM(cfg, TORCH_DTYPES[str(jm.dtype)])
+    targets = expected_keys(cfg)
     stacked: dict = {}
 
     def source(param: str, layer: int | None):
@@ -280,14 +280,13 @@ def torch_from_jax(lm, compile: bool = False):
             stacked[param] = torch.from_dlpack(getattr(jm, param)[...])
         return stacked[param] if layer is None else stacked[param][layer]
 
-    for target in expected_keys(cfg).values():
+    def get(key: str):
+        target = targets[key]
         value = source(target.param, target.layer)
-        value = value.T if target.transpose else value
-        if target.layer is None:
-            _set(model, _TOP_ATTR[target.param], value)
-        else:
-            _set(model.layers[target.layer], _LAYER_ATTR[target.param], value)
-    return TorchLM(model.eval(), None, lm.path, compile=compile)
+        return value.T if target.transpose else value
+
+    model = model_from_torch_tensors(cfg, get, TORCH_DTYPES[str(jm.dtype)])
+    return TorchLM(model, None, lm.path, compile=compile)
 
 
 def prompts(cfg, n: int, length: int, seed: int = 1) -> list[list[int]]:

@@ -238,6 +238,29 @@ def _set(module: nn.Module, path: str, value: torch.Tensor) -> None:
     setattr(module, leaf, nn.Parameter(value, requires_grad=False))
 
 
+def model_from_torch_tensors(
+    cfg: ModelConfig, get: Callable[[str], torch.Tensor], dtype: torch.dtype = torch.float32
+) -> TorchDiffusionLM:
+    """Build the module around torch tensors looked up by Hugging Face key, ``get(hf_key)``, for
+    every key of ``convert.keys.expected_keys(cfg)`` (``Linear`` weights in torch's [out, in]).
+
+    The tensors become the parameters as they are (no copy, cast or move), so tensors shared with
+    another framework (``torch.from_dlpack``) stay shared; they should be of ``dtype`` and on one
+    device. Returns the module in eval mode."""
+    from convert.keys import expected_keys
+
+    model = TorchDiffusionLM(cfg, dtype)
+    for key, target in expected_keys(cfg).items():
+        if target.layer is None:
+            _set(model, _TOP_ATTR[target.param], get(key))
+        else:
+            _set(model.layers[target.layer], _LAYER_ATTR[target.param], get(key))
+    leftover = [name for name, p in model.named_parameters() if p.is_meta]
+    if leftover:  # cannot happen for a table-complete checkpoint; guards a table/module mismatch
+        raise RuntimeError(f"parameters not loaded: {leftover}")
+    return model.eval()
+
+
 def model_from_tensors(
     cfg: ModelConfig,
     get: Callable[[str], np.ndarray],
@@ -245,23 +268,14 @@ def model_from_tensors(
     device: torch.device | str = "cpu",
 ) -> TorchDiffusionLM:
     """Build the module from a key-table lookup ``get(hf_key) -> np.ndarray`` (keys checked by the caller)."""
-    from convert.keys import expected_keys
 
-    model = TorchDiffusionLM(cfg, dtype)
-    for key, target in expected_keys(cfg).items():
+    def to_torch(key: str) -> torch.Tensor:
         host = np.ascontiguousarray(get(key))
         if host.dtype == ml_dtypes.bfloat16:  # numpy has no bfloat16: hand torch the bits
-            value = torch.from_numpy(host.view(np.int16)).view(torch.bfloat16).to(device=device, dtype=dtype)
-        else:
-            value = torch.from_numpy(host).to(device=device, dtype=dtype)
-        if target.layer is None:
-            _set(model, _TOP_ATTR[target.param], value)
-        else:
-            _set(model.layers[target.layer], _LAYER_ATTR[target.param], value)
-    leftover = [name for name, p in model.named_parameters() if p.is_meta]
-    if leftover:  # cannot happen for a table-complete checkpoint; guards a table/module mismatch
-        raise RuntimeError(f"parameters not loaded: {leftover}")
-    return model.eval()
+            return torch.from_numpy(host.view(np.int16)).view(torch.bfloat16).to(device=device, dtype=dtype)
+        return torch.from_numpy(host).to(device=device, dtype=dtype)
+
+    return model_from_torch_tensors(cfg, to_torch, dtype)
 
 
 def load_hf_torch(
