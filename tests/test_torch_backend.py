@@ -25,6 +25,9 @@ import pytest
 from safetensors.numpy import load_file
 
 torch = pytest.importorskip("torch")
+pytest.register_assert_rewrite("torch_parity")  # before its import: its asserts explain a failure
+
+from torch_parity import assert_same_generations  # noqa: E402
 
 import psd_jax  # noqa: E402
 from psd_jax import DecodeConfig  # noqa: E402
@@ -159,11 +162,7 @@ def test_torch_decoding_equals_jax(torch_lms, jax_lms, cases, name, setting):
     prompts = _prompts(cases, name)
     expected = jax_lms[name].generate(prompts, settings, prompt_bucket=8)
     got = torch_lms[name].generate(prompts, settings, prompt_bucket=8)
-    assert [g.output_ids for g in got] == [e.output_ids for e in expected]
-    assert [g.nfe for g in got] == [e.nfe for e in expected]
-    assert [g.tokens for g in got] == [e.tokens for e in expected]
-    assert got[0].sequence_forwards == expected[0].sequence_forwards
-    assert [g.stats for g in got] == [e.stats for e in expected]
+    assert_same_generations(got, expected)
     assert all(g.nfe > 0 and g.seconds > 0 for g in got)
 
 
@@ -184,8 +183,7 @@ def test_eos_early_exit_equals_jax(torch_lms, jax_lms, cases):
     prompts = _prompts(cases, "llada-tiny")
     expected = jax_lm.generate(prompts, settings, prompt_bucket=8)
     got = torch_lm.generate(prompts, settings, prompt_bucket=8)
-    assert [g.output_ids for g in got] == [e.output_ids for e in expected]
-    assert [(g.nfe, g.tokens, g.stats) for g in got] == [(e.nfe, e.tokens, e.stats) for e in expected]
+    assert_same_generations(got, expected)
     assert all(g.tokens < 32 and g.output_ids[32:] == [460] * 16 for g in got)
 
 
@@ -203,9 +201,7 @@ def test_shipped_default_model_torch_equals_jax(decoder):
     settings = DecodeConfig(gen_length=48, block_length=16, policy="threshold", decoder=decoder)
     expected = jax_lm.generate(questions, settings, chat=chat)
     got = torch_lm.generate(questions, settings, chat=chat)
-    assert [g.output_ids for g in got] == [e.output_ids for e in expected]
-    assert [(g.nfe, g.tokens, g.text, g.stats) for g in got] == [(e.nfe, e.tokens, e.text, e.stats) for e in expected]
-    assert got[0].sequence_forwards == expected[0].sequence_forwards
+    assert_same_generations(got, expected)
 
 
 def test_bf16_checkpoint_loads_the_bf16_values(tmp_path):

@@ -27,8 +27,10 @@ import pytest
 from safetensors.numpy import load_file
 
 torch = pytest.importorskip("torch")
+pytest.register_assert_rewrite("torch_parity")  # before its import: its asserts explain a failure
 
 import jax  # noqa: E402
+from torch_parity import assert_same_generations  # noqa: E402
 
 from psd_jax import DecodeConfig  # noqa: E402
 from psd_jax.api import left_pad  # noqa: E402
@@ -131,9 +133,7 @@ def test_torch_cache_equals_jax(lms, torch_lms, cache_cases, case):
         prompts = [cache_cases[f"generate.thrNone.p{p}.prompt"][0].tolist() for p in (0, 1)]
     expected = lms[name].generate(prompts, settings, prompt_bucket=bucket)
     got = torch_lms[name].generate(prompts, settings, prompt_bucket=bucket)
-    assert [g.output_ids for g in got] == [e.output_ids for e in expected]
-    assert [(g.nfe, g.tokens, g.stats) for g in got] == [(e.nfe, e.tokens, e.stats) for e in expected]
-    assert got[0].sequence_forwards == expected[0].sequence_forwards
+    assert_same_generations(got, expected)
     assert max(g.nfe for g in got) < settings.gen_length, "the case should commit more than one token per call"
 
 
