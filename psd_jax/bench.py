@@ -25,10 +25,15 @@ from .flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fiel
 from .scoring import is_correct, load_jsonl
 
 BASELINE = "fixed-1"
+SCHEDULE = (
+    "schedule-0.95"  # LLaDA2.0's own rule at its generate's defaults (threshold 0.95, block_length steps per block)
+)
 # Settings of the matrix a default run leaves out, so that it fits 20 minutes on 2 CPU cores
 # (--all or --decoders runs them): depth 5 of PSD, which lies between depths 3 and 7 on every
 # base, and RPS on one token per step (9% more TPF than fixed-1, a sixth of the whole matrix's
 # time). Measured in docs/bench (all 28 settings, 500 problems): the rest takes 16 minutes.
+# LLaDA2.0's threshold_schedule and PSD / RPS on it are opt-in too: the family's settings
+# (``--decoders schedule-0.95,psd-schedule-0.95-d3``), not the others'.
 OPT_IN = (
     "psd-fixed-1-d5",
     "psd-fixed-2-d5",
@@ -36,6 +41,9 @@ OPT_IN = (
     "psd-threshold-0.9-d5",
     "psd-threshold-0.7-d5",
     "rps-fixed-1",
+    SCHEDULE,
+    *(f"psd-{SCHEDULE}-d{depth}" for depth in (1, 3, 5, 7)),
+    f"rps-{SCHEDULE}",
 )
 
 
@@ -75,19 +83,20 @@ class Row:
 
 def decoder_settings(gen_length: int) -> dict[str, dict]:
     """The matrix's setting names and their DecodeConfig fields (besides the lengths and cache):
-    fixed 1/2/4 tokens per step, threshold 0.9/0.7, PSD on each, RPS."""
+    fixed 1/2/4 tokens per step, threshold 0.9/0.7, LLaDA2.0's threshold schedule, PSD on each, RPS."""
     bases = {
         "fixed-1": {"steps": gen_length},
         "fixed-2": {"steps": gen_length // 2},
         "fixed-4": {"steps": gen_length // 4},
         "threshold-0.9": {"policy": "threshold", "threshold": 0.9},
         "threshold-0.7": {"policy": "threshold", "threshold": 0.7},
+        SCHEDULE: {"policy": "threshold_schedule", "threshold": 0.95},
     }
     matrix = dict(bases)
     for name, fields in bases.items():
         for depth in (1, 3, 5, 7):
             matrix[f"psd-{name}-d{depth}"] = {**fields, "decoder": "psd", "depth": depth}
-    for name in ("fixed-1", "threshold-0.9", "threshold-0.7"):
+    for name in ("fixed-1", "threshold-0.9", "threshold-0.7", SCHEDULE):
         matrix[f"rps-{name}"] = {**bases[name], "decoder": "rps"}
     return matrix
 

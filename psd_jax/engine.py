@@ -635,10 +635,14 @@ def streamed(canvas, block, done, prompt_mask, mcfg, dcfg: DecodeConfig):
     """What a block-streaming caller reads of a state: the canvas as ``output_canvas`` gives it,
     and per row the number of final ``block_length`` pieces of its generated ids (``final_blocks``;
     block-causal: a row's blocks are offset by its prompt's tail, so a piece is final once the
-    decoded blocks cover it, and every piece once the row is done)."""
+    decoded blocks cover it, and once the row is done every piece up to the one holding its first
+    EOS, as ``final_blocks`` counts a row that stopped at EOS)."""
     if not block_causal(mcfg):
         return canvas, final_blocks(block, done)
     loop = layout_loop(mcfg, dcfg, jnp.asarray(prompt_mask))
+    out = output_canvas(jnp.asarray(canvas), loop)
+    is_eos = out[:, loop.layout.padded_length :] == mcfg.eos_id
+    up_to_eos = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1) // dcfg.block_length + 1, dcfg.num_blocks)
     covered = (block + 1) * dcfg.block_length - loop.layout.tail  # generated ids up to the current block's end
-    pieces = jnp.where(done, dcfg.num_blocks, (covered - dcfg.block_length) // dcfg.block_length)
-    return output_canvas(jnp.asarray(canvas), loop), jnp.clip(pieces, 0, dcfg.num_blocks)
+    pieces = jnp.where(done, up_to_eos, (covered - dcfg.block_length) // dcfg.block_length)
+    return out, jnp.clip(pieces, 0, dcfg.num_blocks)

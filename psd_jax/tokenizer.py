@@ -3,18 +3,19 @@
 ``AutoTokenizer`` loads a directory with ``tokenizer.json``; Dream's directory (vocab.json +
 merges.txt, with a ``DreamTokenizer`` auto_map that needs remote code) loads as ``Qwen2Tokenizer``.
 Special ids come from config and tokenizer, never hard-coded: the tokenizer must know the
-config's mask token, and the end-of-turn token (``<|eot_id|>`` / ``<|im_end|>``) is looked up.
+config's mask token, and the end-of-turn token (``<|eot_id|>`` / ``<|im_end|>`` / ``<|role_end|>``) is looked up.
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 
 from models import ModelConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model")
-EOT_TOKENS = ("<|eot_id|>", "<|im_end|>")
+EOT_TOKENS = ("<|eot_id|>", "<|im_end|>", "<|role_end|>")  # LLaDA, Dream, LLaDA2.0
 
 
 class TokenizerError(ValueError):
@@ -33,7 +34,9 @@ def load_tokenizer(model_dir: str | Path, family: str):
 
     transformers.logging.set_verbosity_error()
     try:
-        return transformers.AutoTokenizer.from_pretrained(str(model_dir))
+        with warnings.catch_warnings():  # AutoTokenizer parses config.json: LLaDA2.0's rope_scaling warns
+            warnings.simplefilter("ignore", FutureWarning)
+            return transformers.AutoTokenizer.from_pretrained(str(model_dir))
     except Exception as exc:  # remote-code tokenizers (Dream's DreamTokenizer) land here
         if family != "dream":
             raise TokenizerError(f"{model_dir}: cannot load tokenizer: {exc}") from exc

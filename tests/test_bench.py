@@ -61,9 +61,10 @@ def test_bench_default_run_is_the_matrix_without_the_opt_in_settings(capsys):
     assert bench.main(["--list"]) == 0
     listed = capsys.readouterr().out.splitlines()
     matrix = bench.decoder_matrix(DecodeConfig(gen_length=48, block_length=16))
-    assert len(listed) == len(matrix) == 28
+    assert len(listed) == len(matrix) == 34
     opt_in = [line.split()[0] for line in listed if line.endswith("(only with --all or --decoders)")]
-    assert opt_in == sorted(bench.OPT_IN, key=list(matrix).index) and len(opt_in) == 6
+    assert opt_in == sorted(bench.OPT_IN, key=list(matrix).index) and len(opt_in) == 12
+    assert matrix["schedule-0.95"].steps_per_block == 16  # LLaDA2.0's default: block_length steps per block
 
 
 def test_bench_builds_only_the_settings_asked_for(capsys):
