@@ -75,7 +75,8 @@ def test_golden_cases_uncached(llada2_lm, llada2_cases, setting):
 
 
 @pytest.mark.parametrize(
-    "setting, cache", [("g32b8s4t07", "prefix"), ("g48b16s16t1", "prefix"), ("g32b8s8t09eos", "dual")]
+    "setting, cache",
+    [("g32b8s8t095", "prefix"), ("g32b8s4t07", "prefix"), ("g48b16s16t1", "prefix"), ("g32b8s8t09eos", "dual")],
 )
 def test_golden_cases_cached(llada2_lm, llada2_cases, setting, cache):
     """The block cache is exact (finished blocks' keys/values never change under block-causal
