@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from llada2_text import with_tokenizer
-from test_serve import client, running
 
 from psd_jax import bench, load_model
 from psd_jax.api import model_settings
 from psd_jax.scoring import is_correct, load_jsonl
 from psd_jax.serve import build_app
+
+from llada2_text import with_tokenizer
+from test_serve import client, running
 
 LENGTHS = {"gen_length": 32, "block_length": 8}
 BUCKET = 32  # the bench's default prompt bucket; every chat-templated test question pads to 32

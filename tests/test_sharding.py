@@ -11,7 +11,6 @@ from pathlib import Path
 
 import jax
 import pytest
-from sharded_decode import CACHED, DECODERS, MESHES, MOE_DECODE, MOE_MESHES
 
 from models import param_shapes
 from psd_jax.sharding import (
@@ -25,6 +24,7 @@ from psd_jax.sharding import (
 )
 
 from conftest import GOLDENS, HF_CONFIGS
+from sharded_decode import CACHED, DECODERS, MESHES, MOE_DECODE, MOE_MESHES
 
 
 @pytest.fixture(scope="module")

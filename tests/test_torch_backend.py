@@ -27,11 +27,11 @@ from safetensors.numpy import load_file
 torch = pytest.importorskip("torch")
 pytest.register_assert_rewrite("torch_parity")  # before its import: its asserts explain a failure
 
-from torch_parity import assert_same_generations  # noqa: E402
-
 import psd_jax  # noqa: E402
 from psd_jax import DecodeConfig  # noqa: E402
 from psd_jax.torch_backend import load_torch_model  # noqa: E402
+
+from torch_parity import assert_same_generations  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 GOLDENS = SHARED / "goldens"

@@ -30,7 +30,6 @@ torch = pytest.importorskip("torch")
 pytest.register_assert_rewrite("torch_parity")  # before its import: its asserts explain a failure
 
 import jax  # noqa: E402
-from torch_parity import assert_same_generations  # noqa: E402
 
 from psd_jax import DecodeConfig  # noqa: E402
 from psd_jax.api import left_pad  # noqa: E402
@@ -38,6 +37,7 @@ from psd_jax.engine import decode  # noqa: E402
 from psd_jax.torch_backend import generate, load_torch_model  # noqa: E402
 
 from conftest import GOLDENS  # noqa: E402
+from torch_parity import assert_same_generations  # noqa: E402
 
 FUNCTIONS = {"prefix": "generate_with_prefix_cache", "dual": "generate_with_dual_cache"}
 PROMPTS = [[474, 488, 482, 450, 262, 258, 71, 195, 146, 187, 330, 492], [280, 242, 425, 15, 2, 138, 188]]
