@@ -292,7 +292,7 @@ class LLaDA2MoE(nnx.Module):
                 q, k, v = self._project(rms_norm(h, w["attn_norm"], cfg.norm_eps), w, sin, cos, (batch, length))
                 out = attention(q, k, v, mask)
                 h = h + matmul(out.reshape(batch * length, -1), w["wo"])
-                return self._ffn(group, h, w), ((k, v) if collect_kv else None)
+                return self._ffn(group, h, w, batch), ((k, v) if collect_kv else None)
 
             return block
 
@@ -333,7 +333,7 @@ class LLaDA2MoE(nnx.Module):
                 split = lambda a: a.reshape(batch, m, width, *a.shape[2:])
                 out = window_attention(split(q), split(k), split(v), ck, cv, cache_mask, visible)
                 h = h + matmul(out.reshape(batch * m * width, -1), w["wo"])
-                return self._ffn(group, h, w), ((split(k), split(v)) if return_kv else None)
+                return self._ffn(group, h, w, batch), ((split(k), split(v)) if return_kv else None)
 
             return block
 
@@ -352,8 +352,8 @@ class LLaDA2MoE(nnx.Module):
         k = apply_partial_rope(rms_norm(k, w["k_norm"], cfg.norm_eps), sin, cos)
         return q, k, v
 
-    def _ffn(self, group: str, h: jax.Array, w: dict[str, jax.Array]) -> jax.Array:
-        """The residual rows [T, D] after the layer's feed-forward (dense SwiGLU or experts)."""
+    def _ffn(self, group: str, h: jax.Array, w: dict[str, jax.Array], batch: int) -> jax.Array:
+        """The residual rows [T, D] (``batch`` sequences) after the layer's feed-forward (dense SwiGLU or experts)."""
         cfg = self.config
         y = rms_norm(h, w["mlp_norm"], cfg.norm_eps)
         if group == "dense":
@@ -367,7 +367,8 @@ class LLaDA2MoE(nnx.Module):
             topk_group=cfg.topk_group,
             scaling=cfg.routed_scaling_factor,
         )
-        routed = routed_experts(y, chosen, weights, w["expert_gate"], w["expert_up"], w["expert_down"], swiglu)
+        experts = (w["expert_gate"], w["expert_up"], w["expert_down"])
+        routed = routed_experts(y, chosen, weights, *experts, swiglu, batch=batch)
         shared = matmul(swiglu(matmul(y, w["shared_gate"]), matmul(y, w["shared_up"])), w["shared_down"])
         return h + (routed + shared)
 

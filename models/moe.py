@@ -108,6 +108,7 @@ def routed_experts(
     swiglu,
     tile: int | None = None,
     grouped=None,
+    batch: int = 1,
 ) -> jax.Array:
     """Sum over each row's k experts of weight * SwiGLU expert(x), rows x [T, D] -> [T, D] in x's dtype.
 
@@ -116,11 +117,12 @@ def routed_experts(
     ``grouped_matmul`` (scripts/moe_cost.py measures ``jax.lax.ragged_dot`` in its place).
 
     Traced under a mesh (``jax.set_mesh``) with more than one device, the product runs expert
-    parallel (``expert_parallel``); otherwise on the whole arrays."""
+    parallel (``expert_parallel``; the T rows are ``batch`` sequences of T / batch tokens, split over
+    the mesh by ``row_axes``); otherwise on the whole arrays."""
     grouped = grouped or (lambda a, w, n: grouped_matmul(a, w, n, tile))
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty and math.prod(mesh.shape.values()) > 1:
-        return expert_parallel(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, dict(mesh.shape))
+        return expert_parallel(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, dict(mesh.shape), batch)
     return _local_experts(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, 0).astype(x.dtype)
 
 
@@ -146,17 +148,41 @@ def _local_experts(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, fi
     return jnp.where(mine[..., None], y.astype(jnp.float32) * weights[..., None], 0.0).sum(axis=1)
 
 
-def expert_parallel(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, mesh_shape: dict[str, int]):
+def row_axes(mesh_shape: dict[str, int], batch: int) -> str | tuple[str, str] | None:
+    """The mesh axes a batch of ``batch`` sequences is split over, by rows: on an expert mesh
+    ``data`` and ``expert`` together when their product divides the batch (attention, the dense and
+    shared layers and the head are then data parallel over the expert devices too, and each device's
+    experts serve every row of its ``data`` shard: ``expert_parallel``); else ``data`` when it divides
+    the batch; else none (replicated). One rule for the prompts, the KV cache and the expert product
+    (``psd_jax.sharding``)."""
+    data, expert = mesh_shape.get("data", 1), mesh_shape.get("expert", 1)
+    if expert > 1 and batch % (data * expert) == 0:
+        return ("data", "expert")
+    if data > 1 and batch % data == 0:
+        return "data"
+    return None
+
+
+def expert_parallel(
+    x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, mesh_shape: dict[str, int], batch: int = 1
+):
     """``routed_experts`` over the current mesh: each device runs its own experts on its rows.
 
     The expert weights are split over ``expert`` on their expert dimension and over ``model`` on
-    their hidden dimension (``psd_jax.sharding``); rows over ``data``, and every device of a
-    ``data`` shard holds all of that shard's rows already (attention does not split rows over
-    ``expert`` or ``model``). So each device runs ``_local_experts`` on its experts' assignments
-    with its weight slices (no weight ever moves), and one float32 all-reduce over ``expert`` and
-    ``model`` of the combined rows [T, D] (the partial sums over experts and hidden units) finishes
-    the layer: the same collective as a tensor-parallel MLP's, and no token all-to-all is needed
-    because no token has to travel to its experts.
+    their hidden dimension (``psd_jax.sharding``), and no weight ever moves: tokens go to the
+    experts. Rows are split as ``row_axes`` says:
+
+    * over ``data`` (or not at all): every device of a ``data`` shard holds all of that shard's rows
+      already, so each runs ``_local_experts`` on its experts' assignments with its weight slices,
+      and one float32 all-reduce over ``expert`` and ``model`` of the combined rows [T, D] (the
+      partial sums over experts and hidden units) finishes the layer: the same collective as a
+      tensor-parallel MLP's;
+    * over ``data`` and ``expert`` (a batch the expert devices divide): the rest of the layer is
+      data parallel over the expert devices, so the shard's rows are first all-gathered over
+      ``expert`` (bf16 rows and their routing), and the partial sums are reduce-scattered back to
+      each device's rows (with an all-reduce over ``model``): the all-reduce's two halves, with the
+      attention, dense and shared layers, the head and the KV cache no longer repeated on every
+      expert device.
 
     Why ``jax.shard_map`` and not the partitioner: GSPMD cannot split a sort-by-expert grouped
     product over experts. On TPU it all-gathers the whole expert stack in front of
@@ -166,9 +192,9 @@ def expert_parallel(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, m
     HLO of the LLaDA2.0 forward on ``expert=8``; docs/memory-and-scaling.md). Here the compiled
     forward has no all-gather and no all-to-all of expert weights.
 
-    Every device still runs the grouped product over all T * k assignment rows (static shapes);
-    other devices' rows are outside its groups, which ``ragged_dot`` does not compute and the tiled
-    CPU product does.
+    Every device still runs the grouped product over all of its shard's T * k assignment rows
+    (static shapes); other devices' rows are outside its groups, which ``ragged_dot`` does not
+    compute and the tiled CPU product does.
     """
     P = jax.sharding.PartitionSpec
 
@@ -176,13 +202,21 @@ def expert_parallel(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, m
         size = mesh_shape.get(name, 1)
         return name if size > 1 and dim % size == 0 else None
 
-    experts, hidden, rows = axis("expert", w_gate.shape[0]), axis("model", w_gate.shape[2]), axis("data", x.shape[0])
-    reduced = tuple(a for a in (experts, hidden) if a is not None)
+    experts, hidden = axis("expert", w_gate.shape[0]), axis("model", w_gate.shape[2])
+    rows = row_axes(mesh_shape, batch)
+    scatter = experts is not None and rows == ("data", "expert")
+    reduced = tuple(a for a in ((hidden,) if scatter else (experts, hidden)) if a is not None)
 
     def local(x, chosen, weights, w_gate, w_up, w_down):
+        if scatter:  # this data shard's rows, from every expert device
+            x, chosen, weights = (jax.lax.all_gather(a, experts, axis=0, tiled=True) for a in (x, chosen, weights))
         first = jax.lax.axis_index(experts) * w_gate.shape[0] if experts else 0
         out = _local_experts(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, first)
-        return (jax.lax.psum(out, reduced) if reduced else out).astype(x.dtype)
+        if reduced:
+            out = jax.lax.psum(out, reduced)
+        if scatter:
+            out = jax.lax.psum_scatter(out, experts, scatter_dimension=0, tiled=True)
+        return out.astype(x.dtype)
 
     row_spec, stack = P(rows, None), P(experts, None, hidden)
     return jax.shard_map(

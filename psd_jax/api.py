@@ -227,6 +227,9 @@ class LoadedModel(PromptIO):
                 f"token ids must be in [0, {self.config.vocab_size}), got {int(ids.min())}..{int(ids.max())}"
             )
         mask = None if attention_mask is None else jnp.asarray(attention_mask, jnp.int32)
+        if self.mesh is not None:  # rows over the mesh as decoding splits them (batch_sharding)
+            rows = batch_sharding(self.mesh, ids.shape[0])
+            ids, mask = jax.device_put(ids, rows), None if mask is None else jax.device_put(mask, rows)
         # Under the mesh, as decoding: the expert-parallel MoE path is chosen when tracing sees it.
         with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
             return self._forward(self.params, ids, mask)

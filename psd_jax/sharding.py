@@ -5,11 +5,11 @@ Parameters carry logical axis names (``models.transformer.logical_axes``, ``mode
 ``LOGICAL_RULES`` maps them to mesh axes: attention heads, MLP hidden units and the vocabulary
 dimension of the embedding and LM head are split over ``model`` (tensor parallel); the experts of a
 mixture-of-experts layer (LLaDA2.0's weights stacked [layers, experts, ...]) over ``expert``, and
-their hidden units over ``model`` too; prompt rows over ``data``. The router and its selection bias
-are replicated. A dimension that the mesh axis does not divide, or an axis the mesh does not have,
-is replicated instead (e.g. 4 KV heads on 8 devices). ``jax.jit`` then partitions the whole decode
-loop (GSPMD); nothing here communicates by hand (the expert product's partitioning:
-``models.moe.grouped_matmul``).
+their hidden units over ``model`` too; prompt rows over ``data`` (and over ``expert`` too on an
+expert mesh, when the batch allows: ``models.moe.row_axes``). The router and its selection bias are
+replicated. A dimension that the mesh axis does not divide, or an axis the mesh does not have, is
+replicated instead (e.g. 4 KV heads on 8 devices). ``jax.jit`` then partitions the whole decode
+loop (GSPMD); only the expert product is partitioned by hand (``models.moe.expert_parallel``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models import LLaDA2Config, ModelConfig, llada2, param_shapes, transformer
+from models.moe import row_axes
 
 AXES = ("data", "model")  # a mesh without experts (LLaDA, Dream): the default
 EXPERT_AXES = ("data", "expert", "model")  # when the spec names ``expert``
@@ -115,8 +116,9 @@ def param_shardings(cfg: ModelConfig | LLaDA2Config, mesh: Mesh) -> dict[str, Na
 
 
 def batch_sharding(mesh: Mesh, batch: int) -> NamedSharding:
-    """Rows over ``data`` when it divides the batch, else replicated."""
-    return NamedSharding(mesh, PartitionSpec("data" if batch % mesh.shape["data"] == 0 else None, None))
+    """Rows [B, P] over ``row_axes``: ``data`` (and ``expert`` on an expert mesh) when it divides
+    the batch, else replicated."""
+    return NamedSharding(mesh, PartitionSpec(row_axes(dict(mesh.shape), batch), None))
 
 
 def bytes_per_device(cfg: ModelConfig | LLaDA2Config, mesh: Mesh, itemsize: int = 2) -> int:
@@ -130,12 +132,13 @@ def bytes_per_device(cfg: ModelConfig | LLaDA2Config, mesh: Mesh, itemsize: int 
 
 
 def kv_cache_spec(cfg: ModelConfig, mesh_shape: dict[str, int], batch: int) -> PartitionSpec:
-    """The block KV cache [L, B, N, KV, hd]: rows over ``data``, and over ``model`` the KV heads when
-    it divides them, else the head dimension (Dream-7B's 4 KV heads on ``model=8``: replicated, each
-    device would hold the whole cache). Pinned, not left to the partitioner, which inside the decode
-    loop may choose to replicate it."""
-    data, model = mesh_shape.get("data", 1), mesh_shape.get("model", 1)
-    rows = "data" if data > 1 and batch % data == 0 else None
+    """The block KV cache [L, B, N, KV, hd]: rows as ``row_axes`` splits them (over ``data``, and
+    ``expert`` too on an expert mesh), and over ``model`` the KV heads when it divides them, else the
+    head dimension (Dream-7B's 4 KV heads on ``model=8``: replicated, each device would hold the
+    whole cache). Pinned, not left to the partitioner, which inside the decode loop may choose to
+    replicate it."""
+    model = mesh_shape.get("model", 1)
+    rows = row_axes(mesh_shape, batch)
     if model > 1 and cfg.n_kv_heads % model == 0:
         return PartitionSpec(None, rows, None, "model", None)
     if model > 1 and cfg.head_dim % model == 0:

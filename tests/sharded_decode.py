@@ -9,6 +9,7 @@ diffusion decode per expert mesh.
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 import time
@@ -66,14 +67,20 @@ def kv_cache_sharding(lm) -> list:
 
 
 # LLaDA2.0 on expert meshes: forward logits (one compile each) and a decode against one device.
-MOE_IDS = [[5, 77, 301, 12, 9, 480, 33, 2, 150, 64, 7, 260] * 2, [44, 3, 91, 500, 17, 230, 8, 1, 66, 402, 13, 99] * 2]
+# 8 rows of 24 tokens (no activation dim equals the expert weights'): every expert mesh splits them
+# over data x expert (models.moe.row_axes), the data-parallel attention path.
+_ROWS = [[5, 77, 301, 12, 9, 480, 33, 2, 150, 64, 7, 260] * 2, [44, 3, 91, 500, 17, 230, 8, 1, 66, 402, 13, 99] * 2]
+MOE_IDS = [_ROWS[r % 2][r:] + _ROWS[r % 2][:r] for r in range(8)]
 MOE_RTOL = 2e-6  # test_llada2's float32-rounding rtol (CACHE_RTOL)
 # One block-diffusion setting per expert mesh (each a compile on the mesh and one on one device):
-# uncached, the exact block cache, and PSD on the cache. The first two prompts of the golden
-# setting g32b8s4t07 (10 and 21 tokens: a padded batch; upstream decodes them in 9 and 15 calls).
+# uncached, the exact block cache, and PSD on the cache. The three prompts of the golden setting
+# g32b8s4t07 (10, 21 and 16 tokens: a padded batch; upstream decodes them in 9, 15 and 12 calls) and
+# a fourth: 4 rows are replicated on expert=8 and split over data x expert on the other two meshes.
 MOE_PROMPTS = [
     [148, 62, 268, 325, 17, 51, 134, 453, 262, 402],
     [329, 191, 348, 455, 258, 408, 338, 101, 45, 214, 429, 476, 230, 133, 267, 311, 501, 165, 474, 213, 411],
+    [416, 124, 303, 287, 182, 266, 408, 493, 304, 242, 189, 303, 215, 368, 345, 479],
+    _ROWS[1][:13],
 ]
 MOE_BASE = DecodeConfig(
     gen_length=32, block_length=8, steps=4, policy="threshold_schedule", threshold=0.7, eos_early_stop=False
@@ -106,9 +113,12 @@ def expert_weight_collectives(hlo: str, d_model: int, hidden: set[int]) -> list[
 def moe_meshes(ckpt: str) -> dict:
     import jax.numpy as jnp
 
-    ids = jnp.asarray(MOE_IDS, jnp.int32)  # 24 tokens: no activation dim equals the expert weights'
+    from models.moe import row_axes
+    from psd_jax.sharding import batch_sharding
+
+    ids = jnp.asarray(MOE_IDS, jnp.int32)
     single = load_model(ckpt)
-    reference = np.asarray(single.logits(ids))
+    two_rows = np.asarray(single.logits(ids[:2]))
     cfg = single.config
     out = {}
     decoded = lambda lm, settings: [[r.output_ids, r.nfe] for r in lm.generate(MOE_PROMPTS, settings)]  # noqa: E731
@@ -117,20 +127,35 @@ def moe_meshes(ckpt: str) -> dict:
         lm = load_model(ckpt, mesh=mesh)
         params = {path[-1]: param[...] for path, param in lm.params.flat_state()}
         split = sorted(name for name, a in params.items() if not a.sharding.is_fully_replicated)
-        shards = {
+        expert_shards = {
             name: list(params[name].sharding.shard_shape(params[name].shape)) for name in split if "expert" in name
         }
         with jax.set_mesh(lm.mesh):  # as generate compiles: routed experts run expert-parallel
-            logits = np.asarray(lm.logits(ids))
-            hlo = lm._forward.lower(lm.params, ids, None).compile().as_text()
+            sharded = lm.logits(ids)
+            rows = batch_sharding(lm.mesh, len(MOE_IDS))
+            hlo = lm._forward.lower(lm.params, jax.device_put(ids, rows), None).compile().as_text()
+        logits = np.asarray(sharded)
+        # One device computing the rows each device holds: XLA:CPU's float32 sums depend on the row
+        # count (batch 8 against 1 row at a time: 1.05e-5 at logits up to 18), so the reference is
+        # the single device's logits at the mesh's rows per device.
+        shards = math.prod(lm.mesh.shape[a] for a in np.atleast_1d(row_axes(dict(lm.mesh.shape), len(MOE_IDS))) if a)
+        per_device = len(MOE_IDS) // shards
+        reference = np.concatenate(
+            [np.asarray(single.logits(ids[r : r + per_device])) for r in range(0, len(ids), per_device)]
+        )
         hidden = {cfg.moe_hidden, cfg.moe_hidden // lm.mesh.shape.get("model", 1)}
         out[mesh] = {
             "split_params": split,
-            "expert_shards": shards,
+            "expert_shards": expert_shards,
+            "rows_per_device": per_device,
+            "logit_rows_per_device": sharded.sharding.shard_shape(sharded.shape)[0],
             "max_abs_diff": float(np.abs(logits - reference).max()),
             # beyond float32 rounding of the tensor-parallel sums: |diff| - rtol * |reference|
             "max_excess": float((np.abs(logits - reference) - MOE_RTOL * np.abs(reference)).max()),
             "expert_weight_collectives": expert_weight_collectives(hlo, cfg.d_model, hidden),
+            # 2 rows: replicated over expert on every expert mesh (row_axes), each device's experts
+            # run on the whole batch and one all-reduce of exact zeros-or-values sums finishes
+            "two_rows_max_abs_diff": float(np.abs(np.asarray(lm.logits(ids[:2])) - two_rows).max()),
             "decoded": decoded(lm, MOE_DECODE[mesh]),
             "decoded_reference": decoded(single, MOE_DECODE[mesh]),
         }

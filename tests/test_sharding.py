@@ -12,9 +12,10 @@ from pathlib import Path
 import jax
 import pytest
 
-from models import param_shapes
+from models import config_from_dict, param_shapes
 from psd_jax.sharding import (
     MeshError,
+    batch_sharding,
     kv_cache_spec,
     logical_axes,
     make_mesh,
@@ -63,14 +64,26 @@ def test_parameters_are_really_sharded(sharded_run):
 
 
 def test_expert_mesh_forward_equals_one_device(sharded_run):
-    """LLaDA2.0-tiny's logits (8 experts, top-2) on expert meshes against one device: splitting only
-    experts is exact (each row's expert sum is the same float32 sum); with ``model`` the
-    tensor-parallel contractions (wo, dense and expert down-projections) are summed in another order,
-    within float32 rounding: |diff| <= 1e-5 + 2e-6 |logit| (test_llada2's cached-forward tolerance)."""
+    """LLaDA2.0-tiny's logits (8 experts, top-2) on expert meshes against one device. Rows the
+    expert devices do not divide stay whole on each device: splitting only experts is then exact
+    (each row's expert sum is the same float32 sum). 8 rows are split over data x expert, and the
+    reference is one device at the mesh's rows per device; the expert product then runs on the
+    gathered rows and (with ``model``) the tensor-parallel contractions are summed in another
+    order: within float32 rounding, |diff| <= 1e-5 + 2e-6 |logit| (test_llada2's cached-forward
+    tolerance)."""
     runs = sharded_run["moe"]
-    assert runs["expert=8"]["max_abs_diff"] == 0.0
+    assert runs["expert=8"]["two_rows_max_abs_diff"] == 0.0
     for mesh in MOE_MESHES:
         assert runs[mesh]["max_excess"] <= 1e-5, (mesh, runs[mesh])
+
+
+def test_expert_mesh_splits_rows_over_the_expert_devices(sharded_run):
+    """Attention, dense layers and the head run data parallel over data x expert: each device holds
+    and computes 8 / (data x expert) of the rows (models.moe.row_axes)."""
+    runs = sharded_run["moe"]
+    want = {"expert=8": 1, "data=2,expert=2,model=2": 2, "expert=4,model=2": 2}
+    assert {mesh: runs[mesh]["logit_rows_per_device"] for mesh in MOE_MESHES} == want
+    assert {mesh: runs[mesh]["rows_per_device"] for mesh in MOE_MESHES} == want
 
 
 def test_expert_weights_are_really_split(sharded_run):
@@ -129,6 +142,23 @@ def test_kv_cache_spec_rule():
         None, "data", None, "model", None
     )
     assert kv_cache_spec(cfg, {"data": 1, "model": 1}, 1) == jax.sharding.PartitionSpec(None, None, None, None, None)
+
+
+def test_rows_split_over_expert_devices_when_they_divide_the_batch():
+    from models.moe import row_axes
+
+    mini = HF_CONFIGS / "LLaDA2.0-mini"
+    cfg = config_from_dict(
+        json.loads((mini / "config.json").read_text()), str(mini), json.loads((mini / "special_ids.json").read_text())
+    )
+    P = jax.sharding.PartitionSpec
+    assert row_axes({"data": 1, "expert": 8, "model": 1}, 32) == ("data", "expert")
+    assert row_axes({"data": 2, "expert": 2, "model": 2}, 6) == "data"  # 4 does not divide 6
+    assert row_axes({"data": 1, "expert": 8, "model": 1}, 4) is None
+    assert row_axes({"data": 2, "model": 4}, 8) == "data"
+    assert kv_cache_spec(cfg, {"data": 1, "expert": 8, "model": 1}, 32) == P(None, ("data", "expert"), None, None, None)
+    assert kv_cache_spec(cfg, {"data": 1, "expert": 4, "model": 2}, 1) == P(None, None, None, "model", None)
+    assert batch_sharding(make_mesh("expert=1"), 4).spec == P(None, None)  # one device: rows whole
 
 
 def test_mesh_spec_parsing():
