@@ -15,6 +15,7 @@ loop (GSPMD); only the expert product is partitioned by hand (``models.moe.exper
 from __future__ import annotations
 
 import math
+import re
 
 import jax
 import numpy as np
@@ -153,3 +154,19 @@ def constrain_kv_cache(cache: tuple[jax.Array, jax.Array], cfg: ModelConfig) -> 
         return cache
     spec = kv_cache_spec(cfg, dict(mesh.shape), cache[0].shape[1])
     return tuple(jax.lax.with_sharding_constraint(a, spec) for a in cache)
+
+
+_COLLECTIVE = re.compile(
+    r"= \(?((?:[a-z0-9]+\[[0-9,]*\][^ ]*,? ?)+)\)? (all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)[-a-z]*\("
+)
+
+
+def collectives(hlo: str) -> list[tuple[str, list[list[int]]]]:
+    """(kind, result shapes) of each collective in compiled HLO text (``compiled.as_text()``); an
+    asynchronous one appears twice (its ``-start`` and ``-done``). For checking what a partitioned
+    program communicates: e.g. that no collective carries expert weights."""
+    found = []
+    for match in _COLLECTIVE.finditer(hlo):
+        shapes = [[int(d) for d in dims.split(",") if d] for dims in re.findall(r"\[([0-9,]*)\]", match.group(1))]
+        found.append((match.group(2), shapes))
+    return found

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import sys
 import time
 
@@ -91,22 +90,20 @@ MOE_DECODE = {
     "expert=4,model=2": MOE_BASE.replace(cache="prefix", decoder="psd", depth=2),
 }
 MOE_MESHES = list(MOE_DECODE)
-COLLECTIVE = re.compile(
-    r"= \(?((?:[a-z0-9]+\[[0-9,]*\][^ ]*,? ?)+)\)? (all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)[-a-z]*\("
-)
 
 
 def expert_weight_collectives(hlo: str, d_model: int, hidden: set[int]) -> list[str]:
     """Collectives in compiled HLO whose result is shaped like expert weights: rank >= 3 with trailing
     dims (d_model, F) or (F, d_model), F the expert hidden size or its ``model`` shard."""
+    from psd_jax.sharding import collectives
+
     found = []
-    for match in COLLECTIVE.finditer(hlo):
-        for dims in re.findall(r"\[([0-9,]*)\]", match.group(1)):
-            shape = [int(d) for d in dims.split(",") if d]
+    for kind, shapes in collectives(hlo):
+        for shape in shapes:
             if len(shape) >= 3 and (
                 (shape[-2] == d_model and shape[-1] in hidden) or (shape[-1] == d_model and shape[-2] in hidden)
             ):
-                found.append(f"{match.group(2)} {shape}")
+                found.append(f"{kind} {shape}")
     return found
 
 
