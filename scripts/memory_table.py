@@ -9,7 +9,8 @@ guessed and no weight is materialised (only ``ShapeDtypeStruct`` / ``eval_shape`
   device from the sharding GSPMD gives it in the compiled ``init_state`` (exact from shapes,
   given that sharding);
 * activations: ``temp_size_in_bytes`` of XLA's memory analysis of that compiled ``init_state``
-  (one full forward [B, P + gen] + logits -> prediction);
+  (the decode's first call, as ``engine.decode_start``: one full forward over its canvas
+  [B, P + gen], block-causal for LLaDA2.0, + logits -> prediction);
 * optionally (``--decode``) the whole jitted ``engine.decode`` loop, for the largest batch and
   generation length per model and target (slow to compile), as a check of the per-call sum.
 
@@ -111,7 +112,7 @@ def measure(cfg, mesh, batch: int, gen: int, full_decode: bool) -> dict:
 
     from models import model_class
     from psd_jax.config import DecodeConfig
-    from psd_jax.engine import Loop, decode, init_state
+    from psd_jax.engine import decode, init_state, loop_and_mask
     from psd_jax.sharding import batch_sharding, bytes_per_device, param_shardings
 
     dcfg = DecodeConfig(gen_length=gen, block_length=32, cache="dual")
@@ -129,10 +130,8 @@ def measure(cfg, mesh, batch: int, gen: int, full_decode: bool) -> dict:
         (), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=NamedSharding(mesh, PartitionSpec())
     )
 
-    def init(params, prompt_ids, prompt_mask, key):
-        model = nnx.merge(graphdef, params)
-        loop = Loop(cfg, dcfg, PROMPT, model, prefill=model.prefill, window=model.window)
-        mask = jnp.concatenate([prompt_mask, jnp.ones((batch, gen), jnp.int32)], axis=1)
+    def init(params, prompt_ids, prompt_mask, key):  # the decode's first state, as engine.decode_start
+        loop, mask = loop_and_mask(nnx.merge(graphdef, params), prompt_mask, cfg, dcfg)
         return init_state(loop, prompt_ids, mask, key)
 
     start = time.perf_counter()
