@@ -46,3 +46,25 @@ def llada2_lm():
     from psd_jax import load_model
 
     return load_model(GOLDENS / "llada2-tiny")
+
+
+@pytest.fixture(scope="session")
+def torch_lms() -> dict:
+    """The three tiny golden checkpoints in the PyTorch backend (float32, CPU), loaded once."""
+    from psd_jax.torch_backend import load_torch_model
+
+    return {
+        name: load_torch_model(GOLDENS / name, device="cpu") for name in ("llada-tiny", "llada-tiny-gqa", "dream-tiny")
+    }
+
+
+@pytest.fixture(scope="module")
+def torch_one_thread():
+    """Torch on one thread for a module (``pytestmark = pytest.mark.usefixtures("torch_one_thread")``):
+    the backends are compared, not raced for the two cores."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -22,19 +22,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
 torch = pytest.importorskip("torch")
 pytest.register_assert_rewrite("torch_parity")  # before its import: its asserts explain a failure
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 import psd_jax  # noqa: E402
 from psd_jax import DecodeConfig  # noqa: E402
 from psd_jax.torch_backend import load_torch_model  # noqa: E402
 
+from conftest import GOLDENS  # noqa: E402
 from torch_parity import assert_same_generations  # noqa: E402
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-GOLDENS = SHARED / "goldens"
 NAMES = ("llada-tiny", "dream-tiny")
 LOGIT_ATOL = 1e-4
 
@@ -83,31 +82,6 @@ PLAIN = {
 }
 
 
-@pytest.fixture(scope="module")
-def cases() -> dict:
-    return load_file(str(GOLDENS / "cases.safetensors"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def torch_lms() -> dict:
-    return {
-        name: load_torch_model(GOLDENS / name, device="cpu") for name in ("llada-tiny", "llada-tiny-gqa", "dream-tiny")
-    }
-
-
-@pytest.fixture(scope="module")
-def jax_lms() -> dict:
-    return {name: psd_jax.load_model(GOLDENS / name) for name in NAMES}
-
-
 @pytest.mark.parametrize("name", ["llada-tiny", "llada-tiny-gqa", "dream-tiny"])
 def test_logits_match_upstream_goldens(torch_lms, cases, name):
     ids = cases[f"{name}.forward.input_ids"]
@@ -153,20 +127,20 @@ def test_plain_decoding_equals_goldens(torch_lms, cases, case):
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("name", NAMES)
-def test_torch_decoding_equals_jax(torch_lms, jax_lms, cases, name, setting):
+def test_torch_decoding_equals_jax(torch_lms, lms, cases, name, setting):
     geometry = GEOMETRY[name]
     kwargs = dict(SETTINGS[setting])
     if kwargs.get("steps") == "half":
         kwargs["steps"] = geometry["gen_length"] // 2
     settings = DecodeConfig(**geometry, **kwargs)
     prompts = _prompts(cases, name)
-    expected = jax_lms[name].generate(prompts, settings, prompt_bucket=8)
+    expected = lms[name].generate(prompts, settings, prompt_bucket=8)
     got = torch_lms[name].generate(prompts, settings, prompt_bucket=8)
     assert_same_generations(got, expected)
     assert all(g.nfe > 0 and g.seconds > 0 for g in got)
 
 
-def test_eos_early_exit_equals_jax(torch_lms, jax_lms, cases):
+def test_eos_early_exit_equals_jax(torch_lms, lms, cases):
     """EOS early exit: token 460 (generated in the 2nd block of both rows) is made the EOS id, so
     rows stop after that block, the rest of each row is EOS and no more calls are made for it."""
     from psd_jax import LoadedModel
@@ -174,7 +148,7 @@ def test_eos_early_exit_equals_jax(torch_lms, jax_lms, cases):
 
     path = GOLDENS / "llada-tiny"
     jax_lm, torch_lm = (
-        LoadedModel(jax_lms["llada-tiny"].model, None, path),
+        LoadedModel(lms["llada-tiny"].model, None, path),
         TorchLM(torch_lms["llada-tiny"].model, None, path),
     )
     jax_lm.config = jax_lm.config.replace(eos_id=460)

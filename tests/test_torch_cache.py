@@ -28,13 +28,14 @@ from safetensors.numpy import load_file
 
 torch = pytest.importorskip("torch")
 pytest.register_assert_rewrite("torch_parity")  # before its import: its asserts explain a failure
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 import jax  # noqa: E402
 
 from psd_jax import DecodeConfig  # noqa: E402
 from psd_jax.api import left_pad  # noqa: E402
 from psd_jax.engine import decode  # noqa: E402
-from psd_jax.torch_backend import generate, load_torch_model  # noqa: E402
+from psd_jax.torch_backend import generate  # noqa: E402
 
 from conftest import GOLDENS  # noqa: E402
 from torch_parity import assert_same_generations  # noqa: E402
@@ -91,21 +92,6 @@ FRESH = {
     "dream-prefix-psd": DecodeConfig(**THRESHOLD, decoder="psd", depth=1, cache="prefix"),
     "dream-dual-rps": DecodeConfig(**THRESHOLD, decoder="rps", k_max=2, pivot_tau=0.5, cache="dual"),
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def torch_lms() -> dict:
-    return {
-        name: load_torch_model(GOLDENS / name, device="cpu") for name in ("llada-tiny", "llada-tiny-gqa", "dream-tiny")
-    }
 
 
 @pytest.fixture(scope="module")
