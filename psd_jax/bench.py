@@ -1,8 +1,8 @@
 """``python -m psd_jax.bench``: every decoder's speed against quality on one dataset.
 
 For each decoder setting the same prompts run in the same batches; compilation (ahead of time)
-is timed separately and excluded, the run's first batch is decoded once untimed as warm-up, and
-each batch is timed with ``block_until_ready``. Reported per setting: exact-answer accuracy, mean
+is timed separately and excluded, a batch that needed a fresh executable is decoded once untimed
+as warm-up, and each batch is timed with ``block_until_ready``. Reported per setting: exact-answer accuracy, mean
 NFE per prompt, tokens per forward (TPF, exact and machine-independent), sequence forwards,
 tokens/s, and speedups against 1-token-per-step decoding measured in the same run. Writes JSON, a Markdown
 table and a Pareto plot (accuracy against TPF and against tokens/s).
@@ -118,22 +118,20 @@ def run_setting(
     chat: bool | None,
     prompt_bucket: int,
     progress=None,
-    warm_up: bool = True,
 ) -> Row:
     """One decoder setting over every batch. Compilation is ahead of time (``LoadedModel``) and
-    reported apart; ``warm_up`` runs the first batch once untimed before the timed pass. Only the
-    run's first setting does: a later setting's first batch was measured 5-8% slower than its
-    repeats, about 1% of a 10-batch setting, where a warm-up batch per setting costs 10%."""
+    reported apart. A batch that needed a fresh executable (the setting's first, or a new prompt
+    bucket) is decoded again and the second run is the one timed: an executable's first run carries
+    one-off costs (on XLA:CPU about 0.8 s for the shipped model, ten times a warm decode of 4
+    prompts), which would otherwise be charged to whichever setting runs first in its shapes."""
     row = Row(name, dict(vars(settings)))
     batches = [examples[i : i + batch] for i in range(0, len(examples), batch)]
     prompts = [[ex["question"] for ex in b] for b in batches]
-    if warm_up:
-        row.compile_seconds = lm.generate(prompts[0], settings, chat=chat, prompt_bucket=prompt_bucket)[
-            0
-        ].compile_seconds
     for chunk, texts in zip(batches, prompts):
         results = lm.generate(texts, settings, chat=chat, prompt_bucket=prompt_bucket)
-        row.compile_seconds += results[0].compile_seconds  # another prompt bucket compiles too
+        if results[0].compile_seconds:
+            row.compile_seconds += results[0].compile_seconds
+            results = lm.generate(texts, settings, chat=chat, prompt_bucket=prompt_bucket)
         row.seconds += results[0].seconds
         row.sequence_forwards += results[0].sequence_forwards
         for r, ex in zip(results, chunk):
@@ -310,12 +308,10 @@ def run_matrix(lm: LoadedModel, matrix: dict[str, DecodeConfig], examples: list[
 
     rows = []
     with tqdm(total=len(matrix) * len(examples), desc="bench", unit="prompt", file=sys.stderr) as bar:
-        for i, (name, settings) in enumerate(matrix.items()):
+        for name, settings in matrix.items():
             bar.set_postfix_str(name)
             rows.append(
-                run_setting(
-                    lm, name, settings, examples, args.batch, args.chat, args.prompt_bucket, bar, warm_up=i == 0
-                ).summary()
+                run_setting(lm, name, settings, examples, args.batch, args.chat, args.prompt_bucket, bar).summary()
             )
     return with_speedups(rows)
 

@@ -129,7 +129,7 @@ def test_harness_score_equals_bench_problem_by_problem(tmp_path):
     settings = decoder_matrix(model_settings(DEFAULT_MODEL_DIR, {}), ["psd-threshold-0.9-d3"])["psd-threshold-0.9-d3"]
     assert settings == parse_eval_args(simple_parse_args_string(model_args)).settings
     examples = load_jsonl(HELD_OUT)[:n]
-    row = run_setting(lm, "psd-threshold-0.9-d3", settings, examples, batch, None, 32, warm_up=False)
+    row = run_setting(lm, "psd-threshold-0.9-d3", settings, examples, batch, None, 32)
     assert harness == row.correct_by_problem
     texts = [g.text for g in lm.generate([ex["question"] for ex in examples], settings)]
     assert [s["resps"][0][0] for s in logged] == texts
