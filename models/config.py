@@ -47,6 +47,13 @@ class _DecodingMixin:
         return self.family == "dream"
 
     @property
+    def block_causal(self) -> bool:
+        """Whether the family was trained for block diffusion (LLaDA2.0): decoding attends
+        block-causally, with blocks aligned from each row's position 0, and finished blocks'
+        keys/values never change."""
+        return self.family == "llada2_moe"
+
+    @property
     def stop_ids(self) -> tuple[int, ...]:
         """Token ids that end an answer (EOS, and EOT when known)."""
         ids = [self.eos_id] + ([self.eot_id] if self.eot_id is not None else [])

@@ -29,7 +29,6 @@ from models.transformer import default_unroll_layers
 
 from .config import DecodeConfig, DecodeConfigError, settings_from
 from .engine import decode, decode_blocks, decode_start, finish, streamed
-from .predict import block_causal
 from .records import DecodeOutput, Generation, generations
 from .sharding import batch_sharding, make_mesh, param_shardings
 from .tokenizer import TokenizerError, encode_prompt, load_tokenizer, resolve_special_ids
@@ -142,7 +141,7 @@ class PromptIO:
         dcfg = settings_from(settings or DecodeConfig(), overrides or {})
         if dcfg.decoder == "rps" and dcfg.k_max > self.config.vocab_size:
             raise DecodeConfigError(f"k_max {dcfg.k_max} exceeds the vocabulary of {self.config.vocab_size}")
-        if block_causal(self.config) and dcfg.cfg_scale > 0:
+        if self.config.block_causal and dcfg.cfg_scale > 0:
             raise DecodeConfigError(
                 f"classifier-free guidance (cfg_scale > 0) is not supported for the block-causal {self.config.family}"
             )

@@ -18,7 +18,7 @@ carry also holds fixed-size per-layer keys/values and a per-row ``stale`` flag; 
 each block start refreshes a row's cache (one model call), and the block's other calls run only a
 static window of positions (the rest of the canvas, or the block) against it.
 
-A block-causal model (LLaDA2.0, ``predict.block_causal``) decodes on a canvas aligned to blocks
+A block-causal model (LLaDA2.0, ``ModelConfig.block_causal``) decodes on a canvas aligned to blocks
 from each row's position 0 (``BlockLayout``), stops as its upstream ``generate`` does
 (``Loop.advance``), and its cache is exact: finished blocks' keys/values are written once, by a
 window over [previous block, current block] at each block's first call (``_block_refresh``).
@@ -43,7 +43,6 @@ from .predict import (
     ForwardFn,
     LogitWindow,
     Prediction,
-    block_causal,
     forwards_per_call,
     logits_to_prediction,
     on_canvas,
@@ -557,7 +556,7 @@ def _attention_mask(prompt_mask: jax.Array, gen_length: int) -> jax.Array:
 def loop_and_mask(model, prompt_mask: jax.Array, mcfg, dcfg: DecodeConfig) -> tuple[Loop, jax.Array]:
     """The decode's ``Loop`` and its canvas attention mask [B, N] (block-causal: the row's
     left padding masked, every other position visible)."""
-    if not block_causal(mcfg):
+    if not mcfg.block_causal:
         return _loop_for(model, prompt_mask.shape[1], mcfg, dcfg), _attention_mask(prompt_mask, dcfg.gen_length)
     loop = _block_causal_loop(model, prompt_mask, mcfg, dcfg)
     index = jnp.arange(loop.total_length)[None, :]
@@ -637,7 +636,7 @@ def streamed(canvas, block, done, prompt_mask, mcfg, dcfg: DecodeConfig):
     block-causal: a row's blocks are offset by its prompt's tail, so a piece is final once the
     decoded blocks cover it, and once the row is done every piece up to the one holding its first
     EOS, as ``final_blocks`` counts a row that stopped at EOS)."""
-    if not block_causal(mcfg):
+    if not mcfg.block_causal:
         return canvas, final_blocks(block, done)
     loop = layout_loop(mcfg, dcfg, jnp.asarray(prompt_mask))
     out = output_canvas(jnp.asarray(canvas), loop)

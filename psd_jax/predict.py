@@ -26,14 +26,6 @@ from models import ModelConfig
 from .config import DecodeConfig
 
 ENTROPY_EPS = 1e-10  # Dream's epsilon inside log for the entropy confidence
-# Families trained for block diffusion (LLaDA2.0): decoding attends block-causally, with blocks
-# aligned from each row's position 0 (block_layout.BlockLayout), and finished blocks' K/V never change.
-BLOCK_CAUSAL_FAMILIES = frozenset({"llada2_moe"})
-
-
-def block_causal(mcfg) -> bool:
-    """Whether the model decodes block-causally (the one place a family decides it)."""
-    return getattr(mcfg, "block_causal", mcfg.family in BLOCK_CAUSAL_FAMILIES)
 
 
 @struct.dataclass
