@@ -226,9 +226,7 @@ class LoadedModel(PromptIO):
                 f"token ids must be in [0, {self.config.vocab_size}), got {int(ids.min())}..{int(ids.max())}"
             )
         mask = None if attention_mask is None else jnp.asarray(attention_mask, jnp.int32)
-        if self.mesh is not None:  # rows over the mesh as decoding splits them (batch_sharding)
-            rows = batch_sharding(self.mesh, ids.shape[0])
-            ids, mask = jax.device_put(ids, rows), None if mask is None else jax.device_put(mask, rows)
+        ids, mask = self._on_devices(ids, mask)  # rows over the mesh as decoding splits them
         # Under the mesh, as decoding: the expert-parallel MoE path is chosen when tracing sees it.
         with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
             return self._forward(self.params, ids, mask)
@@ -292,13 +290,14 @@ class LoadedModel(PromptIO):
         run.seconds = seconds
         return run
 
-    def _on_devices(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray) -> tuple[jax.Array, jax.Array]:
-        """Padded prompts and their mask as device arrays, rows over the mesh's ``data`` axis."""
-        arrays = (jnp.asarray(prompt_ids), jnp.asarray(prompt_mask))
+    def _on_devices(self, *arrays: np.ndarray | jax.Array | None) -> tuple[jax.Array | None, ...]:
+        """Row-major arrays [B, ...] (prompts, masks; ``None`` passes through) as device arrays, rows
+        split over the mesh as ``batch_sharding`` says."""
+        arrays = tuple(None if a is None else jnp.asarray(a) for a in arrays)
         if self.mesh is None:
             return arrays
-        rows = batch_sharding(self.mesh, prompt_ids.shape[0])
-        return tuple(jax.device_put(a, rows) for a in arrays)
+        rows = batch_sharding(self.mesh, arrays[0].shape[0])
+        return tuple(None if a is None else jax.device_put(a, rows) for a in arrays)
 
     def _compile_with(self, fn, shapes: tuple, args: tuple, dcfg: DecodeConfig):
         """``fn`` compiled ahead of time for ``args`` (cached by name, input shapes and settings)."""
