@@ -351,13 +351,12 @@ class BlockDecode:
         if not self.done:
             self._state = self._blocks(self.lm.params, self._mask, self._state)
         state = self._state
-        block, done, canvas, nfe = jax.device_get((state.block, state.done, state.canvas, state.row_nfe))
+        canvas, final = streamed(state.canvas, state.block, state.done, self._mask, mcfg=self.lm.config, dcfg=self.dcfg)
+        done, canvas, final, nfe = jax.device_get((state.done, canvas, final, state.row_nfe))
         self.seconds += time.perf_counter() - began
         self.done = bool(done.all())
         n = self.rows
-        canvas, final = streamed(canvas, block, done, self._mask, self.lm.config, self.dcfg)
-        generated = np.asarray(canvas)[:n, self.prompt_length :]
-        return BlockProgress(generated, np.asarray(final)[:n], done[:n], nfe[:n])
+        return BlockProgress(canvas[:n, self.prompt_length :], final[:n], done[:n], nfe[:n])
 
     def stop(self, rows: Sequence[int]) -> None:
         """Stop decoding ``rows`` (their output is no longer wanted): they are frozen like finished
@@ -370,7 +369,7 @@ class BlockDecode:
     def results(self) -> list[Generation]:
         """One ``Generation`` per prompt, as ``generate`` returns them (call once every row is done)."""
         state = self._state
-        canvas, _ = streamed(state.canvas, state.block, state.done, self._mask, self.lm.config, self.dcfg)
+        canvas, _ = streamed(state.canvas, state.block, state.done, self._mask, mcfg=self.lm.config, dcfg=self.dcfg)
         out = jax.device_get(finish(state, canvas))
         n = self.rows
         rows = DecodeOutput(out.canvas[:n], out.row_nfe[:n], out.nfe, out.sequence_forwards, out.iterations, {})

@@ -630,16 +630,18 @@ def final_blocks(block, done):
     return block + done.astype(block.dtype)
 
 
-def streamed(canvas, block, done, prompt_mask, mcfg, dcfg: DecodeConfig):
-    """What a block-streaming caller reads of a state: the canvas as ``output_canvas`` gives it,
-    and per row the number of final ``block_length`` pieces of its generated ids (``final_blocks``;
-    block-causal: a row's blocks are offset by its prompt's tail, so a piece is final once the
-    decoded blocks cover it, and once the row is done every piece up to the one holding its first
-    EOS, as ``final_blocks`` counts a row that stopped at EOS)."""
+@partial(jax.jit, static_argnames=("mcfg", "dcfg"))
+def streamed(canvas, block, done, prompt_mask, *, mcfg, dcfg: DecodeConfig):
+    """What a block-streaming caller reads of a state, computed on device (one dispatch per block):
+    the canvas as ``output_canvas`` gives it, and per row the number of final ``block_length``
+    pieces of its generated ids (``final_blocks``; block-causal: a row's blocks are offset by its
+    prompt's tail, so a piece is final once the decoded blocks cover it, and once the row is done
+    every piece up to the one holding its first EOS, as ``final_blocks`` counts a row that stopped
+    at EOS)."""
     if not mcfg.block_causal:
         return canvas, final_blocks(block, done)
-    loop = layout_loop(mcfg, dcfg, jnp.asarray(prompt_mask))
-    out = output_canvas(jnp.asarray(canvas), loop)
+    loop = layout_loop(mcfg, dcfg, prompt_mask)
+    out = output_canvas(canvas, loop)
     is_eos = out[:, loop.layout.padded_length :] == mcfg.eos_id
     up_to_eos = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1) // dcfg.block_length + 1, dcfg.num_blocks)
     covered = (block + 1) * dcfg.block_length - loop.layout.tail  # generated ids up to the current block's end
