@@ -18,6 +18,7 @@ from llada2_text import with_tokenizer
 from test_serve import client, running
 
 LENGTHS = {"gen_length": 32, "block_length": 8}
+SCHEDULE = {"policy": "threshold_schedule", "threshold": 0.7, "steps": 4, **LENGTHS}  # harness and server
 BUCKET = 32  # the bench's default prompt bucket; every chat-templated test question pads to 32
 
 
@@ -76,7 +77,7 @@ def test_harness_generate_until_equals_generate(model_dir, lm, questions):
 
     from psd_jax.harness import PsdJaxLM
 
-    fields = {"policy": "threshold_schedule", "threshold": 0.7, "steps": 4, "cache": "prefix", **LENGTHS}
+    fields = {**SCHEDULE, "cache": "prefix"}
     model = PsdJaxLM(pretrained=str(model_dir), batch_size=3, **fields)
     prompts = [model.apply_chat_template([{"role": "user", "content": q}]) for q in questions[:3]]
     assert [model._encode(p) for p in prompts] == [lm.encode(q, chat=True) for q in questions[:3]]
@@ -92,7 +93,7 @@ def test_harness_generate_until_equals_generate(model_dir, lm, questions):
 def test_server_answers_and_streams_one_chunk_per_block(lm, questions):
     """``/v1/completions`` and ``/v1/chat/completions`` on the family give ``generate``'s text and
     counts; a stream sends one chunk per decoded block and joins to the answer."""
-    defaults = model_settings(lm.path, {"policy": "threshold_schedule", "threshold": 0.7, "steps": 4, **LENGTHS})
+    defaults = model_settings(lm.path, SCHEDULE)
     app = build_app(lm, defaults, name="llada2", batch_sizes=(1,), max_wait_ms=10, prompt_bucket=BUCKET)
     with running(app) as url:
         api = client(url)
