@@ -21,6 +21,17 @@ FAST_COMPILE_FLAGS = (
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAGS}".strip()
 
 
+def llada2_mini_config():
+    """LLaDA2.0-mini's real config, with the special ids beside it (the real config.json names none)."""
+    import json
+
+    from models import config_from_dict
+
+    mini = HF_CONFIGS / "LLaDA2.0-mini"
+    ids = json.loads((mini / "special_ids.json").read_text())
+    return config_from_dict(json.loads((mini / "config.json").read_text()), str(mini), ids)
+
+
 @pytest.fixture(scope="session")
 def cases() -> dict:
     return load_file(str(GOLDENS / "cases.safetensors"))

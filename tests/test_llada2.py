@@ -20,7 +20,7 @@ from models.llada2 import block_causal
 from models.moe import grouped_matmul, route, routed_experts
 from models.transformer import swiglu
 
-from conftest import GOLDENS, HF_CONFIGS
+from conftest import GOLDENS, HF_CONFIGS, llada2_mini_config
 
 TINY = GOLDENS / "llada2-tiny"
 MINI = HF_CONFIGS / "LLaDA2.0-mini"
@@ -41,12 +41,6 @@ def forward(llada2_lm):
         return np.asarray(fn(params, jnp.asarray(ids, jnp.int32), mask, positions, block_length))
 
     return call
-
-
-def mini_config():
-    raw = json.loads((MINI / "config.json").read_text())
-    ids = json.loads((MINI / "special_ids.json").read_text())
-    return config_from_dict(raw, str(MINI), {k: ids[k] for k in ("mask_token_id", "eos_token_id")})
 
 
 # ------------------------------------------------------------------------------------ forward
@@ -205,7 +199,7 @@ def test_grouped_matmul_costs_the_active_rows_not_every_expert():
 # ------------------------------------------------------------------------- real LLaDA2.0-mini
 def test_key_table_equals_the_real_checkpoint_names_and_shapes():
     real = {w["name"]: tuple(w["shape"]) for w in json.loads((MINI / "weight_names.json").read_text())}
-    keys = expected_keys(mini_config())
+    keys = expected_keys(llada2_mini_config())
     assert len(real) == len(keys) == 14813
     assert {k: t.source_shape for k, t in keys.items()} == real
     target = keys["model.layers.7.mlp.experts.131.up_proj.weight"]
@@ -215,7 +209,7 @@ def test_key_table_equals_the_real_checkpoint_names_and_shapes():
 def test_parameter_count_equals_upstream():
     """eval_shape of the full model (no weights) has upstream's parameters plus the 19 x 256
     ``expert_bias`` values, which torch counts as buffers, not parameters."""
-    cfg = mini_config()
+    cfg = llada2_mini_config()
     counts = json.loads((MINI / "param_count.json").read_text())
     model = nnx.eval_shape(lambda: LLaDA2MoE(cfg, dtype=jnp.bfloat16))
     sizes = {"/".join(map(str, p)): v.size for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}

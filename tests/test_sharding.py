@@ -12,7 +12,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from models import config_from_dict, param_shapes
+from models import param_shapes
 from psd_jax.sharding import (
     MeshError,
     batch_sharding,
@@ -24,7 +24,7 @@ from psd_jax.sharding import (
     spec_for,
 )
 
-from conftest import GOLDENS, HF_CONFIGS
+from conftest import GOLDENS, HF_CONFIGS, llada2_mini_config
 from sharded_decode import CACHED, DECODERS, MESHES, MOE_DECODE, MOE_MESHES
 
 
@@ -147,10 +147,7 @@ def test_kv_cache_spec_rule():
 def test_rows_split_over_expert_devices_when_they_divide_the_batch():
     from models.moe import row_axes
 
-    mini = HF_CONFIGS / "LLaDA2.0-mini"
-    cfg = config_from_dict(
-        json.loads((mini / "config.json").read_text()), str(mini), json.loads((mini / "special_ids.json").read_text())
-    )
+    cfg = llada2_mini_config()
     P = jax.sharding.PartitionSpec
     assert row_axes({"data": 1, "expert": 8, "model": 1}, 32) == ("data", "expert")
     assert row_axes({"data": 2, "expert": 2, "model": 2}, 6) == "data"  # 4 does not divide 6
@@ -192,13 +189,9 @@ def test_llada2_logical_axes_map_to_mesh_axes():
     expert=8 each device holds an eighth of the experts and the rest whole."""
     from jax.sharding import AbstractMesh, PartitionSpec
 
-    from models import config_from_dict
     from psd_jax.sharding import bytes_per_device
 
-    mini = HF_CONFIGS / "LLaDA2.0-mini"  # special ids beside the config (the real config has none)
-    cfg = config_from_dict(
-        json.loads((mini / "config.json").read_text()), str(mini), json.loads((mini / "special_ids.json").read_text())
-    )
+    cfg = llada2_mini_config()
     mesh = AbstractMesh((1, 8, 1), ("data", "expert", "model"))
     specs = {name: spec_for(logical_axes(cfg, name), shape, mesh) for name, shape in param_shapes(cfg).items()}
     assert specs["moe_expert_gate"] == PartitionSpec(None, "expert", None, "model")
