@@ -299,6 +299,11 @@ class LoadedModel(PromptIO):
         rows = batch_sharding(self.mesh, arrays[0].shape[0])
         return tuple(None if a is None else jax.device_put(a, rows) for a in arrays)
 
+    @property
+    def compiled_programs(self) -> int:
+        """How many decode programs this model has compiled (one per name, input shapes and settings)."""
+        return len(self._compiled)
+
     def _compile_with(self, fn, shapes: tuple, args: tuple, dcfg: DecodeConfig):
         """``fn`` compiled ahead of time for ``args`` (cached by name, input shapes and settings)."""
         cache_key = (shapes[0], *(a.shape for a in shapes[1:]), dcfg, self.config)

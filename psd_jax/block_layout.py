@@ -9,15 +9,13 @@ canvas back in the ``[prompt | gen_length]`` layout every caller of the engine r
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 
-from .config import DecodeConfig
+from models import ModelConfig
 
-if TYPE_CHECKING:
-    from .engine import Loop
+from .config import DecodeConfig
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -51,6 +49,11 @@ class BlockLayout:
         """[B] canvas index of each row's first generated position."""
         return self.start + self.tail
 
+    def total_length(self, dcfg: DecodeConfig) -> int:
+        """Canvas positions: the first decoded block's start, then gen_length and one block more
+        (the most a row needs: its first decoded block also holds its prompt's tail)."""
+        return self.start + dcfg.gen_length + dcfg.block_length
+
     def last_block(self, dcfg: DecodeConfig) -> jax.Array:
         """[B] each row's last block: upstream decodes ceil((tail + gen_length) / B) blocks."""
         return (self.tail + dcfg.gen_length - 1) // self.block_length
@@ -61,32 +64,34 @@ class BlockLayout:
         return jnp.maximum(jnp.arange(p)[None, :] - (p - self.lengths)[:, None], 0) + self.pad[:, None]
 
 
-def initial_canvas(loop: Loop, prompt_ids: jax.Array) -> jax.Array:
+def initial_canvas(
+    prompt_ids: jax.Array, layout: BlockLayout | None, mcfg: ModelConfig, dcfg: DecodeConfig
+) -> jax.Array:
     """Canvas [B, N] = prompt + masks; block-causal: each row placed by its ``BlockLayout``."""
     batch, p = prompt_ids.shape
-    if loop.layout is None:
-        gen = jnp.full((batch, loop.dcfg.gen_length), loop.mcfg.mask_id, jnp.int32)
+    if layout is None:
+        gen = jnp.full((batch, dcfg.gen_length), mcfg.mask_id, jnp.int32)
         return jnp.concatenate([prompt_ids.astype(jnp.int32), gen], axis=1)
-    lengths = loop.layout.lengths[:, None]
-    pos = jnp.arange(loop.total_length)[None, :] - loop.layout.pad[:, None]
+    lengths = layout.lengths[:, None]
+    pos = jnp.arange(layout.total_length(dcfg))[None, :] - layout.pad[:, None]
     src = jnp.clip(p - lengths + pos, 0, p - 1)
     tokens = jnp.take_along_axis(prompt_ids.astype(jnp.int32), src, axis=1)
-    fill = jnp.where(pos < 0, loop.mcfg.pad_id, loop.mcfg.mask_id)
+    fill = jnp.where(pos < 0, mcfg.pad_id, mcfg.mask_id)
     return jnp.where((pos >= 0) & (pos < lengths), tokens, fill)
 
 
-def output_canvas(canvas: jax.Array, loop: Loop) -> jax.Array:
+def output_canvas(canvas: jax.Array, layout: BlockLayout | None, mcfg: ModelConfig, dcfg: DecodeConfig) -> jax.Array:
     """The canvas as every caller reads it, [B, P + gen_length]: the left-padded prompt, then the
     gen_length generated ids. Block-causal: rebuilt from each row's layout, every id after the
     first EOS replaced by EOS (upstream returns the sequence cut there)."""
-    if loop.layout is None:
+    if layout is None:
         return canvas
-    layout, eos_id = loop.layout, loop.mcfg.eos_id
-    index = layout.gen_start[:, None] + jnp.arange(loop.dcfg.gen_length)[None, :]
+    eos_id = mcfg.eos_id
+    index = layout.gen_start[:, None] + jnp.arange(dcfg.gen_length)[None, :]
     generated = jnp.take_along_axis(canvas, index, axis=1)
     is_eos = generated == eos_id
     generated = jnp.where(jnp.cumsum(is_eos, axis=1) - is_eos > 0, eos_id, generated)
     p = layout.padded_length
     prompt = jnp.take_along_axis(canvas, layout.prompt_index(), axis=1)
-    prompt = jnp.where(jnp.arange(p)[None, :] >= (p - layout.lengths)[:, None], prompt, loop.mcfg.pad_id)
+    prompt = jnp.where(jnp.arange(p)[None, :] >= (p - layout.lengths)[:, None], prompt, mcfg.pad_id)
     return jnp.concatenate([prompt, generated], axis=1)

@@ -101,13 +101,6 @@ class DecodeConfig:
             return self.block_length if self.steps is None else self.steps
         return self.total_steps // self.num_blocks
 
-    @property
-    def branches(self) -> int:
-        """Canvases per row in one model call (K): 1 plain, D + 1 for PSD, k_max + 1 for RPS."""
-        from .decoders import decoder_for  # the decoders depend on this module
-
-        return decoder_for(self).branches
-
     def changed(self) -> dict[str, Any]:
         """The fields that differ from their defaults (what a user set)."""
         return {name: getattr(self, name) for name, default in _defaults().items() if getattr(self, name) != default}

@@ -43,17 +43,15 @@ from .predict import (
     ForwardFn,
     LogitWindow,
     Prediction,
-    forwards_per_call,
     logits_to_prediction,
     on_canvas,
     predict,
     predict_prefill,
     predict_window,
+    sequences_forwarded,
 )
 from .records import DecodeOutput
 from .sharding import constrain_kv_cache
-
-TRACE_COUNT = {"decode": 0}  # incremented each time the decode loop is traced (compile test)
 
 
 @struct.dataclass
@@ -97,11 +95,11 @@ class Loop:
         """Canvas positions after ``prompt_length`` (where blocks are decoded): gen_length, or for a
         block-causal layout one block more, the most a row needs (its first block also holds its
         prompt's tail)."""
-        return self.dcfg.gen_length + (0 if self.layout is None else self.dcfg.block_length)
+        return self.total_length - self.prompt_length
 
     @property
     def total_length(self) -> int:
-        return self.prompt_length + self.region_length
+        return self.prompt_length + self.dcfg.gen_length if self.layout is None else self.layout.total_length(self.dcfg)
 
     def call(
         self, canvases: jax.Array, attention_mask: jax.Array, key: jax.Array, block: jax.Array | None = None
@@ -201,7 +199,7 @@ def layout_loop(mcfg, dcfg: DecodeConfig, prompt_mask: jax.Array) -> Loop:
 def init_state(loop: Loop, prompt_ids: jax.Array, attention_mask: jax.Array, key: jax.Array) -> DecodeState:
     """Canvas = prompt + gen_length masks, and its first forward (one model call)."""
     batch = prompt_ids.shape[0]
-    canvas = initial_canvas(loop, prompt_ids)
+    canvas = initial_canvas(prompt_ids, loop.layout, loop.mcfg, loop.dcfg)
     key, sub = jax.random.split(key)
     cached = {}
     if loop.dcfg.cache != "none":
@@ -245,7 +243,7 @@ def step(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeSta
     preds, calls, forwarded = _forward_leading(
         proposal, live, state.pred, lambda candidates: loop.call(candidates, attention_mask, sub, state.block)
     )
-    sequences = forwards_per_call(state.canvas.shape[0], loop.dcfg) // proposal.candidates.shape[1] * forwarded
+    sequences = sequences_forwarded(state.canvas.shape[0], forwarded, loop.dcfg)
     return _apply_choice(loop, state, proposal, preds, live, state.done, key, live, calls, sequences)
 
 
@@ -411,7 +409,7 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
     call = partial(_window_call, loop, attention_mask, cache, pred, start, window_key)
     preds, window_calls, forwarded = _forward_leading(proposal, windowed, pred, call, lengths, bucket)
     refresh_calls = jnp.any(refresh).astype(jnp.int32)
-    sequences = refresh_calls * batch + forwards_per_call(batch, dcfg) // proposal.candidates.shape[1] * forwarded
+    sequences = refresh_calls * batch + sequences_forwarded(batch, forwarded, dcfg)
     new = _apply_choice(
         loop,
         state,
@@ -566,13 +564,12 @@ def loop_and_mask(model, prompt_mask: jax.Array, mcfg, dcfg: DecodeConfig) -> tu
 def _decode(model, prompt_ids, prompt_mask, key, mcfg: ModelConfig, dcfg: DecodeConfig, runner) -> DecodeOutput:
     loop, attention_mask = loop_and_mask(model, prompt_mask, mcfg, dcfg)
     state = runner(loop, prompt_ids, attention_mask, key)
-    return finish(state, output_canvas(state.canvas, loop))
+    return finish(state, output_canvas(state.canvas, loop.layout, mcfg, dcfg))
 
 
 @partial(jax.jit, static_argnames=("graphdef", "mcfg", "dcfg"))
 def decode(graphdef, params, prompt_ids, prompt_mask, key, *, mcfg: ModelConfig, dcfg: DecodeConfig) -> DecodeOutput:
     """Decode left-padded prompts [B, P] (mask [B, P]); compiled once per shape and settings."""
-    TRACE_COUNT["decode"] += 1
     model = nnx.merge(graphdef, params)
     return _decode(model, prompt_ids, prompt_mask, key, mcfg, dcfg, run_while_loop)
 
@@ -641,7 +638,7 @@ def streamed(canvas, block, done, prompt_mask, *, mcfg, dcfg: DecodeConfig):
     if not mcfg.block_causal:
         return canvas, final_blocks(block, done)
     loop = layout_loop(mcfg, dcfg, prompt_mask)
-    out = output_canvas(canvas, loop)
+    out = output_canvas(canvas, loop.layout, mcfg, dcfg)
     is_eos = out[:, loop.layout.padded_length :] == mcfg.eos_id
     up_to_eos = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1) // dcfg.block_length + 1, dcfg.num_blocks)
     covered = (block + 1) * dcfg.block_length - loop.layout.tail  # generated ids up to the current block's end

@@ -185,9 +185,10 @@ def predict(
     return jax.tree.map(lambda a: a.reshape(batch, k, *a.shape[1:]), pred)
 
 
-def forwards_per_call(batch: int, dcfg: DecodeConfig) -> int:
-    """Sequences processed by one ``predict`` call (what `sequence_forwards` counts)."""
-    return batch * dcfg.branches * (2 if dcfg.cfg_scale > 0 else 1)
+def sequences_forwarded(batch: int, candidates, dcfg: DecodeConfig):
+    """Sequences one ``predict`` call over ``candidates`` canvases per row processes (what
+    ``sequence_forwards`` counts): doubled under classifier-free guidance."""
+    return batch * candidates * (2 if dcfg.cfg_scale > 0 else 1)
 
 
 # ------------------------------------------------------------------------- block KV cache calls

@@ -186,6 +186,8 @@ class Backend:
     def replay_forwards(self, batches, settings, bucket) -> float:
         """Wall time of a pass's model calls alone: the same number of bare forwards (logits only,
         no prediction) at the same shapes."""
+        from psd_jax.decoders import decoder_for
+
         seconds = 0.0
         for batch, (narrow, full) in zip(batches, self.calls):
             n = max(len(p) for p in batch)
@@ -193,7 +195,7 @@ class Backend:
             rng = np.random.default_rng(0)
             vocab = min(self.lm.config.vocab_size, 4096) - 16
             small = rng.integers(0, vocab, (len(batch), n))
-            wide = rng.integers(0, vocab, (len(batch) * settings.branches, n))
+            wide = rng.integers(0, vocab, (len(batch) * decoder_for(settings).branches, n))
             start = time.perf_counter()
             for ids in [small] * narrow + [wide] * full:
                 _sync(self.lm.logits(ids))
@@ -202,6 +204,8 @@ class Backend:
 
 
 def measure(decoder: str, settings, backends: dict, batches, args) -> dict:
+    from psd_jax.decoders import decoder_for
+
     n_prompts = sum(len(b) for b in batches)
     everyone = {}
     for name, lm in backends.items():
@@ -214,7 +218,7 @@ def measure(decoder: str, settings, backends: dict, batches, args) -> dict:
             print(f"  {name}: failed: {b.error}", file=sys.stderr)
             continue
         b.warmup_seconds = time.perf_counter() - start
-        b.record(results, settings.branches)
+        b.record(results, decoder_for(settings).branches)
         if args.breakdown and name != "torch.compile":
             b.replay_forwards(batches, settings, args.prompt_bucket)  # warm the bare forward's shapes
         print(f"  {name}: warm-up {b.warmup_seconds:.1f}s (compile {b.compile_seconds:.1f}s)", file=sys.stderr)

@@ -59,10 +59,11 @@ def call_function(kind: str, cfg, dcfg, batch: int):
     import jax.numpy as jnp
     from flax import nnx
 
+    from psd_jax.decoders import decoder_for
     from psd_jax.engine import Loop
     from psd_jax.predict import predict, predict_prefill, predict_window
 
-    n, k = PROMPT + dcfg.gen_length, dcfg.branches
+    n, k = PROMPT + dcfg.gen_length, decoder_for(dcfg).branches
     key = jax.eval_shape(lambda: jax.random.key(0))
     mask = jax.ShapeDtypeStruct((batch, n), jnp.int32)
     # The positions that get logits, as the engine asks for them (a row at its first block).
@@ -118,7 +119,9 @@ def layer_params(cfg) -> int:
 
 def ideal_flops(kind: str, cfg, dcfg, batch: int) -> float:
     """2 x parameters x tokens of the layers, the LM head over the committable block, attention."""
-    n, k = PROMPT + dcfg.gen_length, dcfg.branches
+    from psd_jax.decoders import decoder_for
+
+    n, k = PROMPT + dcfg.gen_length, decoder_for(dcfg).branches
     rows = batch * k if kind in ("full", "dual", "prefix") else batch
     queries = {"full": n, "refresh": n, "dual": BLOCK, "prefix": dcfg.gen_length}[kind]
     layers = 2 * layer_params(cfg) * cfg.n_layers * rows * queries

@@ -11,7 +11,7 @@ import pytest
 
 from psd_jax import DecodeConfig, DecodeConfigError, InputError, load_model
 from psd_jax.api import LoadedModel
-from psd_jax.engine import TRACE_COUNT, decode, decode_python_loop
+from psd_jax.engine import decode, decode_python_loop
 from psd_jax.generate import main as cli_main
 from psd_jax.predict import predict
 
@@ -56,11 +56,11 @@ def test_same_bucket_prompt_does_not_recompile(lms):
     lm = lms["llada-tiny"]
     settings = DecodeConfig(gen_length=16, block_length=16, steps=8)
     lm.generate([PROMPTS[0]], settings, prompt_bucket=16)
-    traces = TRACE_COUNT["decode"]
+    programs = lm.compiled_programs
     (again,) = lm.generate([PROMPTS[1]], settings, prompt_bucket=16)  # 7 tokens, same 16-token bucket
-    assert TRACE_COUNT["decode"] == traces and again.compile_seconds == 0.0
-    lm.generate([PROMPTS[0] * 2], settings, prompt_bucket=16)  # 24 tokens: the next bucket compiles
-    assert TRACE_COUNT["decode"] == traces + 1
+    assert lm.compiled_programs == programs and again.compile_seconds == 0.0
+    (longer,) = lm.generate([PROMPTS[0] * 2], settings, prompt_bucket=16)  # 24 tokens: the next bucket compiles
+    assert lm.compiled_programs == programs + 1 and longer.compile_seconds > 0
 
 
 @pytest.mark.parametrize("policy", ["fixed", "threshold"])

@@ -28,7 +28,7 @@ import dataclasses
 
 import torch
 
-from ..predict import forwards_per_call
+from ..predict import sequences_forwarded
 from ..records import DecodeOutput
 from .decode import DecodeState, Loop, Prediction, apply_choice, forward_leading, propose
 
@@ -101,7 +101,7 @@ def step(loop: Loop, windows: Windows, state: DecodeState, cache: KVCache) -> tu
     live = ~done_after_s0
     windowed = live & (block_after_s0 == state.block)  # rows whose forward is a window call
     preds, window_calls, size = _window_forward(loop, windows, cache, pred, state.block, proposal, windowed)
-    sequences = refresh_calls * batch + forwards_per_call(batch, loop.dcfg) // proposal.candidates.shape[1] * size
+    sequences = refresh_calls * batch + sequences_forwarded(batch, size, loop.dcfg)
     row_calls = refresh.long() + windowed.long()
     new = apply_choice(loop, state, proposal, preds, live, frozen, row_calls, refresh_calls + window_calls, sequences)
     done = new.done & ~waiting

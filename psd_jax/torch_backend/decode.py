@@ -46,7 +46,7 @@ from models import ModelConfig
 from ..config import DecodeConfig
 from ..decoders import decoder_for, forward_sizes  # the engine's decoders' static sizes and statistics
 from ..policies import step_counts  # the engine's own count tables (numpy)
-from ..predict import ENTROPY_EPS, forwards_per_call
+from ..predict import ENTROPY_EPS, sequences_forwarded
 from ..records import DecodeOutput
 
 # ------------------------------------------------------------------------------ predictions
@@ -510,7 +510,7 @@ def _decode(loop: Loop, canvas: torch.Tensor) -> DecodeOutput:
         live = ~loop.blocks.advance(proposal.s0, state.block, state.step + 1, state.done)[3]
         # No row live: no call (every row finishes with its policy commit, the engine's `skip`).
         preds, calls, size = forward_leading(call, proposal, live, state.pred)
-        sequences = forwards_per_call(batch, loop.dcfg) // proposal.candidates.shape[1] * size
+        sequences = sequences_forwarded(batch, size, loop.dcfg)
         state = apply_choice(loop, state, proposal, preds, live, state.done, live.long(), calls, sequences)
         if bool(state.done.all()):
             return state.output()
