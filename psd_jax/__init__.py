@@ -1,7 +1,24 @@
 """psd-jax: JAX-native inference for diffusion language models (LLaDA, Dream) with PSD and RPS."""
 
-from .api import InputError, LoadedModel, load_model
-from .config import DecodeConfig, DecodeConfigError
-from .records import Generation
+from convert.safetensors_dir import CheckpointError
+from models import ConfigError
 
-__all__ = ["DecodeConfig", "DecodeConfigError", "Generation", "InputError", "LoadedModel", "load_model"]
+from .api import LoadedModel, load_model
+from .config import DecodeConfig, DecodeConfigError
+from .errors import InputError
+from .records import Generation
+from .sharding import MeshError
+from .tokenizer import TokenizerError
+
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "DecodeConfig",
+    "DecodeConfigError",
+    "Generation",
+    "InputError",
+    "LoadedModel",
+    "MeshError",
+    "TokenizerError",
+    "load_model",
+]

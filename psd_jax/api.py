@@ -27,18 +27,16 @@ from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE, CheckpointError
 from models import DiffusionLM, ModelConfig, load_config
 from models.transformer import default_unroll_layers
 
-from .config import DecodeConfig, DecodeConfigError, settings_from
+from .config import DecodeConfig, DecodeConfigError, check_for_model, settings_from
 from .engine import decode, decode_blocks, decode_start, finish, streamed
+from .errors import InputError
+from .lengths import check_context
 from .records import DecodeOutput, Generation, generations
 from .sharding import batch_sharding, make_mesh, param_shardings
 from .tokenizer import TokenizerError, encode_prompt, load_tokenizer, resolve_special_ids
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "default"
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-
-class InputError(ValueError):
-    """A prompt or request that cannot be decoded, with the reason."""
 
 
 def default_model_path() -> Path:
@@ -103,26 +101,28 @@ def check_prompt_bucket(bucket: int | None) -> None:
         raise InputError(f"prompt_bucket must be a positive integer or None, got {bucket!r}")
 
 
-def _bucket(length: int, bucket: int | None) -> int:
-    return length if not bucket else -(-length // bucket) * bucket
-
-
 def left_pad(
     ids: list[list[int]], cfg: ModelConfig, gen_length: int, bucket: int | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Prompts left-padded with the pad id to a bucketed length, and their attention mask [B, P]."""
-    length = _bucket(max(len(p) for p in ids), bucket)
-    if length + gen_length > cfg.max_length:
-        raise InputError(
-            f"prompt ({max(len(p) for p in ids)} tokens, padded to {length}) + gen_length {gen_length} "
-            f"exceeds the model's context of {cfg.max_length}"
-        )
+    length = check_context(max(len(p) for p in ids), bucket, gen_length, cfg.max_length)
     prompt_ids = np.full((len(ids), length), cfg.pad_id, np.int32)
     prompt_mask = np.zeros((len(ids), length), np.int32)
     for row, p in enumerate(ids):
         prompt_ids[row, length - len(p) :] = p
         prompt_mask[row, length - len(p) :] = 1
     return prompt_ids, prompt_mask
+
+
+def token_ids(prompt: Any, what: str) -> list[int]:
+    """A token-id prompt as a list of ints: integers only (``numpy`` integers too), never a float,
+    string or bool silently turned into an id (``int(1.9)`` would be 1)."""
+    if isinstance(prompt, (bytes, dict)) or not isinstance(prompt, Sequence | np.ndarray):
+        raise InputError(f"{what} must be text or a list of token ids, got {type(prompt).__name__}")
+    bad = [t for t in prompt if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer))]
+    if bad:
+        raise InputError(f"{what} has token ids that are not integers: {bad[:5]!r}")
+    return [int(t) for t in prompt]
 
 
 class PromptIO:
@@ -139,12 +139,7 @@ class PromptIO:
         if settings is not None and not isinstance(settings, DecodeConfig):
             raise InputError(f"settings must be a DecodeConfig, got {type(settings).__name__}")
         dcfg = settings_from(settings or DecodeConfig(), overrides or {})
-        if dcfg.decoder == "rps" and dcfg.k_max > self.config.vocab_size:
-            raise DecodeConfigError(f"k_max {dcfg.k_max} exceeds the vocabulary of {self.config.vocab_size}")
-        if self.config.block_causal and dcfg.cfg_scale > 0:
-            raise DecodeConfigError(
-                f"classifier-free guidance (cfg_scale > 0) is not supported for the block-causal {self.config.family}"
-            )
+        check_for_model(dcfg, self.config)
         return dcfg
 
     def request(
@@ -186,7 +181,7 @@ class PromptIO:
             raise InputError("prompts must be a list of prompts (text or token-id lists), not one string")
         out = []
         for i, prompt in enumerate(prompts):
-            ids = self.encode(prompt, chat) if isinstance(prompt, str) else [int(t) for t in prompt]
+            ids = self.encode(prompt, chat) if isinstance(prompt, str) else token_ids(prompt, f"prompt {i}")
             if not ids:
                 raise InputError(f"prompt {i} is empty")
             bad = [t for t in ids if not 0 <= t < self.config.vocab_size]

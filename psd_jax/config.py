@@ -13,7 +13,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from models import ModelConfig
 
 POLICIES = ("fixed", "threshold", "factor", "dream", "threshold_schedule")
 CONFIDENCES = ("prob", "margin", "entropy", "random")
@@ -40,6 +43,12 @@ CONFIDENCE_ALIASES = {
 
 class DecodeConfigError(ValueError):
     """Decoding settings that cannot run, with the reason."""
+
+
+# Canvases per row in one model call (PSD: depth + 1, RPS: k_max + 1), a stated cap: the batched
+# call's activations grow linearly with it, and the deepest setting of the benchmark's matrix
+# uses 8 (PSD depth 7), RPS's default 11.
+MAX_BRANCHES = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,8 +204,48 @@ def _check_values(c: DecodeConfig) -> None:
         _fail(
             f"steps {c.total_steps} is not divisible by the number of blocks {c.num_blocks} (gen_length / block_length)"
         )
+    _check_work(c)
     if c.cache != "none" and c.cfg_scale > 0:
         _fail(f"cache {c.cache!r} does not support classifier-free guidance (cfg_scale > 0); use cache='none'")
+
+
+def _check_work(c: DecodeConfig) -> None:
+    """Bounds between fields: no setting may ask for model calls or branches that no decode can use."""
+    if c.policy == "threshold_schedule":
+        if c.steps_per_block > c.block_length:
+            _fail(
+                f"steps {c.steps_per_block} (per block, threshold_schedule) exceeds block_length {c.block_length}: "
+                "every step commits at least one position"
+            )
+    elif c.total_steps > c.gen_length:
+        _fail(f"steps {c.total_steps} exceeds gen_length {c.gen_length}: at most one step per generated position")
+    if c.decoder == "psd":
+        # The policy commits at least one position and every draft level adds at least one more.
+        if c.depth > c.block_length - 1:
+            _fail(
+                f"depth {c.depth} (PSD) exceeds block_length - 1 = {c.block_length - 1}: a block has room for at "
+                "most that many draft levels after the policy's commit"
+            )
+        if c.depth + 1 > MAX_BRANCHES:
+            _fail(f"depth {c.depth} (PSD) exceeds {MAX_BRANCHES - 1}: at most {MAX_BRANCHES} canvases per row per call")
+        if c.draft_rate is not None and c.draft_rate > c.block_length:
+            _fail(f"draft_rate {c.draft_rate} (PSD) exceeds block_length {c.block_length}")
+    if c.decoder == "rps" and c.k_max + 1 > MAX_BRANCHES:
+        _fail(f"k_max {c.k_max} (RPS) exceeds {MAX_BRANCHES - 1}: at most {MAX_BRANCHES} canvases per row per call")
+
+
+def check_for_model(c: DecodeConfig, mcfg: ModelConfig) -> None:
+    """Bounds of ``c`` that depend on the model (``mcfg``: a ``models`` config): the context,
+    the vocabulary RPS ranks, what the family supports. Every front end calls this before any
+    model work (the benchmark and evaluation before loading weights)."""
+    if c.gen_length >= mcfg.max_length:
+        _fail(
+            f"gen_length {c.gen_length} leaves no room for a prompt in the model's context of {mcfg.max_length} tokens"
+        )
+    if c.decoder == "rps" and c.k_max > mcfg.vocab_size:
+        _fail(f"k_max {c.k_max} exceeds the vocabulary of {mcfg.vocab_size}")
+    if mcfg.block_causal and c.cfg_scale > 0:
+        _fail(f"classifier-free guidance (cfg_scale > 0) is not supported for the block-causal {mcfg.family}")
 
 
 # Settings read only under some policy or decoder: (condition, what it needs). Setting one of them

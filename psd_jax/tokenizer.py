@@ -14,12 +14,15 @@ from pathlib import Path
 
 from models import ModelConfig
 
+from .errors import InputError
+
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model")
 EOT_TOKENS = ("<|eot_id|>", "<|im_end|>", "<|role_end|>")  # LLaDA, Dream, LLaDA2.0
 
 
-class TokenizerError(ValueError):
-    """A tokenizer that does not fit the model, with the reason."""
+class TokenizerError(InputError):
+    """A tokenizer that does not fit the model or the request (text for a checkpoint without a
+    tokenizer, ``chat=True`` without a chat template), with the reason; an ``InputError``."""
 
 
 def has_tokenizer(model_dir: str | Path) -> bool:

@@ -54,6 +54,17 @@ def _one_line_error(capsys) -> str:
         (dict(eos_early_stop=1), "eos_early_stop must be true or false"),
         (dict(policy="dream", dream_eps=1.0), r"dream_eps must be in \(0, 1\)"),
         (dict(cache="full"), "unknown cache 'full'"),
+        # Fields valid one by one, absurd together: work that no decode can use.
+        (dict(steps=3_000_000), "steps 3000000 exceeds gen_length 128: at most one step per generated position"),
+        (dict(policy="dream", steps=256), "steps 256 exceeds gen_length 128"),
+        (
+            dict(policy="threshold_schedule", steps=33),
+            r"steps 33 \(per block, threshold_schedule\) exceeds block_length 32",
+        ),
+        (dict(decoder="psd", depth=32), r"depth 32 \(PSD\) exceeds block_length - 1 = 31"),
+        (dict(gen_length=256, block_length=128, decoder="psd", depth=100), r"depth 100 \(PSD\) exceeds 63"),
+        (dict(decoder="psd", policy="threshold", draft_rate=33), r"draft_rate 33 \(PSD\) exceeds block_length 32"),
+        (dict(decoder="rps", k_max=64), r"k_max 64 \(RPS\) exceeds 63: at most 64 canvases per row per call"),
     ],
 )
 def test_every_field_is_checked(kwargs, message):
@@ -237,6 +248,48 @@ def test_bench_data_without_problems(capsys, tmp_path):
 # ------------------------------------------------------------------------------ API
 
 
+def test_bounds_at_the_limit_are_accepted():
+    """The bounds refuse only what no decode can use: their limits themselves still run."""
+    assert DecodeConfig(steps=128).total_steps == 128
+    assert DecodeConfig(policy="threshold_schedule", steps=32).steps_per_block == 32
+    assert DecodeConfig(decoder="psd", depth=31).depth == 31
+    assert DecodeConfig(gen_length=256, block_length=128, decoder="psd", depth=63).depth == 63
+    assert DecodeConfig(decoder="rps", k_max=63).k_max == 63
+
+
+def test_k_max_beyond_a_small_vocabulary_is_refused():
+    from psd_jax.config import check_for_model
+
+    small = dataclasses.replace(load_model(GOLDENS / "llada-tiny").config, vocab_size=16)
+    with pytest.raises(DecodeConfigError, match="k_max 20 exceeds the vocabulary of 16"):
+        check_for_model(DecodeConfig(decoder="rps", k_max=20), small)
+
+
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        ([1.9, 2], r"prompt 0 has token ids that are not integers: \[1.9\]"),
+        (["12"], r"prompt 0 has token ids that are not integers: \['12'\]"),
+        ([True, 3], r"prompt 0 has token ids that are not integers: \[True\]"),
+        (7, "prompt 0 must be text or a list of token ids, got int"),
+        ([1, 512], r"outside the vocabulary \[0, 512\): \[512\]"),
+        ([-1], r"outside the vocabulary \[0, 512\): \[-1\]"),
+    ],
+)
+def test_token_ids_are_refused_unless_integer_ids_in_range(lms, prompt, message):
+    with pytest.raises(InputError, match=message):
+        lms["llada-tiny"].prompt_ids([prompt])
+
+
+def test_every_public_error_is_exported_and_bad_prompts_are_input_errors(lms):
+    import psd_jax
+
+    for name in ("CheckpointError", "ConfigError", "DecodeConfigError", "InputError", "MeshError", "TokenizerError"):
+        assert name in psd_jax.__all__ and issubclass(getattr(psd_jax, name), ValueError)
+    with pytest.raises(psd_jax.InputError, match="this checkpoint has no tokenizer; pass token ids"):
+        lms["llada-tiny"].generate(["some text"])
+
+
 def test_api_bad_input_fails_early(lms):
     lm = lms["llada-tiny"]
     with pytest.raises(InputError, match=r"seed must be an integer in \[0, 2\*\*32\)"):
@@ -245,8 +298,8 @@ def test_api_bad_input_fails_early(lms):
         lm.generate("1 2 3")
     with pytest.raises(InputError, match="prompt_bucket must be a positive integer"):
         lm.generate([[1, 2]], prompt_bucket=0)
-    with pytest.raises(DecodeConfigError, match="k_max 1000 exceeds the vocabulary of 512"):
-        lm.generate([[1, 2]], decoder="rps", k_max=1000)
+    with pytest.raises(DecodeConfigError, match="gen_length 4096 leaves no room for a prompt in the model's context"):
+        lm.generate([[1, 2]], gen_length=4096, block_length=32)
     with pytest.raises(DecodeConfigError, match="temperature must be finite"):
         lm.generate([[1, 2]], temperature=float("inf"))
     with pytest.raises(InputError, match="settings must be a DecodeConfig"):

@@ -29,8 +29,9 @@ import numpy as np
 
 from ..api import LoadedModel
 from ..config import DecodeConfig
+from ..lengths import padded_length
 from .errors import QueueFull
-from .requests import DecodeRequest, padded_length
+from .requests import DecodeRequest
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..api import InputError, LoadedModel, check_seed, left_pad
 from ..config import DecodeConfig, DecodeConfigError
+from ..lengths import padded_length
 from ..tokenizer import TokenizerError
 from .errors import RequestError
 
@@ -223,11 +224,6 @@ def check_length(ids: list[int], settings: DecodeConfig, served: ServedModel, pa
             message = f"max_tokens {max_tokens} (rounded up to blocks of {settings.block_length}) is too long: {exc}"
             raise RequestError(message, param="max_tokens", code="context_length_exceeded") from None
         raise RequestError(f"the prompt is too long: {exc}", param=param, code="context_length_exceeded") from None
-
-
-def padded_length(tokens: int, bucket: int) -> int:
-    """A prompt's length once left-padded to its bucket (``generate``'s ``prompt_bucket``)."""
-    return -(-tokens // bucket) * bucket
 
 
 def _stop(fields: dict) -> tuple[str, ...]:
