@@ -27,7 +27,7 @@ from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE, CheckpointError
 from models import DiffusionLM, ModelConfig, load_config
 from models.transformer import default_unroll_layers
 
-from .config import DecodeConfig, DecodeConfigError, check_for_model, settings_from
+from .config import DecodeConfig, DecodeConfigError, check_for_model, merged_fields, settings_from
 from .engine import decode, decode_blocks, decode_start, finish, streamed
 from .errors import InputError
 from .lengths import check_context
@@ -69,21 +69,25 @@ def decode_defaults(path: str | Path) -> dict[str, int]:
     return {key: int(value) for key, value in values.items()}
 
 
-def model_settings(model_dir: str | Path | None, fields: dict[str, Any] | None = None) -> DecodeConfig:
+def model_settings(
+    model_dir: str | Path | None, fields: dict[str, Any] | None = None, base: dict[str, Any] | None = None
+) -> DecodeConfig:
     """The settings of a decode on ``model_dir``: ``fields`` (``DecodeConfig`` fields a user set)
-    over the directory's ``decode_defaults.json`` over ``DecodeConfig``'s own defaults. A block
-    length not given falls back to the directory's, else to min(32, gen_length).
+    over ``base`` (a named setting such as ``config.RECOMMENDED``) over the directory's
+    ``decode_defaults.json`` over ``DecodeConfig``'s own defaults. A block length not given falls
+    back to the directory's, else to min(32, gen_length). ``fields`` apply to ``base`` as
+    ``config.settings_from`` does: ``decoder="rps"`` over a PSD base drops the base's depth.
 
     Every front end (CLI, benchmark, evaluation, server) builds its settings here."""
     fields = {k: v for k, v in (fields or {}).items() if v is not None}
     defaults = decode_defaults(model_dir) if model_dir is not None and Path(model_dir).is_dir() else {}
-    merged = {**defaults, **fields}
-    if "block_length" not in merged:
-        gen_length = merged.get("gen_length", DecodeConfig.gen_length)
+    lengths = {**defaults, **{k: fields.pop(k) for k in DECODE_DEFAULT_KEYS if k in fields}}
+    if "block_length" not in lengths:
+        gen_length = lengths.get("gen_length", DecodeConfig.gen_length)
         if isinstance(gen_length, int) and gen_length > 0:
-            merged["block_length"] = min(DecodeConfig.block_length, gen_length)
+            lengths["block_length"] = min(DecodeConfig.block_length, gen_length)
     try:
-        return DecodeConfig(**merged)
+        return DecodeConfig(**merged_fields({**(base or {}), **lengths}, fields))
     except TypeError as exc:  # an unknown field name
         raise DecodeConfigError(f"unknown decoding setting: {exc}") from None
 

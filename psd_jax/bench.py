@@ -19,9 +19,13 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from .api import InputError, LoadedModel, default_model_path, load_model, model_settings
-from .config import DecodeConfig, DecodeConfigError
+from models import load_config
+
+from .api import DTYPES, LoadedModel, default_model_path, load_model, model_settings
+from .config import DecodeConfig, check_for_model
+from .errors import InputError
 from .flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, positive_int
+from .lengths import check_context
 from .scoring import is_correct, load_jsonl
 
 BASELINE = "fixed-1"
@@ -244,7 +248,7 @@ def build_parser() -> ArgumentParser:
         help="do not wrap questions in the chat template (default: when the tokenizer has one)",
     )
     p.add_argument("--prompt-bucket", type=positive_int, default=32, help="pad prompt lengths up to a multiple of this")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
     p.add_argument("--out", default="bench_out", help="output directory for JSON, Markdown and PNG")
     return p
 
@@ -270,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(f"{name} (only with --all or --decoders)" if name in OPT_IN else name for name in known))
             return 0
         matrix = decoder_matrix(base, selected_names(args, known))
+        mcfg = load_config(model_dir)
+        for settings in matrix.values():
+            check_for_model(settings, mcfg)
         data = Path(args.data) if args.data else model_dir / "test.jsonl"
         if not data.is_file():
             raise InputError(f"no problem file {data}: pass --data FILE.jsonl")
@@ -277,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         if not examples:
             raise InputError(f"{data} holds no problems")
         lm = load_model(model_dir, dtype=args.dtype)
-    except (InputError, DecodeConfigError, FileNotFoundError, ValueError) as exc:
+        check_prompts(lm, examples, base.gen_length, args.chat, args.prompt_bucket)
+    except (FileNotFoundError, ValueError) as exc:  # InputError, DecodeConfigError, ConfigError, ...
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     summaries = run_matrix(lm, matrix, examples, args)
@@ -301,6 +309,13 @@ def main(argv: list[str] | None = None) -> int:
         f"block {base.block_length}, cache {base.cache}",
     )
     return 0
+
+
+def check_prompts(lm: LoadedModel, examples: list[dict], gen_length: int, chat: bool | None, bucket: int) -> None:
+    """Every question encodes and fits the context with the generation: checked before the first
+    decode, so that no setting of the matrix fails after others have run."""
+    for i, ids in enumerate(lm.prompt_ids([ex["question"] for ex in examples], chat)):
+        check_context(len(ids), bucket, gen_length, lm.config.max_length, f"problem {i + 1}'s question")
 
 
 def run_matrix(lm: LoadedModel, matrix: dict[str, DecodeConfig], examples: list[dict], args) -> list[dict]:

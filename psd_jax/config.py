@@ -300,13 +300,18 @@ def settings_from(base: DecodeConfig, overrides: dict[str, Any]) -> DecodeConfig
     config, not an error about its depth)."""
     if not overrides:
         return base
-    values = {**base.changed(), **overrides}
-    defaults = _defaults()
+    try:
+        return DecodeConfig(**merged_fields(base.changed(), overrides))
+    except TypeError as exc:
+        raise DecodeConfigError(f"unknown decoding setting: {exc}") from None
+
+
+def merged_fields(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``base`` fields with ``overrides`` applied, dropping the base's settings that the resulting
+    policy and decoder do not use (``settings_from``'s rule, on plain field dicts)."""
+    values = {**base, **overrides}
     probe = dataclasses.replace(DecodeConfig(), **{k: values[k] for k in ("policy", "decoder") if k in values})
     for name, (used, _) in USED_ONLY_WITH.items():
         if name not in overrides and not used(probe):
-            values[name] = defaults[name]
-    try:
-        return DecodeConfig(**values)
-    except TypeError as exc:
-        raise DecodeConfigError(f"unknown decoding setting: {exc}") from None
+            values.pop(name, None)
+    return values

@@ -1,8 +1,9 @@
 """``python -m psd_jax.generate``: decode prompts with a diffusion LM and print answers and stats.
 
-With no prompt, the first questions of the model directory's held-out set (``test.jsonl``, shipped
-with the default model) are answered twice, by the recommended decoder (``config.RECOMMENDED``, or
-the decoding flags given) and by one token per step, next to the reference answer.
+With no prompt, the first 8 questions of the model directory's held-out set (``test.jsonl``,
+shipped with the default model) are answered twice, by the recommended decoder
+(``config.RECOMMENDED``, with any decoding flags given applied on top of it) and by one token per
+step, next to the reference answer.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import json
 import sys
 from pathlib import Path
 
-from .api import Generation, InputError, LoadedModel, check_seed, default_model_path, load_model, model_settings
-from .config import RECOMMENDED, DecodeConfig, DecodeConfigError
+from models import load_config
+
+from .api import DTYPES, Generation, LoadedModel, check_seed, default_model_path, load_model, model_settings
+from .config import RECOMMENDED, DecodeConfig, check_for_model
+from .errors import InputError
 from .flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, positive_int
-from .sharding import MeshError
-from .tokenizer import TokenizerError
+from .scoring import load_jsonl
 
 HELD_OUT_FILE = "test.jsonl"
 DEMO_PROBLEMS = 8  # held-out questions the first run answers (one batch per decoder)
@@ -25,7 +28,10 @@ EXPLAIN_STATS = "NFE = model calls; TPF = tokens per forward (generated tokens /
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m psd_jax.generate", description=__doc__)
     p.add_argument("--model", help="HF or converted model directory (default: the shipped default model)")
-    src = p.add_argument_group("prompts (default: the first question of the model directory's test.jsonl)")
+    src = p.add_argument_group(
+        f"prompts (default: the first {DEMO_PROBLEMS} questions of the model directory's {HELD_OUT_FILE}, answered "
+        "by the recommended decoder, with the decoding flags given on top of it, and by one token per step)"
+    )
     src.add_argument("--prompt", action="append", default=[], help="prompt text (repeatable)")
     src.add_argument("--prompt-file", help="file with one prompt per line")
     src.add_argument(
@@ -40,7 +46,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--no-chat", action="store_false", dest="chat", help="never use the chat template")
     p.add_argument("--seed", type=int, default=0, help="PRNG seed for sampling and random confidences, in [0, 2**32)")
     add_decode_flags(p)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
     p.add_argument("--mesh", help='shard over devices, e.g. "data=2,model=4" (default: one device)')
     p.add_argument("--distributed", action="store_true", help="multi-host: call jax.distributed.initialize() first")
     p.add_argument("--prompt-bucket", type=positive_int, default=32, help="pad prompt lengths up to a multiple of this")
@@ -49,11 +55,10 @@ def build_parser() -> ArgumentParser:
 
 
 def held_out_examples(model_dir: Path, n: int = DEMO_PROBLEMS) -> list[dict]:
-    """The first ``n`` ``{"question", "answer"}`` of the directory's held-out set (none if it ships none)."""
+    """The first ``n`` ``{"question", "answer"}`` of the directory's held-out set (none if it ships
+    none); every line is checked (``scoring.load_jsonl``)."""
     test = model_dir / HELD_OUT_FILE
-    if not test.is_file():
-        return []
-    return [json.loads(line) for line in test.read_text().splitlines()[:n] if line.strip()]
+    return load_jsonl(test)[:n] if test.is_file() else []
 
 
 def prompts_from(args) -> list:
@@ -96,7 +101,13 @@ def describe(settings: DecodeConfig) -> str:
 
 
 def run_demo(
-    lm: LoadedModel, examples: list[dict], settings: DecodeConfig, seed: int, chat: bool | None, as_json: bool
+    lm: LoadedModel,
+    examples: list[dict],
+    settings: DecodeConfig,
+    seed: int,
+    chat: bool | None,
+    as_json: bool,
+    prompt_bucket: int | None = 32,
 ) -> None:
     """Answer held-out questions with ``settings`` and with one token per step, in one batch each;
     show the first question in full and both decoders' accuracy and stats side by side."""
@@ -104,7 +115,10 @@ def run_demo(
 
     baseline = DecodeConfig(gen_length=settings.gen_length, block_length=settings.block_length)
     questions = [ex["question"] for ex in examples]
-    runs = [(s, lm.generate(questions, s, seed=seed, chat=chat)) for s in dict.fromkeys([settings, baseline])]
+    runs = [
+        (s, lm.generate(questions, s, seed=seed, chat=chat, prompt_bucket=prompt_bucket))
+        for s in dict.fromkeys([settings, baseline])
+    ]
     references = [gold_answer(ex) for ex in examples]
     if as_json:
         for s, results in runs:
@@ -169,17 +183,19 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError(
                 f"no prompt given and {model_dir} has no {HELD_OUT_FILE}: use --prompt, --prompt-file or --prompt-ids"
             )
-        settings = model_settings(model_dir, fields if fields or not examples else {**RECOMMENDED})
+        # The demo runs the recommended setting, with the flags given on top of it.
+        settings = model_settings(model_dir, fields, RECOMMENDED if examples else None)
+        check_for_model(settings, load_config(model_dir))  # before the weights load
         if args.distributed:
             import jax
 
             jax.distributed.initialize()
         lm = load_model(model_dir, dtype=args.dtype, mesh=args.mesh)
         if examples:
-            run_demo(lm, examples, settings, args.seed, args.chat, args.json)
+            run_demo(lm, examples, settings, args.seed, args.chat, args.json, args.prompt_bucket)
             return 0
         results = lm.generate(prompts, settings, seed=args.seed, chat=args.chat, prompt_bucket=args.prompt_bucket)
-    except (InputError, DecodeConfigError, TokenizerError, MeshError, FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError) as exc:  # InputError, DecodeConfigError, MeshError, ConfigError, ...
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print_results(prompts, results, args.json)

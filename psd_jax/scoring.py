@@ -13,6 +13,8 @@ import json
 import re
 from pathlib import Path
 
+from .errors import InputError
+
 __all__ = ["extract_answer", "gold_answer", "is_correct", "load_jsonl", "normalize_number"]
 
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?|-?\.\d+")
@@ -63,14 +65,28 @@ def is_correct(prediction_text: str, example: dict) -> bool:
 
 def load_jsonl(path: str | Path) -> list[dict]:
     """Read a jsonl file of objects with ``question`` and ``answer`` fields
-    (our format or GSM8K's own ``train.jsonl``/``test.jsonl``)."""
+    (our format or GSM8K's own ``train.jsonl``/``test.jsonl``).
+
+    Every line is checked here, before any decoding: JSON, a text question, and an answer with a
+    number to score against; ``InputError`` names the file and line of the first bad one (a run
+    must not fail on line 400 after an hour of decoding)."""
     examples = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read it as UTF-8 text ({exc})") from None
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
             obj = json.loads(line)
-            if "question" not in obj or "answer" not in obj:
-                raise ValueError(f"{path}:{lineno}: expected 'question' and 'answer' fields")
-            examples.append(obj)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}:{lineno}: not a JSON object ({exc.msg})") from None
+        if not isinstance(obj, dict) or "question" not in obj or "answer" not in obj:
+            raise InputError(f"{path}:{lineno}: expected 'question' and 'answer' fields")
+        if not isinstance(obj["question"], str) or not obj["question"].strip():
+            raise InputError(f"{path}:{lineno}: 'question' must be non-empty text")
+        if extract_answer(str(obj["answer"])) is None:
+            raise InputError(f"{path}:{lineno}: no number in the answer {obj['answer']!r} to score against")
+        examples.append(obj)
     return examples

@@ -215,6 +215,61 @@ def test_text_prompt_on_the_shipped_model_uses_its_chat_template(capsys):
     assert out["output_ids"] == expected.output_ids and out["tokens"] > 0
 
 
+def _demo_calls(monkeypatch, argv: list[str]) -> list[tuple]:
+    """``generate`` without a prompt on the shipped model, with the decodes replaced by a recorder:
+    (settings, prompt_bucket) of each ``LoadedModel.generate`` call the demo makes."""
+    from psd_jax import generate as generate_module
+
+    calls = []
+
+    class Recorder:
+        path = default_model_path()
+
+        def generate(self, questions, settings, *, seed, chat, prompt_bucket):
+            calls.append((settings, prompt_bucket))
+            raise _Stop
+
+    monkeypatch.setattr(generate_module, "load_model", lambda *a, **k: Recorder())
+    with pytest.raises(_Stop):
+        generate_main(argv)
+    return calls
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_demo_applies_flags_on_top_of_the_recommended_setting(monkeypatch):
+    ((settings, _),) = _demo_calls(monkeypatch, ["--depth", "5"])
+    assert settings == model_settings(default_model_path(), {**RECOMMENDED, "depth": 5})
+    ((settings, _),) = _demo_calls(monkeypatch, ["--decoder", "rps"])  # PSD's depth dropped, the rest kept
+    expected = {k: v for k, v in RECOMMENDED.items() if k != "depth"}
+    assert settings == model_settings(default_model_path(), {**expected, "decoder": "rps"})
+
+
+def test_demo_honours_prompt_bucket(monkeypatch):
+    ((_, bucket),) = _demo_calls(monkeypatch, ["--prompt-bucket", "64"])
+    assert bucket == 64
+
+
+def test_demo_refuses_a_bad_held_out_line_before_loading(capsys, tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    for item in (GOLDENS / "llada-tiny").iterdir():
+        (model / item.name).symlink_to(item)
+    (model / "test.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n{"prompt": "no question"}\n')
+    assert generate_main(["--model", str(model)]) == 2
+    assert f"{model / 'test.jsonl'}:2: expected 'question' and 'answer' fields" in _one_line_error(capsys)
+
+
+def test_generate_refuses_a_generation_beyond_the_context_before_loading(capsys, monkeypatch):
+    from psd_jax import generate as generate_module
+
+    monkeypatch.setattr(generate_module, "load_model", lambda *a, **k: pytest.fail("loaded the weights"))
+    assert generate_main(TINY + ["--gen-length", "4096", "--block-length", "32"]) == 2
+    assert "gen_length 4096 leaves no room for a prompt in the model's context" in _one_line_error(capsys)
+
+
 # ---------------------------------------------------------------------------- bench
 
 
@@ -236,6 +291,28 @@ def test_bench_bad_input_is_one_line_and_exit_2(capsys, tmp_path, extra, message
         code = exc.code
     assert code == 2
     assert message in _one_line_error(capsys)
+
+
+def test_bench_refuses_a_generation_beyond_the_context_before_loading(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "load_model", lambda *a, **k: pytest.fail("loaded the weights"))
+    assert bench.main(["--gen-length", "4096", "--block-length", "32", "--out", str(tmp_path)]) == 2
+    assert "gen_length 4096 leaves no room for a prompt in the model's context" in _one_line_error(capsys)
+
+
+def test_bench_refuses_bad_data_before_any_decode(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "run_matrix", lambda *a, **k: pytest.fail("decoded"))
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"question": "q", "answer": "#### 1"}\n{"question": "q", "answer": "no number"}\n')
+    assert bench.main(["--data", str(data), "--out", str(tmp_path)]) == 2
+    assert f"{data}:2: no number in the answer 'no number' to score against" in _one_line_error(capsys)
+    long = " ".join(["seven"] * 5000)  # far beyond the shipped model's context
+    data.write_text(f'{{"question": "q", "answer": "#### 1"}}\n{{"question": "{long}", "answer": "#### 2"}}\n')
+    assert bench.main(["--data", str(data), "--out", str(tmp_path)]) == 2
+    assert "problem 2's question (" in _one_line_error(capsys)
+
+
+def test_generate_help_says_what_the_demo_answers():
+    assert "the first 8 questions of the model directory's test.jsonl" in " ".join(build_parser().format_help().split())
 
 
 def test_bench_data_without_problems(capsys, tmp_path):

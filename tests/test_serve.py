@@ -317,6 +317,9 @@ def test_client_that_leaves_mid_stream_frees_its_row(server, lm, monkeypatch):
         (["--depth", "5"], "depth=5 would be ignored"),
         (["--warmup-lengths", "600"], "exceeds the model's context"),
         (["--batch-sizes", "1,4", "--max-batch", "8"], "is not the largest"),
+        (["--port", "70000"], "argument --port: expected a port number from 1 to 65535, got 70000"),
+        (["--port", "0"], "argument --port: expected a port number from 1 to 65535, got 0"),
+        (["--gen-length", "4096", "--block-length", "32"], "gen_length 4096 leaves no room for a prompt"),
     ],
 )
 def test_bad_flags_print_one_line_and_exit_2(argv, message, capsys):

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from psd_jax import InputError
 from psd_jax.scoring import extract_answer, gold_answer, is_correct, load_jsonl, normalize_number
 from psd_jax.tokenizer import encode_prompt
 from scripts.default_model import train as train_default
@@ -80,7 +81,25 @@ def test_load_jsonl_gsm8k_format(tmp_path):
     examples = load_jsonl(path)
     assert [gold_answer(ex) for ex in examples] == ["72", "1500"]
     path.write_text(json.dumps({"prompt": "x"}) + "\n")
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError, match=r"gsm8k.jsonl:1: expected 'question' and 'answer' fields"):
+        load_jsonl(path)
+
+
+@pytest.mark.parametrize(
+    "bad_line, message",
+    [
+        ('{"question": "q", "answer": "none"}', r":3: no number in the answer 'none' to score against"),
+        ('{"question": "q", "answer": 5', r":3: not a JSON object \(Expecting ',' delimiter\)"),
+        ('["q", "1"]', r":3: expected 'question' and 'answer' fields"),
+        ('{"question": 7, "answer": "#### 1"}', r":3: 'question' must be non-empty text"),
+    ],
+)
+def test_load_jsonl_checks_every_line_and_names_it(tmp_path, bad_line, message):
+    """A bad line is refused when the file is read, naming file and line, not when a run reaches it."""
+    path = tmp_path / "data.jsonl"
+    good = json.dumps({"question": "q", "answer": "#### 1"})
+    path.write_text(f"{good}\n{good}\n{bad_line}\n{good}\n")
+    with pytest.raises(InputError, match="data.jsonl" + message):
         load_jsonl(path)
 
 

@@ -11,8 +11,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..api import InputError, default_model_path, left_pad, load_model, model_settings
-from ..config import DecodeConfigError
+from models import load_config
+
+from ..api import DTYPES, InputError, default_model_path, left_pad, load_model, model_settings
+from ..config import DecodeConfigError, check_for_model
 from ..flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, positive_int
 from ..sharding import MeshError
 from ..tokenizer import TokenizerError
@@ -32,6 +34,17 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def port_number(text: str) -> int:
+    """argparse type for ``--port``: a TCP port, 1 to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {value}")
+    return value
+
+
 def length_list(text: str) -> tuple[int, ...]:
     """argparse type for ``--warmup-lengths`` and ``--batch-sizes``: comma-separated positive
     integers, or ``none``."""
@@ -48,11 +61,11 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--model", help="HF or converted model directory (default: the shipped default model)")
     p.add_argument("--served-model-name", help="the model id clients send (default: the directory's name)")
     add_decode_flags(p)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
     p.add_argument("--mesh", help='shard over devices, e.g. "data=2,model=4" (default: one device)')
     p.add_argument("--distributed", action="store_true", help="multi-host: call jax.distributed.initialize() first")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
-    p.add_argument("--port", type=positive_int, default=DEFAULT_PORT)
+    p.add_argument("--port", type=port_number, default=DEFAULT_PORT, help=f"TCP port (default: {DEFAULT_PORT})")
     p.add_argument("--max-batch", type=positive_int, help=f"most requests decoded in one batch (default: {MAX_BATCH})")
     p.add_argument(
         "--batch-sizes",
@@ -97,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model_dir = Path(args.model) if args.model is not None else default_model_path()
         defaults = model_settings(model_dir, decode_fields(args))
+        check_for_model(defaults, load_config(model_dir))  # before the weights load
         if args.distributed:
             import jax
 
