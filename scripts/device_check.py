@@ -24,8 +24,8 @@ Steps, most important first (``python -m scripts.device_check STEP --out DIR [--
   interleaved (JAX, then torch, in each pass): the ratio JAX / torch eager per row.
 - ``torch_compile``: the same with ``torch.compile`` as a third backend in each pass.
 
-A row that fails records its error and the step moves on (the PyTorch backend refuses a cache it
-does not have). JAX programs compiled by ``jax_decode`` are read back from a persistent
+A row that fails (out of memory, a compiler failure) records its error and the step moves on; the
+PyTorch backend runs every decoder with both caches, so a torch row has no error of its own. JAX programs compiled by ``jax_decode`` are read back from a persistent
 compilation cache by the later steps (``DEVICE_CHECK_CACHE``), so they compile once.
 
 Time on one NVIDIA H200 (estimates: the script has not yet run on a GPU). Each step also pays
@@ -373,7 +373,7 @@ def measure_row(backends: dict, row: dict, prof: Profile, all_prompts, deadline:
                 continue
             try:
                 runs[name].append(run_once(lm, settings, batch_prompts, prof.prompt_length))
-            except Exception as exc:  # a cache torch lacks, out of memory, a compiler failure, ...
+            except Exception as exc:  # out of memory, a compiler failure, ...
                 errors[name] = error_text(exc)
                 print(f"  {row['key']} {name}: {errors[name]}", file=sys.stderr)
                 empty_device_cache()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import struct
 
@@ -66,19 +65,6 @@ def test_bfloat16_matmul_accumulates_in_float32_and_rounds_once():
     assert np.mean(got == reference) > 0.95
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="an XLA:CPU lowering property")
-def test_bfloat16_matmul_on_cpu_does_not_upcast_its_operands():
-    """XLA:CPU rewrites a bfloat16-out dot as a float32 dot on converted operands (about 4x slower);
-    ``matmul`` asks for a float32 result instead, which its bfloat16 GEMM serves directly."""
-    x, w = jnp.ones((8, 64), jnp.bfloat16), jnp.ones((64, 32), jnp.bfloat16)
-    upcast = r"= f32\[(8,64|64,32)\]\S* convert\("
-    plain_hlo = jax.jit(lambda x, w: x @ w).lower(x, w).compile().as_text()
-    assert re.search(upcast, plain_hlo), "the plain product no longer upcasts: drop the workaround"
-    hlo = jax.jit(matmul).lower(x, w).compile().as_text()
-    assert re.search(r"bf16\[8,64\]\S* parameter", hlo) and " dot(" in hlo
-    assert not re.search(upcast, hlo)
-
-
 def test_bfloat16_swiglu_rounds_once_as_torch():
     """SiLU of a bfloat16 gate evaluated in float32 and rounded once, as torch's kernel (a bfloat16
     ``jax.nn.silu`` rounds after each op and disagrees with torch on about a third of values)."""
@@ -95,21 +81,13 @@ def test_bfloat16_swiglu_rounds_once_as_torch():
     assert np.mean(got == want) > 0.999
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="an XLA:CPU fusion property")
-def test_rope_tables_are_evaluated_once_per_forward():
-    """sin/cos of the positions, computed once per forward: XLA otherwise fuses them into each
-    layer's q and k RoPE and re-evaluates them per head."""
+def test_rope_tables_match_their_definition():
     positions = jnp.array([[0, 1, 2, 7, 4095], [1, 1, 0, 1, 2]])
     sin, cos = rope_tables(positions, 8, 10000.0)
     inv_freq = 1.0 / 10000.0 ** (np.arange(0, 8, 2) / 8)
     angles = np.concatenate([np.asarray(positions)[..., None] * inv_freq] * 2, axis=-1)
     np.testing.assert_allclose(sin, np.sin(angles), rtol=0, atol=2e-6)
     np.testing.assert_allclose(cos, np.cos(angles), rtol=0, atol=2e-6)
-    cfg = config_from_dict(json.loads((GOLDENS / "llada-tiny" / "config.json").read_text()))
-    graphdef, params = nnx.split(DiffusionLM(cfg, unroll_layers=True))
-    ids = jnp.zeros((2, 12), jnp.int32)
-    hlo = jax.jit(lambda p, ids: nnx.merge(graphdef, p)(ids)).lower(params, ids).compile().as_text()
-    assert len(re.findall(r" sine\(", hlo)) == 1 and len(re.findall(r" cosine\(", hlo)) == 1
 
 
 def _torch_inv_freq(torch, head_dim: int, theta: float, elementwise: bool = False) -> np.ndarray:

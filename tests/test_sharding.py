@@ -116,12 +116,6 @@ def test_expert_mesh_decodes_single_device_tokens(sharded_run, mesh):
     assert all(len(ids) == MOE_DECODE[mesh].gen_length for ids, _ in run["decoded"])
 
 
-@pytest.mark.parametrize("mesh", MOE_MESHES)
-def test_expert_weights_never_travel(sharded_run, mesh):
-    """The compiled forward has no collective shaped like expert weights (models.moe.expert_parallel)."""
-    assert sharded_run["moe"][mesh]["expert_weight_collectives"] == []
-
-
 def test_kv_cache_sharding_is_pinned(sharded_run):
     """llada-tiny's 4 KV heads split over model=4; on model=8 (which does not divide them) the head
     dimension is split instead of the cache being replicated; rows over data."""
