@@ -1,31 +1,105 @@
-"""``python -m convert --hf-dir DIR --out DIR [--dtype bfloat16]``: HF safetensors -> Orbax."""
+"""``python -m convert --hf-dir DIR --out DIR [--dtype bfloat16]``: HF safetensors -> Orbax.
+
+``--out`` must not exist yet or be an empty directory (which is replaced); it may not be
+``--hf-dir`` or contain it. The checkpoint is written into a hidden sibling of ``--out`` and renamed
+to ``--out`` once complete, so a failed or interrupted run leaves no ``--out`` and can simply be
+rerun. Each parameter goes from the safetensors stream to its Orbax item and is dropped (one
+parameter in host memory at a time).
+
+Exit status: 0 written; 2 bad input, found before any parameter is written (a flag, an unreadable
+or invalid ``--hf-dir``, an ``--out`` that exists, is not empty, or cannot be created); 1 the write
+failed part-way (disk full, an I/O error), the partial output removed. Each error is one line.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
+from pathlib import Path
 
 from models import ConfigError, load_config
+from psd_jax.flags import EXIT_BAD_INPUT, ArgumentParser
 
 from .hf import iter_params
-from .orbax_io import save_params
+from .orbax_io import OutputDirError, check_out_dir, save_params
 from .safetensors_dir import CheckpointError, SafetensorsDir
+
+EXIT_WRITE_FAILED = 1
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_paths(hf_dir: str, out_dir: str) -> tuple[Path, Path]:
+    """``(hf_dir, out_dir)`` resolved, checked before anything is read: a missing ``--hf-dir`` is a
+    ``CheckpointError``, an ``--out`` that may not be written an ``OutputDirError``. ``--out`` inside ``--hf-dir`` is allowed: the converter only
+    adds a directory there and reads the source's files by name."""
+    source = Path(hf_dir).resolve()
+    if not source.exists():
+        raise CheckpointError(f"--hf-dir {source}: no such directory")
+    if not source.is_dir():
+        raise CheckpointError(f"--hf-dir {source}: not a directory")
+    out = Path(out_dir).resolve()
+    if out == source:
+        raise OutputDirError(f"--out {out} is the --hf-dir; choose a separate output directory")
+    if source.is_relative_to(out):
+        raise OutputDirError(f"--out {out} contains the --hf-dir {source}; choose a separate output directory")
+    try:
+        return source, check_out_dir(out)
+    except OutputDirError as exc:
+        raise OutputDirError(f"--out {exc}") from exc
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+def _os_reason(exc: OSError) -> str:
+    """``reason (file)``: the OS's words for the error, then the file it names, if any."""
+    return (exc.strerror or str(exc)) + (f" ({exc.filename})" if exc.filename else "")
+
+
+@contextlib.contextmanager
+def _orbax_errors_unlogged():
+    """Orbax's background threads log a failed write as several ERROR tracebacks (each with
+    TensorStore's kilobytes-long spec) before the save raises; the converter reports the failure
+    itself in one line, so those logs are held back while it writes."""
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        absl.setLevel(level)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m convert", description=__doc__)
+    parser = ArgumentParser(
+        prog="python -m convert", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--hf-dir", required=True, help="Hugging Face model directory (config.json + safetensors)")
-    parser.add_argument("--out", required=True, help="output directory for the Orbax checkpoint")
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--out", required=True, help="output directory for the Orbax checkpoint (new or empty)")
+    parser.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     args = parser.parse_args(argv)
     try:
-        # Each parameter goes from the safetensors stream to its Orbax item and is dropped.
-        cfg = load_config(args.hf_dir)
-        with SafetensorsDir(args.hf_dir) as reader:
-            out = save_params(iter_params(reader, cfg, args.dtype), args.dtype, args.hf_dir, args.out)
-    except (CheckpointError, ConfigError, FileExistsError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        hf_dir, out = check_paths(args.hf_dir, args.out)
+        cfg = load_config(hf_dir)
+        reader = SafetensorsDir(hf_dir)  # every header checked here
+    except (OutputDirError, CheckpointError, ConfigError) as exc:
+        return _fail(str(exc), EXIT_BAD_INPUT)
+    except OSError as exc:
+        return _fail(f"cannot read --hf-dir {args.hf_dir}: {_os_reason(exc)}", EXIT_BAD_INPUT)
+    with reader, _orbax_errors_unlogged():
+        try:
+            params = iter_params(reader, cfg, args.dtype)  # the key set and shapes are checked here
+            save_params(params, args.dtype, hf_dir, out)
+        except OutputDirError as exc:
+            return _fail(f"--out {exc}", EXIT_BAD_INPUT)
+        except (CheckpointError, ConfigError) as exc:
+            return _fail(str(exc), EXIT_BAD_INPUT)
+        except OSError as exc:
+            return _fail(f"writing {out} failed: {exc.strerror or exc}; nothing was kept", EXIT_WRITE_FAILED)
     print(f"wrote {out} ({cfg.family}, {cfg.param_count():,} parameters, {args.dtype})")
     return 0
 

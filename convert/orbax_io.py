@@ -11,9 +11,13 @@ requested dtype and each device reads only its shard.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
+import secrets
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import jax
@@ -48,26 +52,106 @@ def is_orbax_dir(path: str | Path) -> bool:
     return (Path(path) / PARAMS_DIR).is_dir() and (Path(path) / MARKER).is_file()
 
 
+class OutputDirError(ValueError):
+    """An output directory the converter will not write, found before anything is written; the
+    message starts with the directory."""
+
+
+def check_out_dir(out_dir: str | Path) -> Path:
+    """``out_dir`` resolved, if a conversion may produce it: absent, or an empty directory (which
+    the finished output replaces). Anything else is refused, so a conversion never mixes its
+    output with other files or overwrites an earlier one."""
+    out = Path(out_dir).resolve()
+    if out.exists() and not out.is_dir():
+        raise OutputDirError(f"{out}: exists and is not a directory")
+    try:
+        entries = any(out.iterdir()) if out.is_dir() else False
+    except OSError as exc:
+        raise OutputDirError(f"{out}: cannot list it ({exc.strerror})") from exc
+    if entries:
+        raise OutputDirError(f"{out}: already exists and is not empty; choose a new or empty directory")
+    return out
+
+
+@contextlib.contextmanager
+def staged_dir(out: Path) -> Iterator[Path]:
+    """A fresh hidden sibling of ``out`` to write into, renamed to ``out`` when the block completes.
+
+    On any exception (disk full, a bad tensor, Ctrl-C) the sibling and any parent directories
+    made for it are removed, so a failed conversion leaves nothing behind and never a half-written
+    ``out`` that a rerun would refuse. The sibling is in ``out``'s own directory, so the final
+    rename stays on one file system (atomic, no copy). A failure to create it (an unwritable or
+    missing parent) is an ``OutputDirError``; a failure after that propagates as it is.
+    """
+    made = [p for p in (out.parent, *out.parent.parents) if not p.exists()][::-1]  # outermost first
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        for parent in made:
+            parent.mkdir()
+        tmp.mkdir()  # not tempfile.mkdtemp: its 0o700 would become the output's mode
+    except OSError as exc:
+        _remove_empty(made)
+        where = Path(exc.filename).parent if exc.filename else out.parent
+        raise OutputDirError(f"{out}: cannot write in {where} ({exc.strerror})") from exc
+    try:
+        yield tmp
+        os.replace(tmp, out)  # also replaces an empty directory at ``out``
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_empty(made)
+        raise
+
+
+def _remove_empty(dirs: list[Path]) -> None:
+    for d in reversed(dirs):  # innermost first
+        try:
+            d.rmdir()
+        except OSError:
+            return
+
+
+_OS_ERROR_CODE = re.compile(r"\[os_error_code='(\d+)'\]")
+
+
+def _os_error(exc: ValueError, path: Path) -> OSError | None:
+    """TensorStore (under Orbax) reports a failed write as a ``ValueError`` kilobytes long that
+    carries the OS error code (``... No space left on device [os_error_code='28'] [tensorstore_spec=...]``).
+    As an ``OSError`` naming ``path`` it is reported like any other failed write; ``None`` when the
+    error is not the OS's."""
+    match = _OS_ERROR_CODE.search(str(exc))
+    if match is None:
+        return None
+    code = int(match.group(1))
+    return OSError(code, os.strerror(code), str(path))
+
+
 def save_params(params: Iterable[tuple[str, object]], dtype, source_dir: str | Path, out_dir: str | Path) -> Path:
     """Write ``(name, array)`` pairs (host numpy or JAX arrays), one Orbax item each, plus the side files.
 
     Each item is finished before the next pair is requested, so with a generator (the converter's
-    ``iter_params``) only one parameter is alive at a time.
+    ``iter_params``) only one parameter is alive at a time. Everything is written into a hidden
+    sibling of ``out_dir`` that becomes ``out_dir`` only once complete (``staged_dir``): a failure
+    leaves no ``out_dir``. ``out_dir`` must be absent or empty (``check_out_dir``). A write failure
+    is an ``OSError`` naming the file (TensorStore's included).
     """
-    out = Path(out_dir).resolve()
-    if (out / PARAMS_DIR).exists():
-        raise FileExistsError(f"{out / PARAMS_DIR} already exists; choose an empty --out directory")
-    out.mkdir(parents=True, exist_ok=True)
-    for name in SIDE_FILES:
-        src = Path(source_dir) / name
-        if src.is_file():
-            shutil.copy2(src, out / name)
-    with ocp.StandardCheckpointer() as ckpt:
-        for name, array in params:
-            ckpt.save(out / PARAMS_DIR / name, {"value": array})
-            ckpt.wait_until_finished()
-            del array
-    (out / MARKER).write_text(json.dumps({"format": FORMAT, "dtype": str(jnp.dtype(dtype))}, indent=2) + "\n")
+    out = check_out_dir(out_dir)
+    with staged_dir(out) as tmp:
+        for name in SIDE_FILES:
+            src = Path(source_dir) / name
+            if src.is_file():
+                shutil.copy2(src, tmp / name)
+        with ocp.StandardCheckpointer() as ckpt:
+            for name, array in params:
+                item = tmp / PARAMS_DIR / name
+                try:
+                    ckpt.save(item, {"value": array})
+                    ckpt.wait_until_finished()
+                except ValueError as exc:
+                    if (os_error := _os_error(exc, item)) is None:
+                        raise
+                    raise os_error from exc
+                del array
+        (tmp / MARKER).write_text(json.dumps({"format": FORMAT, "dtype": str(jnp.dtype(dtype))}, indent=2) + "\n")
     return out
 
 
