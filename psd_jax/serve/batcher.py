@@ -9,8 +9,10 @@ loop keeps answering), and each request gets its rows' progress after every bloc
 whose client left is stopped at the next block boundary; a decode that raises fails only its own
 batch's requests.
 
-Greedy rows decode exactly as alone. A sampled request with a ``seed`` decodes alone, so its
-answer is ``generate``'s for that seed; sampled requests without one share a batch and a drawn seed.
+Greedy rows decode exactly as alone. A sampled request with a ``seed`` decodes alone at the smallest
+compiled batch size, so its answer is ``generate``'s for that seed when that size is 1 (the
+sampling noise is drawn for the padded batch); sampled requests without one share a batch and a
+drawn seed.
 """
 
 from __future__ import annotations
