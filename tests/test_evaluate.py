@@ -24,11 +24,13 @@ pytest.importorskip("lm_eval")
 from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.utils import simple_parse_args_string  # noqa: E402
 
-from psd_jax import evaluate, load_model  # noqa: E402
+from psd_jax import InputError, load_model  # noqa: E402
 from psd_jax.api import DEFAULT_MODEL_DIR, model_settings  # noqa: E402
 from psd_jax.bench import decoder_matrix, run_setting  # noqa: E402
-from psd_jax.harness_args import EvalArgsError, parse_eval_args  # noqa: E402
-from psd_jax.loglikelihood import Estimator, LikelihoodScorer  # noqa: E402
+from psd_jax.evaluate import cli  # noqa: E402
+from psd_jax.evaluate.args import EvalArgsError, parse_eval_args  # noqa: E402
+from psd_jax.evaluate.efficiency import efficiency_files  # noqa: E402
+from psd_jax.evaluate.loglikelihood import Estimator, LikelihoodScorer  # noqa: E402
 from psd_jax.scoring import load_jsonl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,7 +89,7 @@ def samples(out: Path, task: str) -> list[dict]:
 
 @pytest.fixture
 def harness_in_process(monkeypatch):
-    """``evaluate.main`` here, with the harness's built-in task index off and offline datasets."""
+    """``psd_jax.evaluate.main`` here, with the harness's built-in task index off and offline datasets."""
     import lm_eval.tasks
 
     original = lm_eval.tasks.TaskManager
@@ -98,7 +100,7 @@ def harness_in_process(monkeypatch):
     monkeypatch.setattr(lm_eval.tasks, "TaskManager", local_only)
     for key, value in OFFLINE.items():
         monkeypatch.setenv(key, value)
-    return evaluate.main
+    return cli.main
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +136,7 @@ def test_harness_score_equals_bench_problem_by_problem(tmp_path):
     texts = [g.text for g in lm.generate([ex["question"] for ex in examples], settings)]
     assert [s["resps"][0][0] for s in logged] == texts
 
-    (record,) = evaluate.efficiency_files(tmp_path / "out")
+    (record,) = efficiency_files(tmp_path / "out")
     stats = record["tasks"]["heldout"]
     assert stats["requests"] == n and stats["nfe"] == row.nfe and stats["tokens"] == row.tokens
     assert "psd_jax efficiency" in run.stdout and "tokens/s" in run.stdout
@@ -160,7 +162,7 @@ def test_multiple_choice_task_through_loglikelihood(tmp_path, harness_in_process
     assert code == 0
     logged = samples(tmp_path / "out", "choice")
     scorer = LikelihoodScorer(shipped, Estimator(mc_num=8, mc_batch=4, seed=3, draws_per_call=5))
-    from psd_jax.harness import CREATED
+    from psd_jax.evaluate.harness import CREATED
 
     model = CREATED[-1]
     correct = []
@@ -264,7 +266,7 @@ def request(context: str, task: str = "t", **kwargs) -> Instance:
 
 @pytest.fixture(scope="module")
 def harness_model():
-    from psd_jax.harness import PsdJaxLM
+    from psd_jax.evaluate.harness import PsdJaxLM
 
     return PsdJaxLM(batch_size=3)
 
@@ -291,7 +293,7 @@ def dataclass_replace(obj, **changes):
 
 
 def test_until_cuts_the_text_and_special_tokens_are_removed(harness_model):
-    from psd_jax.harness import _GenJob
+    from psd_jax.evaluate.harness import _GenJob
 
     model = harness_model
     ids = model._encode("hens 5 * 4 = 20\nQuestion: next<|eot_id|>")
@@ -326,39 +328,232 @@ def test_model_arguments_parse_like_the_harness():
 
 
 def test_default_model_is_inserted():
-    assert evaluate.with_default_model(["--tasks", "x"]) == ["--model", "psd_jax", "--tasks", "x"]
-    assert evaluate.with_default_model(["run", "--tasks", "x"])[:3] == ["run", "--model", "psd_jax"]
-    assert evaluate.with_default_model(["--model", "hf"]) == ["--model", "hf"]
-    assert evaluate.with_default_model(["ls", "tasks"]) == ["ls", "tasks"]
+    assert cli.with_default_model(["--tasks", "x"]) == ["--model", "psd_jax", "--tasks", "x"]
+    assert cli.with_default_model(["run", "--tasks", "x"])[:3] == ["run", "--model", "psd_jax"]
+    assert cli.with_default_model(["--model", "hf"]) == ["--model", "hf"]
+    assert cli.with_default_model(["ls", "tasks"]) == ["ls", "tasks"]
+
+
+def small_vocab_dir(root: Path) -> Path:
+    """The shipped model's config with a 32-token vocabulary beside an empty weights file: a
+    directory that passes the pre-check's file checks, whose weights would fail to load if read."""
+    root.mkdir(parents=True, exist_ok=True)
+    config = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())
+    (root / "config.json").write_text(json.dumps({**config, "vocab_size": 32, "embedding_size": 32}))
+    (root / "model.safetensors").write_bytes(b"")
+    return root
+
+
+def bad_run_dirs(root: Path) -> dict[str, Path]:
+    (root / "empty").mkdir(parents=True)
+    (root / "config_only").mkdir()
+    (root / "config_only" / "config.json").write_text((DEFAULT_MODEL_DIR / "config.json").read_text())
+    return {"empty": root / "empty", "config_only": root / "config_only", "small": small_vocab_dir(root / "small")}
 
 
 @pytest.mark.parametrize(
-    ("model_args", "message"),
+    ("argv", "message"),
     [
-        ("foo=1,policy=fixed", "unknown model argument(s) foo"),
-        ("depth=5", "depth=5 would be ignored"),
-        ("policy=threshold,threshold=2", "threshold must be in (0, 1]"),
-        ("mc_num=0", "mc_num must be an integer >= 1"),
+        (["--model_args", "foo=1,policy=fixed"], "unknown model argument(s) foo"),
+        (["--model_args", "depth=5"], "depth=5 would be ignored"),
+        (["--model_args", "policy=threshold,threshold=2"], "threshold must be in (0, 1]"),
+        (["--model_args", "mc_num=0"], "mc_num must be an integer >= 1"),
+        (["--model_args", "pretrained={empty}"], "{empty}: not a model directory (no config.json)"),
+        (["--model_args", "pretrained={config_only}"], "{config_only}: no weights (model.safetensors, "),
+        (["--model_args", "pretrained={small},decoder=rps,k_max=40"], "k_max 40 exceeds the vocabulary of 32"),
+        (
+            ["--model_args", "gen_length=512"],
+            "gen_length 512 leaves no room for a prompt in the model's context of 512",
+        ),
+        (["--gen_kwargs", "top_p=0.9"], "generation kwarg(s) top_p=0.9 cannot be honoured"),
+        (
+            ["--model_args", "temperature=0.5", "--gen_kwargs", "do_sample=false"],
+            "--gen_kwargs ask for temperature 0 (do_sample=false means 0), but the model argument temperature=0.5",
+        ),
     ],
 )
-def test_bad_model_arguments_fail_before_any_model_call(model_args, message, capsys, monkeypatch):
-    import psd_jax.harness
+def test_bad_arguments_fail_before_the_harness_indexes_tasks(argv, message, tmp_path, capsys, monkeypatch):
+    """Model arguments and --gen_kwargs are refused by the pre-check, in one line and exit code 2,
+    before the harness makes its task index or any model is loaded."""
+    import lm_eval.tasks
 
-    monkeypatch.setattr(psd_jax.harness, "load_model", lambda *a, **k: pytest.fail("model loaded"))
-    code = evaluate.main(["--tasks", "nothing", "--model_args", model_args])
+    import psd_jax.evaluate.harness
+
+    dirs = bad_run_dirs(tmp_path)
+    monkeypatch.setattr(psd_jax.evaluate.harness, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", lambda *a, **k: pytest.fail("tasks indexed"))
+    code = cli.main(["--tasks", "nothing", *(a.format(**dirs) for a in argv)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and message.format(**dirs) in err[0]
 
 
-def test_requests_beyond_the_context_fail_before_any_decode(tmp_path, harness_in_process, capsys, monkeypatch):
+def test_harness_model_checks_the_settings_against_the_model_before_loading(monkeypatch):
+    """The Python API's path (the harness making the model) runs the same model-dependent check."""
+    import psd_jax.evaluate.harness
+    from psd_jax.evaluate.harness import PsdJaxLM
+
+    monkeypatch.setattr(psd_jax.evaluate.harness, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    with pytest.raises(EvalArgsError, match="gen_length 512 leaves no room for a prompt"):
+        PsdJaxLM(gen_length=512)
+
+
+def test_a_too_old_harness_is_one_line_naming_the_version(capsys, monkeypatch):
+    """lm-eval before 0.4.10 has no lm_eval._cli (the pre-check's parser): one error line; the
+    floor is pyproject.toml's eval extra."""
+    import tomllib
+
+    monkeypatch.setitem(sys.modules, "lm_eval._cli", None)  # import lm_eval._cli fails, as in 0.4.9.2
+    code = cli.main(["--tasks", "nothing"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith("error: python -m psd_jax.evaluate needs lm-evaluation-harness >= 0.4.10 (")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["eval"] == [f"lm-eval>={cli.MIN_LM_EVAL}"] and cli.MIN_LM_EVAL == "0.4.10"
+
+
+def test_evaluation_is_a_subpackage_registering_the_harness_model():
+    import importlib.util
+
+    from lm_eval.api.registry import get_model
+
+    from psd_jax.evaluate.harness import PsdJaxLM
+
+    assert get_model("psd_jax") is PsdJaxLM
+    assert importlib.util.find_spec("psd_jax.evaluate.__main__") is not None
+
+
+def generate_task(generation_kwargs: dict) -> str:
+    """GENERATE with the task's own ``generation_kwargs``."""
+    flow = json.dumps(generation_kwargs).replace("{", "{{").replace("}", "}}")
+    return GENERATE + f"generation_kwargs: {flow}\n"
+
+
+CONTEXT = (
+    "error: a long request's prompt (902 tokens, padded to 928) + gen_length 48 exceeds the model's context of 512"
+)
+
+
+@pytest.mark.parametrize(
+    ("generation_kwargs", "message"),
+    [
+        ({"until": [], "top_p": 0.9}, "error: generation kwarg(s) top_p=0.9 cannot be honoured"),
+        ({"until": [], "num_beams": 4}, "error: generation kwarg(s) num_beams=4 cannot be honoured"),
+        (None, CONTEXT),
+    ],
+)
+def test_requests_that_cannot_run_fail_before_any_decode(
+    generation_kwargs, message, tmp_path, harness_in_process, capsys, monkeypatch
+):
+    """A task's generation kwargs that psd_jax cannot honour, or a prompt beyond the context: one
+    line, exit code 2, before the first decode."""
     from psd_jax.api import LoadedModel
 
     monkeypatch.setattr(LoadedModel, "generate", lambda *a, **k: pytest.fail("decoded"))
-    long = {"question": "How many? " * 300, "answer": "#### 1"}
-    write_task(tmp_path / "tasks", "long", GENERATE, [load_jsonl(HELD_OUT)[0], long])
+    rows = [load_jsonl(HELD_OUT)[0]]
+    if generation_kwargs is None:
+        rows.append({"question": "How many? " * 300, "answer": "#### 1"})
+    template = GENERATE if generation_kwargs is None else generate_task(generation_kwargs)
+    write_task(tmp_path / "tasks", "long", template, rows)
     code = harness_in_process(["--tasks", "long", "--include_path", str(tmp_path / "tasks")])
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
-    assert code == 2 and len(err) == 1 and "exceeds the model's context of 512" in err[0]
+    assert code == 2 and len(err) == 1 and err[0].startswith(message)
+
+
+def test_gen_kwargs_temperature_and_do_sample_reach_the_decode(tmp_path, harness_in_process, monkeypatch):
+    """--gen_kwargs temperature=1.5 over two local tasks: the one whose config says do_sample: false
+    decodes greedily (the model arguments' settings, and greedy's text), the other samples at 1.5
+    (its settings carry the temperature, and its text is generate's at 1.5 with the run's seed)."""
+    from psd_jax.api import LoadedModel
+    from psd_jax.evaluate.harness import CREATED
+
+    calls = []
+    original = LoadedModel.generate
+
+    def recording(self, prompts, settings, **kwargs):
+        calls.append(settings.temperature)
+        return original(self, prompts, settings, **kwargs)
+
+    monkeypatch.setattr(LoadedModel, "generate", recording)
+    rows = load_jsonl(HELD_OUT)[:2]
+    write_task(tmp_path / "tasks", "greedy", generate_task({"until": [], "do_sample": False}), rows)
+    write_task(tmp_path / "tasks", "sampled", generate_task({"until": []}), rows)
+    code = harness_in_process(
+        [
+            "--tasks",
+            "greedy,sampled",
+            "--include_path",
+            str(tmp_path / "tasks"),
+            "--batch_size",
+            "2",
+            "--apply_chat_template",
+        ]
+        + ["--gen_kwargs", "temperature=1.5", "--log_samples", "--output_path", str(tmp_path / "out")]
+    )
+    assert code == 0 and sorted(calls) == [0.0, 1.5]
+    model = CREATED[-1]
+    ids = [model._encode(model.apply_chat_template([{"role": "user", "content": r["question"]}])) for r in rows]
+    base = model.args.settings
+    assert base.temperature == 0.0
+    greedy = [g.text for g in original(model.lm, ids, base, seed=model.args.seed)]
+    sampled = [g.text for g in original(model.lm, ids, base.replace(temperature=1.5), seed=model.args.seed)]
+    assert [s["resps"][0][0] for s in samples(tmp_path / "out", "greedy")] == greedy and all(greedy)
+    assert [s["resps"][0][0] for s in samples(tmp_path / "out", "sampled")] == sampled
+    assert sampled != greedy  # the temperature changed the decode, not only the settings
+
+
+@pytest.mark.parametrize(
+    ("gen_kwargs", "explicit", "temperature"),
+    [
+        ({"until": ["\n"], "do_sample": False, "temperature": 0.0, "max_gen_toks": 20}, False, 0.0),  # a usual task
+        ({"do_sample": False, "temperature": 0.7}, False, 0.0),  # do_sample=False: greedy
+        ({"do_sample": "false"}, True, 0.0),  # as text; equal to the model argument: no conflict
+        ({"temperature": 0.7}, False, 0.7),
+        ({"do_sample": True, "temperature": 0.7}, False, 0.7),
+        ({"do_sample": True}, True, 0.0),  # no temperature: the model argument's
+        ({"until": []}, True, 0.0),
+        ({"num_beams": 1, "top_p": 1.0, "max_new_tokens": 16}, False, 0.0),  # neutral values, an alias
+    ],
+)
+def test_generation_kwargs_map_onto_the_temperature(gen_kwargs, explicit, temperature):
+    from psd_jax import DecodeConfig
+    from psd_jax.evaluate.gen_kwargs import parse_gen_kwargs, request_settings
+
+    settings = DecodeConfig(gen_length=32, block_length=16, temperature=0.0)
+    gen = parse_gen_kwargs(gen_kwargs)
+    assert request_settings(settings, gen, explicit, "t").temperature == temperature
+    assert gen.max_tokens == gen_kwargs.get("max_gen_toks", gen_kwargs.get("max_new_tokens"))
+    if gen_kwargs.get("temperature") is None and gen_kwargs.get("do_sample") in (None, True):
+        at_04 = DecodeConfig(gen_length=32, block_length=16, temperature=0.4)
+        assert request_settings(at_04, gen, True, "t").temperature == 0.4  # the model argument's, kept
+
+
+@pytest.mark.parametrize(
+    ("gen_kwargs", "message"),
+    [
+        ({"top_p": 0.9, "top_k": 5}, "generation kwarg(s) top_k=5, top_p=0.9 cannot be honoured"),
+        ({"temperature": -1}, "generation kwarg temperature must be a finite number >= 0, got -1"),
+        ({"do_sample": "maybe"}, "generation kwarg do_sample must be true or false, got 'maybe'"),
+        ({"max_gen_toks": 0}, "generation kwarg max_gen_toks must be positive, got 0"),
+        ({"until": 3}, "generation kwarg until must be a string or a list of strings, got 3"),
+    ],
+)
+def test_generation_kwargs_that_cannot_be_honoured_are_refused(gen_kwargs, message):
+    from psd_jax.evaluate.gen_kwargs import parse_gen_kwargs
+
+    with pytest.raises(InputError) as raised:
+        parse_gen_kwargs(gen_kwargs)
+    assert str(raised.value).startswith(message)
+
+
+def test_a_temperature_set_as_model_argument_is_not_overridden_silently():
+    from psd_jax import DecodeConfig
+    from psd_jax.evaluate.gen_kwargs import parse_gen_kwargs, request_settings
+
+    settings = DecodeConfig(gen_length=32, block_length=16, temperature=0.5)
+    greedy = parse_gen_kwargs({"do_sample": False})
+    with pytest.raises(InputError, match=r"^task gsm8k's generation kwargs ask for temperature 0 \(do_sample"):
+        request_settings(settings, greedy, True, "task gsm8k's generation kwargs")
+    assert request_settings(settings, greedy, False, "t").temperature == 0.0  # a default, not the user's
 
 
 @pytest.mark.parametrize(
@@ -372,8 +567,8 @@ def test_max_gen_toks_caps_gen_length_and_keeps_the_steps_per_block(settings, st
     from types import SimpleNamespace
 
     from psd_jax import DecodeConfig
-    from psd_jax.efficiency import EfficiencyLog
-    from psd_jax.harness import PsdJaxLM
+    from psd_jax.evaluate.efficiency import EfficiencyLog
+    from psd_jax.evaluate.harness import PsdJaxLM
 
     host = SimpleNamespace(
         args=SimpleNamespace(settings=DecodeConfig(**settings)), efficiency=EfficiencyLog(), _noted=set()

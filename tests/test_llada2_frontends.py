@@ -75,7 +75,7 @@ def test_harness_generate_until_equals_generate(model_dir, lm, questions):
     pytest.importorskip("lm_eval")
     from lm_eval.api.instance import Instance
 
-    from psd_jax.harness import PsdJaxLM
+    from psd_jax.evaluate.harness import PsdJaxLM
 
     fields = {**SCHEDULE, "cache": "prefix"}
     model = PsdJaxLM(pretrained=str(model_dir), batch_size=3, **fields)

@@ -33,8 +33,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from .api import LoadedModel
-from .config import DecodeConfig
+from ..api import LoadedModel
+from ..config import DecodeConfig
+from ..errors import InputError
+from ..lengths import padded_length
 
 MAX_EXACT_TOKENS = 10  # exact_nll forwards 2**T - 1 subsets
 
@@ -154,8 +156,6 @@ class LikelihoodScorer:
     # ------------------------------------------------------------------------- preparing
     def prepare(self, context: Sequence[int], continuation: Sequence[int]) -> Prepared:
         """Shape one request, or raise ``InputError`` (before any model call) if it cannot run."""
-        from .api import InputError
-
         cfg, bucket = self.lm.config, self.est.bucket
         ids = [int(t) for t in (*context, *continuation)]
         if not context or not continuation:
@@ -168,7 +168,7 @@ class LikelihoodScorer:
         bad = [t for t in ids if not 0 <= t < cfg.vocab_size]
         if bad:
             raise InputError(f"token ids outside the vocabulary [0, {cfg.vocab_size}): {bad[:5]}")
-        padded = min(-(-len(ids) // bucket) * bucket, cfg.max_length)
+        padded = min(padded_length(len(ids), bucket), cfg.max_length)
         logits_from = (len(context) - cfg.logit_shift) // bucket * bucket
         return Prepared(ids, len(context), len(continuation), padded, logits_from)
 
@@ -231,8 +231,6 @@ class LikelihoodScorer:
         """The estimator's exact expectation (its negative bound) for one short continuation: every
         non-empty mask subset is scored once, averaged per size, and weighted by the stratified
         counts' distribution over ``k``."""
-        from .api import InputError
-
         p = self.prepare(context, continuation)
         t, group = p.target_len, self.est.mc_batch
         if t > MAX_EXACT_TOKENS:

@@ -18,9 +18,23 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from .api import DTYPES, default_model_path, model_settings
-from .config import BOOL_FIELDS, CHOICES, FIELD_HELP, FLOAT_FIELDS, INT_FIELDS, DecodeConfig, DecodeConfigError
-from .sharding import AXES
+from convert.orbax_io import is_orbax_dir
+from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE
+from models import ConfigError, load_config
+
+from ..api import DTYPES, default_model_path, model_settings
+from ..config import (
+    BOOL_FIELDS,
+    CHOICES,
+    FIELD_HELP,
+    FLOAT_FIELDS,
+    INT_FIELDS,
+    DecodeConfig,
+    DecodeConfigError,
+    check_for_model,
+)
+from ..errors import InputError
+from ..sharding import AXES
 
 # Arguments the harness itself passes to every model (from --batch_size, --max_batch_size,
 # --device, --trust_remote_code); accepted, see EvalArgs for what each does here.
@@ -28,7 +42,7 @@ HARNESS_ARGS = ("batch_size", "max_batch_size", "device", "trust_remote_code")
 
 EVAL_ARGS: dict[str, str] = {
     "pretrained": "model directory: Hugging Face LLaDA/Dream or converted (default: the shipped model)",
-    "dtype": "weight dtype: float32 (default), bfloat16 or float16",
+    "dtype": f"weight dtype: {', '.join(DTYPES)} (default float32)",
     "mesh": "device mesh, e.g. data=1,model=8 (or data=1;model=8); default: one device",
     "seed": "PRNG seed of sampling and of the likelihood estimator's masks (default 0)",
     "prompt_bucket": "pad prompt lengths to a multiple of this (default 32)",
@@ -44,8 +58,8 @@ EVAL_ARGS: dict[str, str] = {
 }
 
 
-class EvalArgsError(ValueError):
-    """Model arguments that cannot run, with the reason."""
+class EvalArgsError(InputError):
+    """Model arguments that cannot run, with the reason (bad input: ``error:`` and exit code 2)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,21 +81,23 @@ class EvalArgs:
     batch_size: int = 1
 
 
-def _as_bool(name: str, value: Any) -> bool:
+def as_bool(name: str, value: Any, what: str = "model argument") -> bool:
+    """``value`` as the harness or the Python API gives it (bool, 0/1, or text) as a bool."""
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
         return value.strip().lower() in ("true", "1", "yes")
     if isinstance(value, int) and value in (0, 1):
         return bool(value)
-    raise EvalArgsError(f"model argument {name} must be true or false, got {value!r}")
+    raise EvalArgsError(f"{what} {name} must be true or false, got {value!r}")
 
 
-def _as_int(name: str, value: Any, optional: bool = False) -> int | None:
+def as_int(name: str, value: Any, optional: bool = False, what: str = "model argument") -> int | None:
+    """``value`` as an integer (``None``/``"none"`` too when ``optional``)."""
     if optional and (value is None or (isinstance(value, str) and value.strip().lower() == "none")):
         return None
     if isinstance(value, bool):
-        raise EvalArgsError(f"model argument {name} must be an integer, got {value!r}")
+        raise EvalArgsError(f"{what} {name} must be an integer, got {value!r}")
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, int):
@@ -89,26 +105,27 @@ def _as_int(name: str, value: Any, optional: bool = False) -> int | None:
     try:
         return int(str(value).strip())
     except ValueError:
-        raise EvalArgsError(f"model argument {name} must be an integer, got {value!r}") from None
+        raise EvalArgsError(f"{what} {name} must be an integer, got {value!r}") from None
 
 
-def _as_float(name: str, value: Any) -> float:
+def as_float(name: str, value: Any, what: str = "model argument") -> float:
+    """``value`` as a float (a bool is refused: ``temperature=true`` is a mistake, not 1.0)."""
     if isinstance(value, bool):
-        raise EvalArgsError(f"model argument {name} must be a number, got {value!r}")
+        raise EvalArgsError(f"{what} {name} must be a number, got {value!r}")
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise EvalArgsError(f"model argument {name} must be a number, got {value!r}") from None
+        raise EvalArgsError(f"{what} {name} must be a number, got {value!r}") from None
 
 
 def decode_field(name: str, value: Any) -> Any:
     """One ``DecodeConfig`` field from a model argument, typed by the field's kind."""
     if name in BOOL_FIELDS:
-        return _as_bool(name, value)
+        return as_bool(name, value)
     if name in INT_FIELDS:
-        return _as_int(name, value, optional=name in ("steps", "draft_rate"))
+        return as_int(name, value, optional=name in ("steps", "draft_rate"))
     if name in FLOAT_FIELDS:
-        return _as_float(name, value)
+        return as_float(name, value)
     if name in CHOICES:
         return str(value)
     raise EvalArgsError(f"unknown decoding setting {name}")
@@ -126,7 +143,7 @@ def fold_mesh(kwargs: dict[str, Any]) -> str | None:
 
 
 def _count(name: str, value: Any, low: int = 1) -> int:
-    number = _as_int(name, value)
+    number = as_int(name, value)
     if number is None or number < low:
         raise EvalArgsError(f"model argument {name} must be an integer >= {low}, got {value!r}")
     return number
@@ -143,22 +160,44 @@ def _estimator_args(kwargs: dict[str, Any]) -> dict[str, Any]:
     mc_batch = _count("mc_batch", kwargs.get("mc_batch", min(32, mc_num)))
     if mc_num % mc_batch:
         raise EvalArgsError(f"mc_batch {mc_batch} does not divide mc_num {mc_num}")
-    cfg = _as_float("cfg", kwargs.get("cfg", 0.0))
+    cfg = as_float("cfg", kwargs.get("cfg", 0.0))
     if not 0.0 <= cfg < float("inf"):
         raise EvalArgsError(f"model argument cfg must be a finite number >= 0, got {cfg!r}")
-    greedy = _as_bool("is_check_greedy", kwargs.get("is_check_greedy", False))
+    greedy = as_bool("is_check_greedy", kwargs.get("is_check_greedy", False))
     return {"mc_num": mc_num, "mc_batch": mc_batch, "cfg": cfg, "is_check_greedy": greedy}
 
 
 def _pretrained(value: Any) -> Path:
+    """The model directory, checked to be one ``load_model`` can load (its ``config.json`` read,
+    its weights present) without reading any weights: a wrong path fails here, before the harness
+    indexes its tasks, not when the model is made."""
     path = Path(str(value)) if value not in (None, "") else default_model_path()
     if not path.is_dir():
         raise EvalArgsError(f"pretrained={value}: no such model directory")
+    if not (path / "config.json").is_file():
+        raise EvalArgsError(f"pretrained={path}: not a model directory (no config.json)")
+    if not (is_orbax_dir(path) or (path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file()):
+        raise EvalArgsError(
+            f"pretrained={path}: no weights ({SINGLE_FILE}, {INDEX_FILE} or a converted Orbax checkpoint)"
+        )
     return path
 
 
+def _model_checked(pretrained: Path, settings: DecodeConfig) -> None:
+    """``config.check_for_model`` on the directory's config: gen_length within the context, RPS's
+    k_max within the vocabulary, no cfg on block-causal families."""
+    try:
+        check_for_model(settings, load_config(pretrained))
+    except ConfigError as exc:
+        raise EvalArgsError(f"pretrained={pretrained}: {exc}") from None
+    except DecodeConfigError as exc:
+        raise EvalArgsError(f"{exc} (pretrained={pretrained})") from None
+
+
 def parse_eval_args(raw: dict[str, Any]) -> EvalArgs:
-    """Check every model argument and build the decode settings; nothing is loaded here."""
+    """Check every model argument and build the decode settings against the model directory's
+    config (only ``config.json`` is read, no weights): the pre-check before the harness starts and
+    the harness model's constructor both call this, so either path refuses the same arguments."""
     kwargs = dict(raw)
     mesh = fold_mesh(kwargs)
     unknown = sorted(k for k in kwargs if k not in EVAL_ARGS and k not in FIELD_HELP)
@@ -176,7 +215,8 @@ def parse_eval_args(raw: dict[str, Any]) -> EvalArgs:
         settings = model_settings(pretrained, fields)
     except DecodeConfigError as exc:
         raise EvalArgsError(str(exc)) from None
-    seed = _as_int("seed", kwargs.get("seed", 0))
+    _model_checked(pretrained, settings)
+    seed = as_int("seed", kwargs.get("seed", 0))
     if seed is None or not 0 <= seed < 2**32:
         raise EvalArgsError(f"model argument seed must be an integer in [0, 2**32), got {kwargs.get('seed')!r}")
     return EvalArgs(
@@ -187,7 +227,7 @@ def parse_eval_args(raw: dict[str, Any]) -> EvalArgs:
         mesh=mesh,
         seed=seed,
         prompt_bucket=_count("prompt_bucket", kwargs.get("prompt_bucket", 32)),
-        add_bos_token=_as_bool("add_bos_token", kwargs.get("add_bos_token", False)),
+        add_bos_token=as_bool("add_bos_token", kwargs.get("add_bos_token", False)),
         batch_size=_batch_size(kwargs.get("batch_size")),
         **_estimator_args(kwargs),
     )

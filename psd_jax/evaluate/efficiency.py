@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .records import Generation
+from ..records import Generation
 
 
 @dataclasses.dataclass
@@ -112,3 +112,9 @@ def write_report(record: dict[str, Any], output_path: str | None, started: float
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=2) + "\n")
     return path
+
+
+def efficiency_files(root: str | Path) -> list[dict]:
+    """The efficiency records written under ``root`` (newest last)."""
+    files = sorted(Path(root).rglob("efficiency*.json"), key=lambda p: p.stat().st_mtime)
+    return [json.loads(p.read_text()) for p in files]

@@ -11,20 +11,22 @@ arguments named after the ``DecodeConfig`` fields, over the checkpoint's decode 
 
 After the harness's table, a per-task efficiency table (NFE, TPF, tokens, tokens/s, compile
 seconds) is printed and, with ``--output_path``, written as ``efficiency_<date>.json`` beside
-the harness's ``results_<date>.json``. Bad model arguments or requests print one ``error:`` line
-and exit with code 2. docs/evaluation.md has the papers' protocols as commands.
+the harness's ``results_<date>.json``. Bad model arguments, generation kwargs or requests print one
+``error:`` line and exit with code 2, as does a missing or too old harness. docs/evaluation.md has
+the papers' protocols as commands.
 """
 
 from __future__ import annotations
 
-import json
 import sys
+from importlib import metadata
 from pathlib import Path
 
-from .flags import EXIT_BAD_INPUT
+from ..flags import EXIT_BAD_INPUT
 
 MODEL_NAME = "psd_jax"
 SUBCOMMANDS = ("run", "ls", "validate")
+MIN_LM_EVAL = "0.4.10"  # the first lm-eval with lm_eval._cli.HarnessCLI (pyproject.toml's eval extra)
 
 
 def with_default_model(argv: list[str]) -> list[str]:
@@ -50,32 +52,46 @@ def output_path(argv: list[str]) -> str | None:
 
 
 def _bad_input_errors() -> tuple[type[BaseException], ...]:
-    from .api import InputError
-    from .config import DecodeConfigError
-    from .harness_args import EvalArgsError
-    from .sharding import MeshError
-    from .tokenizer import TokenizerError
+    from ..config import DecodeConfigError
+    from ..errors import InputError  # EvalArgsError and TokenizerError are InputErrors
+    from ..sharding import MeshError
 
-    return (InputError, DecodeConfigError, EvalArgsError, MeshError, TokenizerError, FileNotFoundError)
+    return (InputError, DecodeConfigError, MeshError, FileNotFoundError)
 
 
-def precheck(argv: list[str]) -> None:
-    """Check a psd_jax run's model arguments before the harness starts (it indexes every task
-    first): the same parse the harness does (its own parser), then ``parse_eval_args``."""
-    from lm_eval._cli import HarnessCLI
+def _harness_missing(exc: ImportError) -> str:
+    """The one line for a harness that cannot run this entry point: not installed, or too old."""
+    try:
+        installed = f"lm-eval {metadata.version('lm-eval')} is installed"
+    except metadata.PackageNotFoundError:
+        installed = "lm-eval is not installed"
+    return (
+        f"python -m psd_jax.evaluate needs lm-evaluation-harness >= {MIN_LM_EVAL} ({installed}: {exc}); "
+        "pip install -e '.[eval]'"
+    )
 
-    from .harness_args import parse_eval_args
+
+def precheck(argv: list[str], harness_cli: type) -> None:
+    """Check a psd_jax run's model arguments and ``--gen_kwargs`` before the harness starts (it
+    indexes every task first): the same parse the harness does (its own parser, ``harness_cli``),
+    then ``parse_eval_args`` (the model directory and the settings against its config) and the
+    generation kwargs' mapping."""
+    from .args import parse_eval_args
+    from .gen_kwargs import parse_gen_kwargs, request_settings
 
     full = argv if argv and argv[0] in SUBCOMMANDS else ["run", *argv]
     if full[0] != "run" or {"-h", "--help"} & set(full):
         return
-    args = HarnessCLI()._parser.parse_args(full)
+    args = harness_cli()._parser.parse_args(full)
     if getattr(args, "model", None) != MODEL_NAME or getattr(args, "config", None):
         return  # another model, or model arguments from a YAML config: checked when the model is made
     raw = dict(args.model_args or {})
     if getattr(args, "batch_size", None) is not None:
         raw["batch_size"] = args.batch_size
-    parse_eval_args(raw)
+    parsed = parse_eval_args(raw)
+    if getattr(args, "gen_kwargs", None):
+        gen = parse_gen_kwargs(args.gen_kwargs)
+        request_settings(parsed.settings, gen, "temperature" in parsed.decode_fields, "--gen_kwargs")
 
 
 def report(argv: list[str], models: list) -> None:
@@ -95,15 +111,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = with_default_model(list(sys.argv[1:] if argv is None else argv))
     try:
         from lm_eval.__main__ import cli_evaluate
+        from lm_eval._cli import HarnessCLI
 
         from .harness import CREATED
     except ImportError as exc:
-        print(f"error: lm-evaluation-harness is not installed ({exc}); pip install -e '.[eval]'", file=sys.stderr)
+        print(f"error: {_harness_missing(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     first = len(CREATED)
     saved, sys.argv = sys.argv, [f"{Path(sys.executable).name} -m psd_jax.evaluate", *argv]
     try:
-        precheck(argv)
+        precheck(argv, HarnessCLI)
         cli_evaluate()
     except _bad_input_errors() as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -112,13 +129,3 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv = saved
     report(argv, CREATED[first:])
     return 0
-
-
-def efficiency_files(root: str | Path) -> list[dict]:
-    """The efficiency records written under ``root`` (newest last)."""
-    files = sorted(Path(root).rglob("efficiency*.json"), key=lambda p: p.stat().st_mtime)
-    return [json.loads(p.read_text()) for p in files]
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,18 +1,21 @@
 """The lm-evaluation-harness model ``psd_jax``: harness requests through psd-jax's decoders.
 
 Importing this module registers the model (``lm_eval.api.registry.register_model``);
-``python -m psd_jax.evaluate`` does so and then runs the harness's own command line.
+``python -m psd_jax.evaluate`` (``psd_jax.evaluate.cli``) does so and then runs the harness's
+own command line.
 
 - ``generate_until``: requests are decoded in the harness's order, ``--batch_size`` at a time,
   through ``LoadedModel.generate`` (one jitted loop per batch). That order and padding are the
   benchmark's, so a harness score and ``psd_jax.bench`` agree problem by problem. The decode
   length is ``gen_length`` capped by the request's ``max_gen_toks`` rounded up to whole blocks
   (the rounding is logged and recorded); the text is cut to ``max_gen_toks`` tokens, at the first
-  EOS/EOT, then at the first ``until`` string, and special tokens are removed.
+  EOS/EOT, then at the first ``until`` string, and special tokens are removed. The request's
+  ``do_sample``/``temperature`` set its temperature; other generation kwargs are refused
+  (``psd_jax.evaluate.gen_kwargs``).
 - Prompts are encoded as the harness renders them (no special tokens added, ``add_bos_token``
   aside); chat templates come through the harness's ``--apply_chat_template``, which calls
   ``apply_chat_template`` here with the checkpoint's tokenizer.
-- ``loglikelihood``: LLaDA's Monte Carlo estimator (``psd_jax.loglikelihood``);
+- ``loglikelihood``: LLaDA's Monte Carlo estimator (``psd_jax.evaluate.loglikelihood``);
   ``loglikelihood_rolling``: the same bound over the whole text after one BOS/EOS token.
 
 Every request is encoded and checked against the model's context before the first model call.
@@ -29,12 +32,13 @@ from typing import Any
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from models import load_config
-
-from .api import InputError, LoadedModel, load_model
-from .config import DecodeConfig
+from ..api import LoadedModel, load_model
+from ..config import DecodeConfig
+from ..errors import InputError
+from ..lengths import check_context
+from .args import EvalArgs, parse_eval_args
 from .efficiency import EfficiencyLog
-from .harness_args import EvalArgs, EvalArgsError, parse_eval_args
+from .gen_kwargs import parse_gen_kwargs, request_settings
 from .loglikelihood import Estimator, LikelihoodScorer, Prepared
 
 log = logging.getLogger(__name__)
@@ -51,15 +55,12 @@ class _GenJob:
 
 @register_model("psd_jax")
 class PsdJaxLM(LM):
-    """A psd-jax model as a harness ``LM``; model arguments: ``psd_jax.harness_args``."""
+    """A psd-jax model as a harness ``LM``; model arguments: ``psd_jax.evaluate.args``."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
-        self.args: EvalArgs = parse_eval_args(kwargs)
+        self.args: EvalArgs = parse_eval_args(kwargs)  # checked against the model's config before loading
         settings = self.args.settings
-        vocab = load_config(self.args.pretrained).vocab_size
-        if settings.decoder == "rps" and settings.k_max > vocab:
-            raise EvalArgsError(f"k_max {settings.k_max} exceeds the vocabulary of {vocab}")
         self.lm: LoadedModel = load_model(self.args.pretrained, dtype=self.args.dtype, mesh=self.args.mesh)
         est = Estimator(
             mc_num=self.args.mc_num,
@@ -149,26 +150,19 @@ class PsdJaxLM(LM):
         return capped
 
     def _gen_job(self, request) -> _GenJob:
-        context, kwargs = request.args[0], dict(request.args[1] or {})
-        until = kwargs.pop("until", None) or []
-        until = [until] if isinstance(until, str) else [u for u in until if u]
-        max_tokens = kwargs.pop("max_gen_toks", None)
-        max_tokens = None if max_tokens is None else int(max_tokens)
-        if max_tokens is not None and max_tokens < 1:
-            raise InputError(f"max_gen_toks must be positive, got {max_tokens}")
-        ignored = {k: v for k, v in kwargs.items() if k not in ("do_sample", "temperature") or v}
-        if ignored and ("ignored", request.task_name) not in self._noted:
-            self._noted.add(("ignored", request.task_name))
-            log.warning("psd_jax: generation kwargs %s are not used: decoding follows the model arguments", ignored)
+        context, task = request.args[0], request.task_name
+        gen = parse_gen_kwargs(request.args[1])
+        if gen.overridden and ("greedy", task) not in self._noted:
+            self._noted.add(("greedy", task))
+            log.warning("psd_jax: %s: do_sample=False decodes greedily (temperature %g not used)", task, gen.overridden)
         ids = self._encode(context)
-        settings = self._settings_for(max_tokens, request.task_name)
-        bucketed = -(-len(ids) // self.args.prompt_bucket) * self.args.prompt_bucket
-        if bucketed + settings.gen_length > self.lm.config.max_length:
-            raise InputError(
-                f"a {request.task_name} request's prompt ({len(ids)} tokens, padded to {bucketed}) + gen_length "
-                f"{settings.gen_length} exceeds the model's context of {self.lm.config.max_length}"
-            )
-        return _GenJob(ids, settings, until, max_tokens, request.task_name)
+        capped = self._settings_for(gen.max_tokens, task)
+        settings = request_settings(
+            capped, gen, "temperature" in self.args.decode_fields, f"task {task}'s generation kwargs"
+        )
+        max_length = self.lm.config.max_length
+        check_context(len(ids), self.args.prompt_bucket, settings.gen_length, max_length, f"a {task} request's prompt")
+        return _GenJob(ids, settings, list(gen.until), gen.max_tokens, task)
 
     def _text(self, output_ids: list[int], tokens: int, job: _GenJob) -> str:
         ids = output_ids[:tokens][: job.max_tokens]
