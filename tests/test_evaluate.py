@@ -488,6 +488,7 @@ def test_gen_kwargs_temperature_and_do_sample_reach_the_decode(tmp_path, harness
             "--apply_chat_template",
         ]
         + ["--gen_kwargs", "temperature=1.5", "--log_samples", "--output_path", str(tmp_path / "out")]
+        + ["--model_args", "gen_length=16,block_length=16"]
     )
     assert code == 0 and sorted(calls) == [0.0, 1.5]
     model = CREATED[-1]
