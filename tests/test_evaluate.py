@@ -477,18 +477,10 @@ def test_gen_kwargs_temperature_and_do_sample_reach_the_decode(tmp_path, harness
     rows = load_jsonl(HELD_OUT)[:2]
     write_task(tmp_path / "tasks", "greedy", generate_task({"until": [], "do_sample": False}), rows)
     write_task(tmp_path / "tasks", "sampled", generate_task({"until": []}), rows)
+    tasks = ["--tasks", "greedy,sampled", "--include_path", str(tmp_path / "tasks"), "--apply_chat_template"]
+    run = ["--batch_size", "2", "--log_samples", "--output_path", str(tmp_path / "out")]
     code = harness_in_process(
-        [
-            "--tasks",
-            "greedy,sampled",
-            "--include_path",
-            str(tmp_path / "tasks"),
-            "--batch_size",
-            "2",
-            "--apply_chat_template",
-        ]
-        + ["--gen_kwargs", "temperature=1.5", "--log_samples", "--output_path", str(tmp_path / "out")]
-        + ["--model_args", "gen_length=16,block_length=16"]
+        [*tasks, *run, "--gen_kwargs", "temperature=1.5", "--model_args", "gen_length=16,block_length=16"]
     )
     assert code == 0 and sorted(calls) == [0.0, 1.5]
     model = CREATED[-1]
