@@ -36,6 +36,7 @@ from flax import nnx, struct
 
 from models import ModelConfig
 
+from . import rules
 from .block_layout import BlockLayout, initial_canvas, output_canvas
 from .config import DecodeConfig
 from .decoders import Decoder, Proposal, decoder_for, forward_size_index, forward_sizes, initial_stats, propose
@@ -108,45 +109,27 @@ class Loop:
         window = None if block is None else self.logit_window(block)
         return predict(self.forward, canvases, attention_mask, self.prompt_length, key, self.mcfg, self.dcfg, window)
 
-    @property
-    def logit_width(self) -> int | None:
-        """Positions per row that get logits: the current block with a cache (a row whose block
-        completes gets the next block's predictions from its block-start forward), the current
-        block and the next without (a row whose block completes commits from this forward next);
-        None when that is every generated position anyway."""
-        width = self.dcfg.block_length * (1 if self.dcfg.cache != "none" else 2)
-        return None if width >= self.region_length else width
-
     def logit_window(self, block: jax.Array) -> LogitWindow | None:
-        width = self.logit_width
-        return None if width is None else LogitWindow(self.block_span(block)[0], width)
+        """Where a call computes logits (``rules.logit_window``, the PyTorch backend's too)."""
+        window = rules.logit_window(self.dcfg, self.prompt_length, self.region_length, block)
+        return None if window is None else LogitWindow(*window)
 
     @property
     def window_lengths(self) -> tuple[int, ...]:
-        """Static query windows of a cached call, ascending: the block (dual, and block-causal
-        models, whose later blocks are never visible); for prefix, the rest of the canvas rounded
-        up to block_length * 2^i, or to gen_length (a few compiled sizes)."""
-        block, gen = self.dcfg.block_length, self.dcfg.gen_length
-        if self.dcfg.cache == "dual" or self.layout is not None:
-            return (block,)
-        lengths, w = [], block
-        while w < gen:
-            lengths.append(w)
-            w *= 2
-        return tuple(lengths + [gen])
+        """Static query windows of a cached call, ascending (``rules.window_lengths``)."""
+        return rules.window_lengths(self.dcfg, self.layout is not None)
 
     def block_span(self, block: jax.Array) -> tuple[jax.Array, jax.Array]:
-        start = self.prompt_length + block * self.dcfg.block_length
+        start = rules.block_start(self.prompt_length, block, self.dcfg.block_length)
         return start, start + self.dcfg.block_length
 
     def in_block(self, block: jax.Array) -> jax.Array:
-        start, end = self.block_span(block)
-        pos = jnp.arange(self.total_length)[None, :]
-        return (pos >= start[:, None]) & (pos < end[:, None])
+        return rules.in_block(jnp, self.total_length, self.block_span(block)[0], self.dcfg.block_length)
 
     def committable(self, state: DecodeState) -> jax.Array:
         """M(x): masked positions of each row's current block ([B, N]); nothing for done rows."""
-        return (state.canvas == self.mcfg.mask_id) & self.in_block(state.block) & ~state.done[:, None]
+        start = self.block_span(state.block)[0]
+        return rules.committable(jnp, state.canvas, start, state.done, self.dcfg.block_length, self.mcfg.mask_id)
 
     def advance(self, canvas, block, step, done, before=None):
         """Move rows whose block is complete to the next block; stop rows at the end or at EOS.
@@ -155,18 +138,7 @@ class Loop:
         committed)."""
         if self.layout is not None:
             return self._advance_block_causal(canvas, block, step, done, before)
-        in_block = self.in_block(block)
-        complete = ~jnp.any(in_block & (canvas == self.mcfg.mask_id), axis=-1) & ~done
-        stops = jnp.isin(canvas, jnp.asarray(self.mcfg.stop_ids))
-        eos_stop = complete & jnp.any(in_block & stops, axis=-1) & self.dcfg.eos_early_stop
-        _, end = self.block_span(block)
-        after = jnp.arange(self.total_length)[None, :] >= end[:, None]
-        canvas = jnp.where(eos_stop[:, None] & after, self.mcfg.eos_id, canvas)
-        last = block + 1 >= self.dcfg.num_blocks
-        new_done = done | eos_stop | (complete & last)
-        block = jnp.where(complete & ~new_done, block + 1, block)
-        step = jnp.where(complete, 0, step)
-        return canvas, block, step, new_done
+        return rules.advance(jnp, canvas, block, step, done, self.prompt_length, self.mcfg, self.dcfg)
 
     def _advance_block_causal(self, canvas, block, step, done, before):
         """``advance`` as LLaDA2.0's ``generate``: a row stops after a complete block when its
@@ -405,7 +377,7 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
     # Static window lengths (dual: the block; prefix: buckets up to gen_length); the shortest one
     # covering every windowed row's rest of the canvas is used.
     lengths = loop.window_lengths
-    bucket = jnp.sum(jnp.asarray(lengths) < jnp.max(jnp.where(windowed, n - start, 0)))
+    bucket = rules.covering_index(lengths, jnp.max(jnp.where(windowed, n - start, 0)))
     call = partial(_window_call, loop, attention_mask, cache, pred, start, window_key)
     preds, window_calls, forwarded = _forward_leading(proposal, windowed, pred, call, lengths, bucket)
     refresh_calls = jnp.any(refresh).astype(jnp.int32)

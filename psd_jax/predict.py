@@ -5,8 +5,9 @@ classifier-free guidance), applies the family's logit shift, suppresses the mask
 logits into a ``Prediction``: predicted token and its confidence per position, plus what RPS needs
 (entropy, top-k probabilities) when asked. Decoders never see logits.
 
-Only positions a decoder can commit get logits: with a ``LogitWindow`` (the engine's: the current
-block, and for the uncached loop the next one too, whose predictions a row uses once its block
+Only positions a decoder can commit get logits: with a ``LogitWindow`` (the engine's, of
+``rules.logit_width`` from each row's block start, as the PyTorch backend's: the current block,
+and for the uncached loop the next one too, whose predictions a row uses once its block
 completes), else every generated position. The vocabulary projection, softmax and top-k of the
 other positions would be wasted work, and their float32 logits ``[B*K, gen_length, vocab]`` the
 largest buffer of a decode. The Prediction still spans the canvas: a position without logits
@@ -23,6 +24,7 @@ from flax import struct
 
 from models import ModelConfig
 
+from . import rules
 from .config import DecodeConfig
 
 ENTROPY_EPS = 1e-10  # Dream's epsilon inside log for the entropy confidence
@@ -58,11 +60,11 @@ class LogitWindow:
     width: int = struct.field(pytree_node=False)
 
     def positions(self) -> jax.Array:
-        return self.start[:, None] + jnp.arange(self.width)[None, :]
+        return rules.logit_positions(jnp, self.start, self.width)
 
     def logit_index(self, n: int, shift: int) -> jax.Array:
         """Logit rows the positions read (position i reads logit i - shift), inside the canvas."""
-        return jnp.clip(self.positions() - shift, 0, n - 1)
+        return rules.logit_index(jnp, self.start, self.width, n, shift)
 
     def repeat(self, k: int) -> LogitWindow:
         return LogitWindow(jnp.repeat(self.start, k, axis=0), self.width)

@@ -1,4 +1,8 @@
-"""Block KV cache (prefix / dual, Fast-dLLM semantics): goldens, row independence, every decoder."""
+"""Block KV cache (prefix / dual, Fast-dLLM semantics): goldens, row independence, every decoder.
+
+RPS with each cache is checked token for token against the PyTorch backend's independent
+implementation in tests/test_torch_cache.py (``OWN``), which replaces a run-only check here.
+"""
 
 from __future__ import annotations
 
@@ -89,25 +93,6 @@ def test_psd_strict_dual_equals_plain_dual(lms, cache_cases, policy):
         assert a.output_ids == b.output_ids
         assert b.nfe <= a.nfe
     assert sum(sum(r.stats["accepted_depth"][1:]) for r in out_psd) > 0, "some drafts should be accepted"
-
-
-def test_rps_prefix_and_dual_run(lms):
-    lm = lms["llada-tiny-gqa"]
-    for cache in ("prefix", "dual"):
-        settings = DecodeConfig(
-            gen_length=32,
-            block_length=16,
-            policy="threshold",
-            threshold=0.7,
-            decoder="rps",
-            k_max=4,
-            pivot_tau=0.5,
-            cache=cache,
-        )
-        out = lm.generate(PROMPTS, settings, prompt_bucket=16)
-        for row in out:
-            assert lm.config.mask_id not in row.output_ids and 0 < row.nfe <= 32
-            assert row.stats["pivot_searched"] > 0
 
 
 def test_cached_while_loop_equals_python_loop(lms):

@@ -6,10 +6,13 @@
   the upstream goldens token for token with the same call counts: the goldens pin the JAX engine
   exactly (tests/test_decoding_goldens.py), so torch == goldens == JAX, without paying an XLA
   compile here;
-- PSD (tokens and strict acceptance, over the ``threshold`` and ``fixed`` policies) and RPS on
-  llada-tiny and dream-tiny, on a batch of 2 prompts of different lengths (left-padded): the
-  PyTorch decoder's tokens, per-row NFE, tokens before EOS, sequence forwards and decoder
-  statistics equal ``psd_jax.load_model(...).generate(...)``.
+- PSD (tokens and strict acceptance, over the ``threshold`` and ``fixed`` policies), RPS and
+  LLaDA2.0's ``threshold_schedule`` policy (``steps`` per block) on llada-tiny and dream-tiny, on a
+  batch of 2 prompts of different lengths (left-padded): the PyTorch decoder's tokens, per-row
+  NFE, tokens before EOS, sequence forwards and decoder statistics equal
+  ``psd_jax.load_model(...).generate(...)``;
+- an uncached call computes logits only in the engine's logit window (the current block and the
+  next), and a block-causal family (LLaDA2.0) is refused by name before any model work.
 
 Skipped when torch is not installed (``pip install -e .[torch]``). The tiny models are run with one
 torch thread: at this size OpenMP's per-op synchronisation dominates, and on a shared CPU it can
@@ -45,6 +48,8 @@ SETTINGS = {
     "psd-tokens": dict(policy="threshold", threshold=0.9, decoder="psd", depth=3),
     "psd-strict": dict(policy="fixed", steps="half", decoder="psd", depth=2, acceptance="strict"),
     "rps": dict(policy="threshold", threshold=0.9, decoder="rps", k_max=5),
+    # steps per block (DecodeConfig.steps_per_block): 4 of the 16 positions per step unless more pass
+    "threshold-schedule": dict(policy="threshold_schedule", steps=4, threshold=0.7),
 }
 # Plain decoding is compared with the upstream goldens, which pin the JAX engine token for token
 # (tests/test_decoding_goldens.py): (checkpoint, settings, golden output/nfe keys per row).
@@ -105,21 +110,30 @@ def _prompts(cases, name) -> list[list[int]]:
     return rows
 
 
+def _golden_rows(cases, keys) -> list[list[int]]:
+    """Row r's prompt of golden case ``keys[r]``, without its padding."""
+    rows = []
+    for row, key in enumerate(keys):
+        prompt, mask = cases[key + "prompt"], cases.get(key + "attention_mask")
+        r = prompt[row if len(prompt) > 1 else 0]
+        rows.append(list(map(int, r if mask is None else r[mask[row].astype(bool)])))
+    return rows
+
+
+def _golden_output(cases, key: str, row: int, prompt_length: int) -> np.ndarray:
+    output = cases[key + "output"]
+    return output[row if len(output) > 1 else 0, prompt_length:]
+
+
 @pytest.mark.parametrize("case", list(PLAIN))
 def test_plain_decoding_equals_goldens(torch_lms, cases, case):
     """Batches of 2 with left padding (threshold goldens are batch 1: both rows go as one batch,
     padded to a bucket, which keeps LLaDA's tokens)."""
     name, kwargs, keys, prompt_length = PLAIN[case]
     settings = DecodeConfig(**kwargs)
-    rows = []
+    got = torch_lms[name].generate(_golden_rows(cases, keys), settings, prompt_bucket=32)
     for row, key in enumerate(keys):
-        prompt, mask = cases[key + "prompt"], cases.get(key + "attention_mask")
-        r = prompt[row if len(prompt) > 1 else 0]
-        rows.append(list(map(int, r if mask is None else r[mask[row].astype(bool)])))
-    got = torch_lms[name].generate(rows, settings, prompt_bucket=32)
-    for row, key in enumerate(keys):
-        expected = cases[key + "output"][row if len(cases[key + "output"]) > 1 else 0, prompt_length:]
-        np.testing.assert_array_equal(got[row].output_ids, expected)
+        np.testing.assert_array_equal(got[row].output_ids, _golden_output(cases, key, row, prompt_length))
         nfe = int(cases[key + "nfe"]) if key + "nfe" in cases else settings.total_steps
         assert got[row].nfe == nfe
     assert got[0].sequence_forwards == 2 * max(g.nfe for g in got)
@@ -138,6 +152,54 @@ def test_torch_decoding_equals_jax(torch_lms, lms, cases, name, setting):
     got = torch_lms[name].generate(prompts, settings, prompt_bucket=8)
     assert_same_generations(got, expected)
     assert all(g.nfe > 0 and g.seconds > 0 for g in got)
+
+
+@pytest.mark.parametrize("case", ["llada-fixed-s24", "llada-threshold-0.9"])
+def test_strict_psd_equals_its_base_goldens(torch_lms, cases, case):
+    """Strict PSD is lossless: over the base policy it gives that policy's tokens, which the
+    upstream goldens pin, in no more calls (a check of the torch decoders that is not the JAX engine)."""
+    name, kwargs, keys, prompt_length = PLAIN[case]
+    settings = DecodeConfig(**kwargs).replace(decoder="psd", depth=3, acceptance="strict")
+    got = torch_lms[name].generate(_golden_rows(cases, keys), settings, prompt_bucket=32)
+    for row, key in enumerate(keys):
+        np.testing.assert_array_equal(got[row].output_ids, _golden_output(cases, key, row, prompt_length))
+        assert got[row].nfe <= (int(cases[key + "nfe"]) if key + "nfe" in cases else settings.total_steps)
+    assert sum(sum(g.stats["accepted_depth"][1:]) for g in got) > 0, "some drafts should be accepted"
+
+
+def test_uncached_calls_compute_logits_only_in_the_window(torch_lms, cases):
+    """Every call of an uncached decode (the first one included) projects and normalises only the
+    rows' logit window, ``rules.logit_width`` = 2 blocks of 16 positions, never the whole canvas
+    (the final norm's input is what ``_head`` projects), and still equals the goldens."""
+    lm = torch_lms["llada-tiny"]
+    name, kwargs, keys, prompt_length = PLAIN["llada-threshold-0.9"]
+    seen = []
+    hook = lm.model.final_norm.register_forward_hook(lambda module, args, out: seen.append(tuple(args[0].shape)))
+    try:
+        got = lm.generate(_golden_rows(cases, keys), DecodeConfig(**kwargs), prompt_bucket=32)
+    finally:
+        hook.remove()
+    assert len(seen) == max(g.nfe for g in got) > 1
+    assert set(seen) == {(2, 32, lm.config.d_model)}
+    for row, key in enumerate(keys):
+        np.testing.assert_array_equal(got[row].output_ids, _golden_output(cases, key, row, prompt_length))
+
+
+def test_block_causal_model_is_refused_by_name(torch_lms):
+    """LLaDA2.0 (block diffusion) is not implemented in torch: refused with one InputError that
+    names it, when loading the checkpoint (before its weights) and when asked to decode."""
+    from psd_jax.errors import InputError
+    from psd_jax.torch_backend import TorchLM
+
+    from conftest import llada2_mini_config
+
+    message = "the PyTorch backend does not implement block-causal decoding \\('llada2_moe'"
+    with pytest.raises(InputError, match=message):
+        load_torch_model(GOLDENS / "llada2-tiny", device="cpu")
+    lm = TorchLM(torch_lms["llada-tiny"].model, None, GOLDENS / "llada-tiny")
+    lm.config = llada2_mini_config()
+    with pytest.raises(InputError, match=message):
+        lm.generate([[1, 2, 3]], DecodeConfig(gen_length=16, block_length=8, policy="threshold_schedule"))
 
 
 def test_eos_early_exit_equals_jax(torch_lms, lms, cases):

@@ -4,10 +4,12 @@
   cache, fixed / threshold 0.9 / threshold 0.7, the plain decoders): both golden prompts in one
   left-padded batch, each row's tokens and model calls equal Fast-dLLM's batch-1 run of that
   prompt (tests/test_cache.py pins the JAX engine to the same goldens);
-- PSD, RPS and the plain policies with each cache on llada-tiny, llada-tiny-gqa and dream-tiny,
-  on batches of 2 prompts of different lengths (left-padded): the torch decode equals the JAX
-  one. Together with the goldens every decoder meets each cache, and each checkpoint meets every
-  decoder.
+- PSD, RPS and the plain policies (``threshold_schedule`` too, which counts ``steps`` per block)
+  with each cache on llada-tiny, llada-tiny-gqa and dream-tiny, on batches of 2 prompts of
+  different lengths (left-padded): the torch decode equals the JAX one. Together with the goldens
+  every decoder meets each cache, and each checkpoint meets every decoder. RPS with the prefix and
+  the dual cache on the same prompts and settings (``OWN``) is checked here only: these tokens
+  are the check of the JAX engine's RPS with a cache against an independent implementation.
 
 XLA compiles are what such a test costs (10-35 s each for a cached loop on 2 shared cores). The
 cases in ``REUSED`` are decodes that tests/test_cache.py runs through the shared ``lms`` fixture's
@@ -60,12 +62,6 @@ REUSED = {
         PROMPTS,
         16,
     ),
-    "gqa-prefix-rps": (
-        "llada-tiny-gqa",
-        DecodeConfig(gen_length=32, block_length=16, policy="threshold", threshold=0.7, cache="prefix", **RPS),
-        PROMPTS,
-        16,
-    ),
     "gqa-dual-psd": (
         "llada-tiny-gqa",
         DecodeConfig(
@@ -83,6 +79,25 @@ REUSED = {
     "dream-prefix-fixed": (
         "dream-tiny",
         DecodeConfig(gen_length=32, block_length=8, steps=16, policy="fixed", cache="prefix"),
+        PROMPTS,
+        16,
+    ),
+}
+# Compared through ``generate`` as REUSED, but decoded by no other test file (their loops compile here).
+GQA_RPS = DecodeConfig(gen_length=32, block_length=16, policy="threshold", threshold=0.7, **RPS)
+SCHEDULE = dict(policy="threshold_schedule", steps=4, threshold=0.7)  # 4 steps per block
+OWN = {
+    "gqa-prefix-rps": ("llada-tiny-gqa", GQA_RPS.replace(cache="prefix"), PROMPTS, 16),
+    "gqa-dual-rps": ("llada-tiny-gqa", GQA_RPS.replace(cache="dual"), PROMPTS, 16),
+    "llada-dual-schedule": (
+        "llada-tiny",
+        DecodeConfig(gen_length=48, block_length=16, cache="dual", **SCHEDULE),
+        "golden",
+        32,
+    ),
+    "dream-prefix-schedule": (
+        "dream-tiny",
+        DecodeConfig(gen_length=32, block_length=16, cache="prefix", **SCHEDULE),
         PROMPTS,
         16,
     ),
@@ -112,15 +127,17 @@ def test_torch_cache_reproduces_fast_dllm_goldens(torch_lms, cache_cases, cache)
             assert row.nfe == int(cache_cases[k + "nfe"]), (thr, k)
 
 
-@pytest.mark.parametrize("case", list(REUSED))
+@pytest.mark.parametrize("case", [*REUSED, *OWN])
 def test_torch_cache_equals_jax(lms, torch_lms, cache_cases, case):
-    name, settings, prompts, bucket = REUSED[case]
+    name, settings, prompts, bucket = {**REUSED, **OWN}[case]
     if prompts == "golden":
         prompts = [cache_cases[f"generate.thrNone.p{p}.prompt"][0].tolist() for p in (0, 1)]
     expected = lms[name].generate(prompts, settings, prompt_bucket=bucket)
     got = torch_lms[name].generate(prompts, settings, prompt_bucket=bucket)
     assert_same_generations(got, expected)
     assert max(g.nfe for g in got) < settings.gen_length, "the case should commit more than one token per call"
+    if settings.decoder == "rps":
+        assert all(g.stats["pivot_searched"] > 0 for g in got), "the case should search pivots"
 
 
 @pytest.mark.parametrize("case", list(FRESH))

@@ -15,9 +15,11 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from .. import rules
 from ..config import DecodeConfig
-from ..policies import commit_mask
+from ..policies import count_table
 from ..predict import Prediction
+from ..rules import forward_sizes
 
 
 @struct.dataclass
@@ -59,30 +61,14 @@ class Decoder(Protocol):
 
 def spatial_commit(pred: Prediction, canvas: jax.Array, valid: jax.Array, step: jax.Array, dcfg: DecodeConfig):
     """The policy step shared by every decoder: (commit mask S0, canvas s0)."""
-    chosen = commit_mask(pred.conf, valid, step, dcfg)
-    return chosen, jnp.where(chosen, pred.token, canvas)
+    return rules.spatial_commit(jnp, pred.conf, pred.token, canvas, valid, step, dcfg, count_table(dcfg))
 
 
 def zero_stats(decoder: Decoder, batch: int) -> dict[str, jax.Array]:
     return {name: jnp.zeros(shape, jnp.int32) for name, shape in decoder.stat_shapes(batch).items()}
 
 
-def leading_true(flags: jax.Array) -> jax.Array:
-    """[B, J] bool -> [B] int32: how many leading entries are True."""
-    return jnp.cumprod(flags, axis=-1).sum(-1).astype(jnp.int32)
-
-
-def forward_sizes(k: int) -> tuple[int, ...]:
-    """The static numbers of leading candidates a call may forward: s0 alone, about half, all K.
-
-    A call forwards the smallest size that covers every live row's ``needed`` candidates (deep PSD
-    levels past a block's last step, RPS branches past the ratio filter are never forwarded); three
-    sizes keep the compiled model calls few.
-    """
-    return tuple(sorted({1, (k + 1) // 2, k}))
-
-
 def forward_size_index(needed: jax.Array, live: jax.Array, k: int) -> jax.Array:
-    """Index into ``forward_sizes(k)`` of the call that covers the live rows (0 if none is live)."""
-    most = jnp.max(jnp.where(live, needed, 1))
-    return jnp.sum(jnp.asarray(forward_sizes(k)) < most).astype(jnp.int32)
+    """Index into ``forward_sizes(k)`` (``rules.forward_sizes``) of the call that covers the live
+    rows (0 if none is live)."""
+    return jnp.asarray(rules.covering_index(forward_sizes(k), rules.most_needed(jnp, needed, live)), jnp.int32)

@@ -6,7 +6,8 @@ Candidate 0 (the MASK branch) is ``s0``; candidate c sets the pivot to its c-th 
 token, kept while that token's probability is at least ``ratio`` times the top one's. One call
 forwards every branch; the branch with the best lookahead score (minus the mean entropy of the
 other remaining positions, plus ``lam`` times the pivot value's log-probability under ``F(x)``)
-wins, ties to MASK.
+wins, ties to MASK. The rules are ``psd_jax.rules`` (``rps_candidates``, ``rps_winner``,
+``rps_stats``), shared with the PyTorch backend.
 """
 
 from __future__ import annotations
@@ -17,11 +18,10 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from .. import rules
 from ..config import DecodeConfig
 from ..predict import Prediction
-from .base import Choice, Proposal, leading_true
-
-LOG_FLOOR = 1e-30  # probabilities are clipped here before a log
+from .base import Choice, Proposal
 
 
 @struct.dataclass
@@ -53,40 +53,13 @@ class RPS:
     def candidates(
         self, pred: Prediction, s0: jax.Array, chosen: jax.Array, valid: jax.Array, step: jax.Array
     ) -> Proposal:
-        dcfg = self.dcfg
-        remaining = valid & ~chosen
-        p, ids = pred.topk_prob, pred.topk_id  # [B, N, k] from F(x)
-        trunc_entropy = -jnp.sum(p * jnp.log(jnp.maximum(p, LOG_FLOOR)), axis=-1)
-        eligible = remaining & (p.sum(-1) >= dcfg.pivot_tau)
-        found = eligible.any(-1)
-        pivot = jnp.argmax(jnp.where(eligible, trunc_entropy, -jnp.inf), axis=-1)  # ties: lower position
-        pivot_p = jnp.take_along_axis(p, pivot[:, None, None], axis=1)[:, 0]  # [B, k]
-        pivot_ids = jnp.take_along_axis(ids, pivot[:, None, None], axis=1)[:, 0]
-        branch_ok = found[:, None] & (pivot_p >= dcfg.ratio * pivot_p[:, :1])
-        at_pivot = jnp.arange(s0.shape[-1])[None, :] == pivot[:, None]  # [B, N]
-        branches = jnp.where(at_pivot[:, None, :], pivot_ids[:, :, None], s0[:, None, :])  # [B, k, N]
-        state = RPSState(
-            remaining.any(-1), found, pivot, branch_ok, jnp.log(jnp.maximum(pivot_p, LOG_FLOOR)), remaining & ~at_pivot
+        candidates, needed, state = rules.rps_candidates(
+            jnp, pred.topk_prob, pred.topk_id, s0, chosen, valid, self.dcfg
         )
-        candidates = jnp.concatenate([s0[:, None], branches], axis=1)
-        return Proposal(candidates, s0, valid, 1 + leading_true(branch_ok), state)
+        return Proposal(candidates, s0, valid, needed, RPSState(**state))
 
     def choose(self, proposal: Proposal, preds: Prediction, live: jax.Array, step: jax.Array, mask_id: int) -> Choice:
         s: RPSState = proposal.state
-        others = s.others[:, None, :]  # R \ {i*}
-        n_others = jnp.maximum(others.sum(-1), 1)
-        mean_entropy = jnp.sum(jnp.where(others, preds.entropy, 0.0), axis=-1) / n_others  # [B, K]
-        plausibility = jnp.concatenate([jnp.zeros_like(s.log_p[:, :1]), s.log_p], axis=1)
-        score = -mean_entropy + self.dcfg.lam * plausibility
-        ok = jnp.concatenate([jnp.ones_like(s.branch_ok[:, :1]), s.branch_ok], axis=1)
-        winner = jnp.argmax(jnp.where(ok, score, -jnp.inf), axis=-1).astype(jnp.int32)  # ties: MASK first
-        winner = jnp.where(live, winner, 0)
-        committed = winner > 0
-        live_i = live.astype(jnp.int32)
-        stats = {
-            "pivot_searched": s.searched * live_i,
-            "pivot_found": s.found * live_i,
-            "pivot_committed": committed.astype(jnp.int32),
-            "winner_rank": jax.nn.one_hot(winner - 1, self.dcfg.k_max, dtype=jnp.int32) * committed[:, None],
-        }
+        winner = rules.rps_winner(jnp, s.others, preds.entropy, s.log_p, s.branch_ok, live, self.dcfg.lam)
+        stats = rules.rps_stats(jnp, s.searched, s.found, winner, live, self.dcfg.k_max)
         return Choice(winner, jnp.ones_like(winner), stats)

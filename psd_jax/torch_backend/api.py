@@ -21,13 +21,13 @@ import numpy as np
 import torch
 
 from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE, CheckpointError
-from models import ModelConfig
+from models import ModelConfig, load_config
 
 from ..api import PromptIO, default_model_path, left_pad
 from ..config import DecodeConfig
 from ..records import DecodeOutput, Generation, generations
 from ..tokenizer import load_tokenizer, resolve_special_ids
-from .decode import Predictor, generate
+from .decode import Predictor, check_supported, generate
 from .model import TORCH_DTYPES, TorchDiffusionLM, load_hf_torch
 
 
@@ -51,6 +51,12 @@ class TorchLM(PromptIO):
         ids = torch.as_tensor(np.asarray(input_ids), dtype=torch.long, device=self.device)
         mask = None if attention_mask is None else torch.as_tensor(np.asarray(attention_mask), device=self.device)
         return self.model(ids, mask)
+
+    def settings(self, settings: DecodeConfig | None = None, overrides: dict[str, Any] | None = None) -> DecodeConfig:
+        """``PromptIO.settings`` (checked against the model), refusing first what this backend does
+        not implement (``check_supported``: block-causal families)."""
+        check_supported(self.config)
+        return super().settings(settings, overrides)
 
     def predictor(self, dcfg: DecodeConfig) -> Predictor:
         if dcfg not in self._predictors:
@@ -115,7 +121,8 @@ def load_torch_model(
 ) -> TorchLM:
     """Load a Hugging Face LLaDA/Dream directory into PyTorch; ``None`` = the shipped model.
 
-    ``device`` defaults to CUDA when available, else CPU.
+    ``device`` defaults to CUDA when available, else CPU. A block-causal checkpoint (LLaDA2.0) is
+    refused by name (``InputError``) before any weight is read.
     """
     if dtype not in TORCH_DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(TORCH_DTYPES)}")
@@ -127,6 +134,7 @@ def load_torch_model(
             f"{path}: the PyTorch backend reads Hugging Face safetensors directories "
             f"({SINGLE_FILE} or {INDEX_FILE}); convert Orbax checkpoints back with convert.export"
         )
+    check_supported(load_config(path))
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = load_hf_torch(path, TORCH_DTYPES[dtype], device)
     tokenizer = load_tokenizer(path, model.config.family)

@@ -14,9 +14,10 @@ decoder, with the same tokens and call counts as the JAX backend:
   engine's static window lengths; dual: the block), PSD's levels and RPS's branches as ``M``
   windows per row in the same call. A row whose commit completes its block needs no window call:
   the next block-start forward refreshes it.
-- Logits are computed only for the current block (the engine's ``LogitWindow``): a full forward's
-  prediction covers the block, a window call's the block positions it predicts (Dream's logit
-  shift leaves the block's first position to the block-start forward, as Fast-dLLM does).
+- Logits are computed only for the current block (``rules.logit_window``, the engine's window): a
+  full forward's prediction covers the block, a window call's the block positions it predicts
+  (Dream's logit shift leaves the block's first position to the block-start forward, as
+  Fast-dLLM does).
 
 Each kind of call runs only if some row needs it and results merge per row, so a row decodes as
 it would alone.
@@ -26,8 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import array_api_compat.torch as xp
 import torch
 
+from .. import rules
 from ..predict import sequences_forwarded
 from ..records import DecodeOutput
 from .decode import DecodeState, Loop, Prediction, apply_choice, forward_leading, propose
@@ -56,20 +59,7 @@ class Windows:
         batch, n = canvas.shape
         model, mask = loop.predictor.model, loop.attention_mask
         not_pad = torch.ones_like(canvas, dtype=torch.bool) if mask is None else mask.bool()
-        return cls(model.positions(mask, batch, n, canvas.device), not_pad, window_lengths(loop))
-
-
-def window_lengths(loop: Loop) -> tuple[int, ...]:
-    """The engine's ``Loop.window_lengths``: the block (dual); for prefix, the rest of the canvas
-    rounded up to block_length * 2^i, or to gen_length."""
-    block, gen = loop.dcfg.block_length, loop.dcfg.gen_length
-    if loop.dcfg.cache == "dual":
-        return (block,)
-    lengths, w = [], block
-    while w < gen:
-        lengths.append(w)
-        w *= 2
-    return (*lengths, gen)
+        return cls(model.positions(mask, batch, n, canvas.device), not_pad, rules.window_lengths(loop.dcfg))
 
 
 def decode_cached(loop: Loop, canvas: torch.Tensor) -> DecodeOutput:
@@ -96,8 +86,8 @@ def step(loop: Loop, windows: Windows, state: DecodeState, cache: KVCache) -> tu
 
     frozen = state.done | waiting  # waiting rows are frozen like finished ones
     valid = loop.committable(state.canvas, state.block, frozen)
-    proposal = propose(loop.policy, pred, state.canvas, valid, state.step)
-    _, block_after_s0, _, done_after_s0 = loop.blocks.advance(proposal.s0, state.block, state.step + 1, frozen)
+    proposal = propose(loop, pred, state.canvas, valid, state.step)
+    _, block_after_s0, _, done_after_s0 = loop.advance(proposal.s0, state.block, state.step + 1, frozen)
     live = ~done_after_s0
     windowed = live & (block_after_s0 == state.block)  # rows whose forward is a window call
     preds, window_calls, size = _window_forward(loop, windows, cache, pred, state.block, proposal, windowed)
@@ -110,16 +100,9 @@ def step(loop: Loop, windows: Windows, state: DecodeState, cache: KVCache) -> tu
 
 
 def prefill(loop: Loop, canvas: torch.Tensor, block: torch.Tensor) -> tuple[Prediction, torch.Tensor, torch.Tensor]:
-    """The block-start full forward of canvas [B, N], logits only for each row's block ``block``:
-    (Prediction [B, N], keys, values)."""
-    n, shift = canvas.shape[1], loop.mcfg.logit_shift
-    start, _ = loop.blocks.span(block)
-    positions = start[:, None] + torch.arange(loop.dcfg.block_length, device=canvas.device)
-    logit_index = (positions - shift).clamp(0, n - 1)  # position i reads logit i - shift
-    win, keys, values = loop.predictor.prefill(canvas, loop.attention_mask, logit_index, loop.generator)
-    base = win.map(lambda a: a.new_zeros((a.shape[0], n, *a.shape[2:])))
-    base.token = canvas.clone()  # a position without logits predicts its own token, confidence 0
-    return _place(base, win, positions), keys, values
+    """The block-start full forward of canvas [B, N], logits only in each row's logit window at
+    block ``block`` (``Loop.logit_window``): (Prediction [B, N], keys, values)."""
+    return loop.predictor.prefill(canvas, loop.attention_mask, loop.logit_window(block), loop.generator)
 
 
 def _refresh(loop: Loop, state: DecodeState, cache: KVCache, rows: torch.Tensor):
@@ -138,11 +121,11 @@ def _window_forward(loop, windows: Windows, cache: KVCache, pred, block, proposa
     """The window call of the ``windowed`` rows' leading candidates: (preds [B, K, N], calls, forwarded).
 
     Prefix windows use the shortest static length covering every windowed row's rest of the canvas."""
-    start, _ = loop.blocks.span(block)
+    start = loop.block_start(block)
     w = windows.lengths[0]
     if len(windows.lengths) > 1:
         rest = int(torch.where(windowed, windows.positions.shape[1] - start, 0).max())
-        w = min(length for length in windows.lengths if length >= rest)
+        w = windows.lengths[rules.covering_index(windows.lengths, rest)]
 
     def call(candidates: torch.Tensor) -> Prediction:
         return _window_call(loop, windows, cache, pred, start, w, candidates)
@@ -159,7 +142,7 @@ def _window_call(loop, windows: Windows, cache: KVCache, pred, start, w: int, ca
     index = start[:, None] + torch.arange(w, device=device)  # [B, W]
     window_mask = index < n  # prefix windows may reach past the canvas end: those keys are masked
     index = index.clamp(max=n - 1)
-    in_window = (loop.blocks.pos >= start[:, None]) & (loop.blocks.pos < start[:, None] + w)
+    in_window = rules.in_block(xp, n, start, w)
     key_mask = torch.cat([windows.not_pad & ~in_window, window_mask], dim=1).repeat_interleave(m, dim=0)
     tokens = candidates.gather(2, index[:, None].expand(b, m, w)).reshape(b * m, w)
     positions = windows.positions.gather(1, index).repeat_interleave(m, dim=0)

@@ -1,10 +1,13 @@
 """The decoders (plain, PSD, RPS) over the PyTorch model, with the JAX engine's exact semantics.
 
-This is ``psd_jax.engine`` + ``decoders`` + ``policies`` + ``predict`` written as a PyTorch user
-would: eager tensors under ``torch.inference_mode``, a Python ``while`` loop over iterations,
-every per-row decision a batched tensor op (no Python loop over rows), and all candidates of all
-rows verified in ONE model call of shape ``[B*K, N]``. The semantics are the engine's, token for
-token (the JAX engine is the spec):
+This is ``psd_jax.engine`` + ``decoders`` + ``predict`` written as a PyTorch user would: eager
+tensors under ``torch.inference_mode``, a Python ``while`` loop over iterations, every per-row
+decision a batched tensor op (no Python loop over rows), and all candidates of all rows verified
+in ONE model call of shape ``[B*K, N]``. The decoding rules themselves (ranks, every policy's
+counts and commit set, PSD's drafts and acceptance, RPS's pivot and scoring, block advance, the
+forward sizes and the logit window) are not re-written here: they are ``psd_jax.rules``, the
+engine's own definitions, called with the array namespace ``array_api_compat.torch``. What this
+module adds is the loop, the model calls and the bookkeeping, as the engine's:
 
 - rows decode independently: own block, own schedule step, own ``done`` flag;
 - one iteration = policy commit ``s0`` and the candidates (no model call) -> one batched forward
@@ -15,12 +18,16 @@ token (the JAX engine is the spec):
 - a call forwards only the leading candidates some live row can choose (PSD levels up to the
   first empty one, RPS branches that pass the ratio filter), rounded up to one of the engine's
   ``forward_sizes`` (s0 alone, about half, all K), so the sequence counts equal the engine's;
+- a call computes logits only in the engine's logit window (``rules.logit_window``: the current
+  block and the next); the other positions predict their current token with zero confidence,
+  as ``predict.on_canvas`` places them;
 - ``nfe`` counts model calls (the initial forward included), ``sequence_forwards`` the sequences
   the model processed (``B*K`` per full call, doubled under classifier-free guidance).
 
 With ``cache="prefix"|"dual"`` the loop is ``torch_backend.cache`` (Fast-dLLM's block KV cache,
-the engine's ``step_cached``); it shares this module's predictions, policies, decoders and
-``apply_choice``.
+the engine's ``step_cached``); it shares this module's predictions, decoders and ``apply_choice``.
+Block-causal families (LLaDA2.0) are not implemented here and are refused by name
+(``check_supported``) before any model work.
 
 Host synchronisation: two reads per iteration (``any(live)`` and the live rows' most ``needed``
 candidates in one, to size or skip the forward, and ``all(done)`` to stop), which an eager
@@ -38,16 +45,29 @@ import dataclasses
 from collections.abc import Callable
 from functools import partial
 
+import array_api_compat.torch as xp
 import torch
-import torch.nn.functional as F
 
 from models import ModelConfig
 
+from .. import rules
 from ..config import DecodeConfig
-from ..decoders import decoder_for, forward_sizes  # the engine's decoders' static sizes and statistics
-from ..policies import step_counts  # the engine's own count tables (numpy)
+from ..decoders import decoder_for  # the engine's decoders' statistics (names and shapes)
+from ..errors import InputError
 from ..predict import ENTROPY_EPS, sequences_forwarded
 from ..records import DecodeOutput
+
+
+def check_supported(mcfg: ModelConfig) -> None:
+    """Refuse, by name, what this backend does not implement: block-causal families (LLaDA2.0's
+    block diffusion, ``mcfg.block_causal``). Every policy, confidence, decoder and cache is
+    implemented (through ``psd_jax.rules``)."""
+    if mcfg.block_causal:
+        raise InputError(
+            f"the PyTorch backend does not implement block-causal decoding ({mcfg.family!r}, LLaDA2.0's "
+            "block diffusion); decode this model with the JAX engine (psd_jax.load_model)"
+        )
+
 
 # ------------------------------------------------------------------------------ predictions
 
@@ -64,13 +84,6 @@ class Prediction:
         # getattr, not dataclasses.astuple: astuple deep-copies every tensor.
         values = (getattr(self, f.name) for f in dataclasses.fields(self))
         return Prediction(*(None if v is None else fn(v) for v in values))
-
-
-def shift_logits(logits: torch.Tensor, shift: int) -> torch.Tensor:
-    """Dream predicts position i at logit i - 1: ``cat(logits[:, :1], logits[:, :-1])``."""
-    if shift == 0:
-        return logits
-    return torch.cat([logits[:, :shift], logits[:, :-shift]], dim=1)
 
 
 def logits_to_prediction(
@@ -134,18 +147,18 @@ class Predictor:
             cores = tuple(torch.compile(core, dynamic=False) for core in cores)
         self._core, self._prefill_core, self._window_core = cores
 
-    def _forward_predict(self, flat, mask, prompt_length: int, gumbel, random_conf):
+    def _forward_predict(self, flat, mask, logit_index, prompt_length: int, gumbel, random_conf):
         dcfg, mcfg = self.dcfg, self.mcfg
         if dcfg.cfg_scale > 0:
             # Classifier-free guidance: the prompt replaced by [MASK] gives the unconditional branch.
             uncond = flat.clone()
             uncond[:, :prompt_length] = mcfg.mask_id
-            both = self.model(torch.cat([flat, uncond]), None if mask is None else torch.cat([mask, mask]))
+            both_mask = None if mask is None else torch.cat([mask, mask])
+            both = self.model(torch.cat([flat, uncond]), both_mask, torch.cat([logit_index, logit_index]))
             cond_logits, uncond_logits = both.chunk(2)
             logits = uncond_logits + (dcfg.cfg_scale + 1.0) * (cond_logits - uncond_logits)
         else:
-            logits = self.model(flat, mask)
-        logits = shift_logits(logits, mcfg.logit_shift)
+            logits = self.model(flat, mask, logit_index)
         return logits_to_prediction(logits, mcfg, dcfg, gumbel, random_conf)
 
     def _prefill_predict(self, canvas, mask, logit_index, gumbel, random_conf):
@@ -166,19 +179,29 @@ class Predictor:
             random_conf = torch.rand(shape, generator=generator, device=device)
         return gumbel, random_conf
 
-    def __call__(self, canvases, attention_mask, prompt_length: int, generator: torch.Generator | None) -> Prediction:
+    def __call__(
+        self, canvases, attention_mask, prompt_length: int, window: tuple, generator: torch.Generator | None
+    ) -> Prediction:
+        """One call over canvases [B, K, N], logits only in the rows' logit ``window`` ((start [B],
+        width), ``logit_window``): Prediction [B, K, N] (``on_canvas``)."""
         b, k, n = canvases.shape
         flat = canvases.reshape(b * k, n)
         mask = None if attention_mask is None else attention_mask.repeat_interleave(k, dim=0)
-        out = self._core(flat, mask, prompt_length, *self._draws((b * k, n), canvases.device, generator))
-        return Prediction(*out).map(lambda a: a.reshape(b, k, *a.shape[1:]))
+        start, width = window[0].repeat_interleave(k), window[1]
+        logit_index = rules.logit_index(xp, start, width, n, self.mcfg.logit_shift)
+        draws = self._draws((b * k, width), canvases.device, generator)
+        win = Prediction(*self._core(flat, mask, logit_index, prompt_length, *draws))
+        placed = on_canvas(win, flat, rules.logit_positions(xp, start, width))
+        return placed.map(lambda a: a.reshape(b, k, *a.shape[1:]))
 
-    def prefill(self, canvas, attention_mask, logit_index, generator: torch.Generator | None):
-        """Full forward of canvas [B, N] with logits at ``logit_index`` [B, W] only:
-        (Prediction [B, W] of those logits, keys, values [L, B, KV, N, hd])."""
-        draws = self._draws(tuple(logit_index.shape), canvas.device, generator)
+    def prefill(self, canvas, attention_mask, window: tuple, generator: torch.Generator | None):
+        """Full forward of canvas [B, N] with logits in the logit ``window`` only: (Prediction
+        [B, N], keys, values [L, B, KV, N, hd])."""
+        start, width = window
+        logit_index = rules.logit_index(xp, start, width, canvas.shape[1], self.mcfg.logit_shift)
+        draws = self._draws((canvas.shape[0], width), canvas.device, generator)
         out, keys, values = self._prefill_core(canvas, attention_mask, logit_index, *draws)
-        return Prediction(*out), keys, values
+        return on_canvas(Prediction(*out), canvas, rules.logit_positions(xp, start, width)), keys, values
 
     def window(self, tokens, positions, cache, key_mask, out_length: int, generator) -> Prediction:
         """Window call, tokens/positions [B*M, W] against the cache -> Prediction [B*M, out_length]
@@ -187,70 +210,22 @@ class Predictor:
         return Prediction(*self._window_core(tokens, positions, *cache, key_mask, out_length, *draws))
 
 
-# --------------------------------------------------------------------------------- policies
+def on_canvas(win: Prediction, canvas: torch.Tensor, positions: torch.Tensor) -> Prediction:
+    """A Prediction of the window's positions [M, W] (``positions``) -> of the canvas [M, N]: a
+    position without logits predicts its current token with zero confidence (``predict.on_canvas``);
+    positions past the canvas end are dropped."""
+    m, n = canvas.shape
+    rows = torch.arange(m, device=canvas.device)[:, None]
+    at = torch.where(positions < n, positions, n)  # one spare column takes what is dropped
 
+    def put(field: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+        base[rows, at] = field.to(base.dtype)
+        return base[:, :n]
 
-def ranks(conf: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Rank of each valid position by confidence descending (ties: lower position); invalid last.
-
-    One stable sort on ``-conf`` with invalid positions keyed ``+inf``: the same order as the JAX
-    ``lexsort((index, -conf, ~valid))`` for any finite confidence (all confidences are finite).
-    """
-    key = torch.where(valid, -conf, torch.inf)
-    order = torch.sort(key, dim=-1, stable=True).indices
-    positions = torch.arange(conf.shape[-1], device=conf.device).expand_as(order)
-    return torch.empty_like(order).scatter_(-1, order, positions)
-
-
-class Policy:
-    """The transfer policy with its schedule table on the decode's device."""
-
-    def __init__(self, dcfg: DecodeConfig, device):
-        self.dcfg = dcfg
-        counts = step_counts(dcfg)
-        self.counts = None if counts is None else torch.as_tensor(counts, dtype=torch.long, device=device)
-
-    def scheduled_count(self, step: torch.Tensor, remaining: torch.Tensor) -> torch.Tensor:
-        last = self.counts.shape[0] - 1
-        k = self.counts[step.clamp(0, last)]
-        return torch.where(step >= last, remaining, k)
-
-    def commit_mask(self, conf, valid, step) -> torch.Tensor:
-        """The commit set S for rows [B]: conf/valid [B, N], step [B]."""
-        dcfg = self.dcfg
-        rank = ranks(conf, valid)
-        remaining = valid.sum(-1)
-        if dcfg.policy in ("fixed", "dream"):
-            chosen = rank < self.scheduled_count(step, remaining)[:, None]
-        elif dcfg.policy == "threshold":
-            chosen = (rank == 0) | (conf >= dcfg.threshold)
-        else:
-            chosen = rank < factor_count(conf, valid, remaining, dcfg.factor)[:, None]
-        return chosen & valid
-
-    def draft_sizes(self, chosen: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-        """PSD m_j for levels j = 1..D per row [B, D] (as psd_jax.decoders._draft_sizes)."""
-        dcfg = self.dcfg
-        batch = chosen.shape[0]
-        if dcfg.policy == "fixed":
-            n_counts = self.counts.shape[0]
-            nxt = step[:, None] + torch.arange(1, dcfg.depth + 1, device=step.device)
-            return torch.where(nxt < n_counts, self.counts[nxt.clamp(0, n_counts - 1)], 0)
-        if dcfg.draft_rate is not None:
-            rate = torch.full((batch,), dcfg.draft_rate, dtype=torch.long, device=chosen.device)
-        else:
-            rate = chosen.sum(-1).clamp(min=1)
-        return rate[:, None].expand(batch, dcfg.depth)
-
-
-def factor_count(conf, valid, remaining, factor: float) -> torch.Tensor:
-    """Fast-dLLM get_transfer_index_dynamic (upstream quirk kept: see psd_jax.policies)."""
-    n = conf.shape[-1]
-    sorted_conf = -torch.sort(torch.where(valid, -conf, torch.inf), dim=-1).values
-    k = torch.arange(n, device=conf.device)
-    passes = (sorted_conf >= 1.0 - factor / (k + 2.0)) | (k == 0)
-    leading = torch.cumprod((passes & (k < remaining[:, None])).long(), dim=-1).sum(-1)
-    return torch.where(leading >= remaining - 1, remaining, leading)
+    placed = win.map(lambda f: put(f, f.new_zeros((m, n + 1, *f.shape[2:]))))
+    spare = canvas.new_zeros((m, 1))
+    placed.token = put(win.token, torch.cat([canvas, spare], dim=1))
+    return placed
 
 
 # --------------------------------------------------------------------------------- decoders
@@ -261,30 +236,41 @@ class Proposal:
     candidates: torch.Tensor  # [B, K, N]
     s0: torch.Tensor  # [B, N]
     valid: torch.Tensor  # [B, N]
-    added: torch.Tensor  # [B, K, N]
     needed: torch.Tensor  # [B] leading candidates the row can choose from (1: only s0)
-    extra: dict
+    state: dict  # the decoder's own (PSD: levels; RPS: pivot search), for ``choose``
 
 
-def propose(policy: Policy, pred: Prediction, canvas, valid, step) -> Proposal:
-    dcfg = policy.dcfg
-    chosen = policy.commit_mask(pred.conf, valid, step)
-    s0 = torch.where(chosen, pred.token, canvas)
+def propose(loop: Loop, pred: Prediction, canvas, valid, step) -> Proposal:
+    """The policy's commit and the decoder's candidates built on it (``decoders.propose``)."""
+    dcfg, counts = loop.dcfg, loop.counts
+    chosen, s0 = rules.spatial_commit(xp, pred.conf, pred.token, canvas, valid, step, dcfg, counts)
     if dcfg.decoder == "psd":
-        return _psd_propose(policy, pred, s0, chosen, valid, step)
+        candidates, levels, needed = rules.psd_candidates(
+            xp, pred.conf, pred.token, s0, chosen, valid, step, dcfg, counts
+        )
+        return Proposal(candidates, s0, valid, needed, {"levels": levels})
     if dcfg.decoder == "rps":
-        return _rps_propose(dcfg, pred, s0, chosen, valid)
-    no = torch.zeros_like(valid)
-    return Proposal(s0[:, None], s0, valid, no[:, None], torch.ones_like(step), {})
+        candidates, needed, state = rules.rps_candidates(xp, pred.topk_prob, pred.topk_id, s0, chosen, valid, dcfg)
+        return Proposal(candidates, s0, valid, needed, state)
+    return Proposal(s0[:, None], s0, valid, torch.ones_like(step), {})
 
 
-def choose(policy: Policy, proposal: Proposal, preds: Prediction, live, step, mask_id: int):
-    """(index [B], schedule steps consumed [B], stats increments) given every candidate's forward."""
-    dcfg = policy.dcfg
+def choose(loop: Loop, proposal: Proposal, preds: Prediction, live, step):
+    """(index [B], schedule steps consumed [B], stats increments) given every candidate's forward
+    (``decoders.choose``)."""
+    dcfg = loop.dcfg
     if dcfg.decoder == "psd":
-        return _psd_choose(policy, proposal, preds, live, step, mask_id)
+        levels = proposal.state["levels"]
+        accepted = rules.psd_accepted(
+            xp, levels, proposal.candidates, proposal.valid, preds.token, preds.conf, live, step, dcfg,
+            loop.counts, loop.mcfg.mask_id,
+        )  # fmt: skip
+        hist = rules.one_hot(xp, accepted, dcfg.depth + 1) * live[:, None]
+        return accepted, 1 + accepted, {"accepted_depth": hist}
     if dcfg.decoder == "rps":
-        return _rps_choose(dcfg, proposal, preds, live)
+        e = proposal.state
+        winner = rules.rps_winner(xp, e["others"], preds.entropy, e["log_p"], e["branch_ok"], live, dcfg.lam)
+        return winner, torch.ones_like(winner), rules.rps_stats(xp, e["searched"], e["found"], winner, live, dcfg.k_max)
     zeros = torch.zeros_like(step)
     return zeros, zeros + 1, {}
 
@@ -295,124 +281,7 @@ def initial_stats(dcfg: DecodeConfig, batch: int, device) -> dict:
     return {name: torch.zeros(shape, dtype=torch.long, device=device) for name, shape in shapes.items()}
 
 
-def _leading_true(flags: torch.Tensor) -> torch.Tensor:
-    """[B, J] bool -> [B] long: how many leading entries are True."""
-    return torch.cumprod(flags.long(), dim=-1).sum(-1)
-
-
-def _psd_propose(policy: Policy, pred, s0, chosen, valid, step) -> Proposal:
-    remaining = valid & ~chosen
-    rank = ranks(pred.conf, remaining)
-    sizes = policy.draft_sizes(chosen, step)  # [B, D]
-    ends = sizes.cumsum(-1)
-    starts = ends - sizes
-    r = rank[:, None, :]
-    level = remaining[:, None, :] & (r >= starts[..., None]) & (r < ends[..., None])  # [B, D, N]
-    cumulative = level.cumsum(dim=1) > 0  # s_j = s_{j-1} + level j
-    drafts = torch.where(cumulative, pred.token[:, None, :], s0[:, None, :])
-    candidates = torch.cat([s0[:, None], drafts], dim=1)
-    added = torch.cat([torch.zeros_like(level[:, :1]), level], dim=1)
-    # Acceptance stops at the first empty level, so the levels after it are never chosen.
-    return Proposal(candidates, s0, valid, added, 1 + _leading_true(level.any(-1)), {})
-
-
-def _psd_choose(policy: Policy, proposal, preds, live, step, mask_id):
-    dcfg = policy.dcfg
-    level = proposal.added[:, 1:]  # [B, D, N]
-    prev_token = preds.token[:, :-1]  # F(s_{j-1}) for j = 1..D
-    draft_token = proposal.candidates[:, 1:]
-    consistent = (~level | (prev_token == draft_token)).all(-1) & level.any(-1)
-    if dcfg.acceptance == "strict":
-        # The policy run on F(s_{j-1}) at step + j must choose exactly level j's positions.
-        b, d, n = level.shape
-        valid_prev = proposal.valid[:, None, :] & (proposal.candidates[:, :-1] == mask_id)
-        steps = step[:, None] + torch.arange(1, d + 1, device=step.device)
-        policy_choice = policy.commit_mask(
-            preds.conf[:, :-1].reshape(b * d, n), valid_prev.reshape(b * d, n), steps.reshape(b * d)
-        ).reshape(b, d, n)
-        consistent &= (policy_choice == level).all(-1)
-    accepted = _leading_true(consistent)
-    accepted = torch.where(live, accepted, 0)
-    hist = F.one_hot(accepted, dcfg.depth + 1) * live[:, None]
-    return accepted, 1 + accepted, {"accepted_depth": hist}
-
-
-def _rps_propose(dcfg: DecodeConfig, pred, s0, chosen, valid) -> Proposal:
-    remaining = valid & ~chosen
-    p, ids = pred.topk_prob, pred.topk_id  # [B, N, k] from F(x)
-    mass = p.sum(-1)
-    trunc_entropy = -(p * torch.log(p.clamp(min=1e-30))).sum(-1)
-    eligible = remaining & (mass >= dcfg.pivot_tau)
-    found = eligible.any(-1)
-    pivot = torch.argmax(torch.where(eligible, trunc_entropy, -torch.inf), dim=-1)  # ties: lower position
-    rows = torch.arange(s0.shape[0], device=s0.device)
-    pivot_p, pivot_ids = p[rows, pivot], ids[rows, pivot]  # [B, k]
-    branch_ok = found[:, None] & (pivot_p >= dcfg.ratio * pivot_p[:, :1])
-    at_pivot = torch.arange(s0.shape[-1], device=s0.device) == pivot[:, None]  # [B, N]
-    branches = torch.where(at_pivot[:, None, :], pivot_ids[:, :, None], s0[:, None, :])  # [B, k, N]
-    candidates = torch.cat([s0[:, None], branches], dim=1)
-    added = torch.cat([torch.zeros_like(at_pivot[:, None]), at_pivot[:, None].expand_as(branches)], dim=1)
-    extra = {
-        "searched": remaining.any(-1),
-        "found": found,
-        "branch_ok": branch_ok,
-        "log_p": torch.log(pivot_p.clamp(min=1e-30)),
-        "others": remaining & ~at_pivot,
-    }
-    return Proposal(candidates, s0, valid, added, 1 + _leading_true(branch_ok), extra)
-
-
-def _rps_choose(dcfg: DecodeConfig, proposal, preds, live):
-    e = proposal.extra
-    others = e["others"][:, None, :]  # R \ {i*}
-    n_others = others.sum(-1).clamp(min=1)
-    mean_entropy = torch.where(others, preds.entropy, 0.0).sum(-1) / n_others  # [B, K]
-    plausibility = torch.cat([torch.zeros_like(e["log_p"][:, :1]), e["log_p"]], dim=1)
-    score = -mean_entropy + dcfg.lam * plausibility
-    ok = torch.cat([torch.ones_like(e["branch_ok"][:, :1]), e["branch_ok"]], dim=1)
-    winner = torch.argmax(torch.where(ok, score, -torch.inf), dim=-1)  # ties: MASK first
-    winner = torch.where(live, winner, 0)
-    committed = winner > 0
-    stats = {
-        "pivot_searched": (e["searched"] & live).long(),
-        "pivot_found": (e["found"] & live).long(),
-        "pivot_committed": committed.long(),
-        "winner_rank": F.one_hot((winner - 1).clamp(min=0), dcfg.k_max) * committed[:, None],
-    }
-    return winner, torch.ones_like(winner), stats
-
-
 # ------------------------------------------------------------------------------------ loop
-
-
-class Blocks:
-    """Block geometry of one decode (``Loop.in_block``/``advance`` of the JAX engine)."""
-
-    def __init__(self, mcfg: ModelConfig, dcfg: DecodeConfig, prompt_length: int, device):
-        self.mcfg, self.dcfg, self.prompt_length = mcfg, dcfg, prompt_length
-        self.pos = torch.arange(prompt_length + dcfg.gen_length, device=device)[None, :]
-        self.stop_ids = torch.tensor(mcfg.stop_ids, device=device)
-
-    def span(self, block):
-        start = self.prompt_length + block * self.dcfg.block_length
-        return start, start + self.dcfg.block_length
-
-    def in_block(self, block):
-        start, end = self.span(block)
-        return (self.pos >= start[:, None]) & (self.pos < end[:, None])
-
-    def advance(self, canvas, block, step, done):
-        """Rows whose block is complete move on; rows stop at the end or at EOS (early exit)."""
-        in_block = self.in_block(block)
-        complete = ~(in_block & (canvas == self.mcfg.mask_id)).any(-1) & ~done
-        stops = torch.isin(canvas, self.stop_ids)
-        eos_stop = complete & (in_block & stops).any(-1) & self.dcfg.eos_early_stop
-        _, end = self.span(block)
-        canvas = torch.where(eos_stop[:, None] & (self.pos >= end[:, None]), self.mcfg.eos_id, canvas)
-        new_done = done | eos_stop | (complete & (block + 1 >= self.dcfg.num_blocks))
-        block = torch.where(complete & ~new_done, block + 1, block)
-        step = torch.where(complete, 0, step)
-        return canvas, block, step, new_done
 
 
 @dataclasses.dataclass(frozen=True)
@@ -423,14 +292,27 @@ class Loop:
     dcfg: DecodeConfig
     prompt_length: int
     predictor: Predictor
-    policy: Policy
-    blocks: Blocks
+    counts: torch.Tensor | None  # the scheduled policies' count table on the decode's device
     attention_mask: torch.Tensor | None  # [B, N], None when nothing is padded
     generator: torch.Generator | None
 
+    def block_start(self, block: torch.Tensor) -> torch.Tensor:
+        return rules.block_start(self.prompt_length, block, self.dcfg.block_length)
+
     def committable(self, canvas: torch.Tensor, block: torch.Tensor, frozen: torch.Tensor) -> torch.Tensor:
         """M(x): masked positions of each row's current block ([B, N]); nothing for frozen rows."""
-        return (canvas == self.mcfg.mask_id) & self.blocks.in_block(block) & ~frozen[:, None]
+        b, mask_id = self.dcfg.block_length, self.mcfg.mask_id
+        return rules.committable(xp, canvas, self.block_start(block), frozen, b, mask_id)
+
+    def advance(self, canvas, block, step, done):
+        """Rows whose block is complete move on; rows stop at the end or at EOS (``rules.advance``)."""
+        return rules.advance(xp, canvas, block, step, done, self.prompt_length, self.mcfg, self.dcfg)
+
+    def logit_window(self, block: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(start [B], width) of the positions a call computes logits for: the engine's window
+        (``rules.logit_window``), or every generated position where that covers them all."""
+        window = rules.logit_window(self.dcfg, self.prompt_length, self.dcfg.gen_length, block)
+        return window or (torch.full_like(block, self.prompt_length), self.dcfg.gen_length)
 
 
 @dataclasses.dataclass
@@ -475,15 +357,16 @@ def generate(
     """Decode left-padded prompts [B, P] (0/1 mask [B, P] or None) with the JAX engine's semantics;
     ``settings.cache`` "prefix"/"dual" runs Fast-dLLM's block KV cache (``torch_backend.cache``)."""
     dcfg = settings  # checked when made: a cache with classifier-free guidance is refused there
+    check_supported(mcfg)
     device = prompt_ids.device
     batch, prompt_length = prompt_ids.shape
+    counts = rules.step_counts(dcfg)
     loop = Loop(
         mcfg,
         dcfg,
         prompt_length,
         predictor or Predictor(model, mcfg, dcfg),
-        Policy(dcfg, device),
-        Blocks(mcfg, dcfg, prompt_length, device),
+        None if counts is None else torch.as_tensor(counts, dtype=torch.long, device=device),
         _canvas_mask(prompt_mask, dcfg.gen_length),
         generator,
     )
@@ -501,15 +384,17 @@ def _decode(loop: Loop, canvas: torch.Tensor) -> DecodeOutput:
     call = partial(
         loop.predictor, attention_mask=loop.attention_mask, prompt_length=loop.prompt_length, generator=loop.generator
     )
-    state = DecodeState.start(loop, canvas, call(canvas[:, None]).map(lambda a: a[:, 0]))
     batch = canvas.shape[0]
+    first = loop.logit_window(torch.zeros(batch, dtype=torch.long, device=canvas.device))
+    state = DecodeState.start(loop, canvas, call(canvas[:, None], window=first).map(lambda a: a[:, 0]))
     while True:
         valid = loop.committable(state.canvas, state.block, state.done)
-        proposal = propose(loop.policy, state.pred, state.canvas, valid, state.step)
+        proposal = propose(loop, state.pred, state.canvas, valid, state.step)
         # A row is live if it still decodes after its policy commit; only live rows need a forward.
-        live = ~loop.blocks.advance(proposal.s0, state.block, state.step + 1, state.done)[3]
+        live = ~loop.advance(proposal.s0, state.block, state.step + 1, state.done)[3]
         # No row live: no call (every row finishes with its policy commit, the engine's `skip`).
-        preds, calls, size = forward_leading(call, proposal, live, state.pred)
+        window = loop.logit_window(state.block)
+        preds, calls, size = forward_leading(partial(call, window=window), proposal, live, state.pred)
         sequences = sequences_forwarded(batch, size, loop.dcfg)
         state = apply_choice(loop, state, proposal, preds, live, state.done, live.long(), calls, sequences)
         if bool(state.done.all()):
@@ -530,11 +415,11 @@ def apply_choice(
     """The tail of an iteration shared by both loops: each row's choice, its canvas and forward,
     block advance, counters. ``frozen`` rows (finished, or waiting for a block-start refresh)
     keep their canvas and step."""
-    index, steps, increments = choose(loop.policy, proposal, preds, live, state.step, loop.mcfg.mask_id)
+    index, steps, increments = choose(loop, proposal, preds, live, state.step)
     rows = torch.arange(index.shape[0], device=index.device)
     canvas = torch.where(frozen[:, None], state.canvas, proposal.candidates[rows, index])
     steps = state.step + torch.where(frozen, 0, steps)
-    canvas, block, step, done = loop.blocks.advance(canvas, state.block, steps, frozen)
+    canvas, block, step, done = loop.advance(canvas, state.block, steps, frozen)
     return DecodeState(
         canvas,
         preds.map(lambda a: a[rows, index]),
@@ -569,11 +454,13 @@ def forward_leading(
     candidates some of ``rows`` can choose, in the engine's static sizes; the others repeat
     candidate 0's prediction (no row can choose them). No call when no row needs one: the
     predictions are then ``pred`` repeated."""
-    any_row, most_needed = torch.stack([rows.any().long(), torch.where(rows, proposal.needed, 1).max()]).tolist()
+    most = rules.most_needed(xp, proposal.needed, rows)
+    any_row, most = torch.stack([rows.any().long(), most.long()]).tolist()
     k = proposal.candidates.shape[1]
     if not any_row:
         return broadcast(pred, k), 0, 0
-    size = min(s for s in forward_sizes(k) if s >= most_needed)
+    sizes = rules.forward_sizes(k)
+    size = sizes[rules.covering_index(sizes, most)]
     preds = call(proposal.candidates[:, :size])
     if size < k:
         preds = preds.map(lambda a: torch.cat([a, a[:, :1].expand(a.shape[0], k - size, *a.shape[2:])], dim=1))

@@ -1,0 +1,367 @@
+"""The decoding rules, written once for both backends against the Python array API standard.
+
+Every rule that decides what a decode commits, drafts, accepts or forwards is defined here and
+only here: ranks, the policies' counts and commit sets, PSD's draft sizes, levels and acceptance,
+RPS's pivot, branches and scoring, block membership and advance, and the static sizes (count
+tables, forward sizes, logit windows, cache window lengths). The JAX engine (``engine``,
+``policies``, ``decoders``) and the PyTorch backend (``torch_backend``) both call these functions,
+so the two cannot drift apart (they once did: the torch backend ran the factor rule for
+``threshold_schedule``).
+
+Design: a rule takes the array namespace ``xp`` as its first argument and uses only what the
+standard defines (its functions, operators, basic indexing), so one body runs on either library.
+JAX passes ``jax.numpy``, which implements the standard; torch passes ``array_api_compat.torch``
+(the ``torch`` extra's ``array-api-compat``), so this module imports neither. Static parts are
+plain Python/numpy (``step_counts``, ``forward_sizes``, ``logit_width``, ``window_lengths``,
+``covering_index`` on Python ints). Index dtypes are each library's own (int32 in JAX, int64 in
+torch), so results feed either library's indexing directly; values are equal across the two.
+tests/test_rules.py checks each rule against a plain-Python for-loop definition (the
+docs/algorithms.md wording) on small random inputs, in both namespaces.
+
+Shapes: B rows, N canvas positions, D PSD levels, k RPS values; ``counts`` is the scheduled
+policies' per-step table as an array of ``xp`` (``step_counts`` on the host, moved once by the
+caller), ``None`` for the confidence-driven policies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .config import DecodeConfig
+from .schedules import dream_schedule, llada_schedule
+
+Array = Any  # an array of the namespace ``xp`` (jax.Array, torch.Tensor)
+
+LOG_FLOOR = 1e-30  # RPS: probabilities are clipped here before a log
+
+
+def _device(x: Array):
+    """``x``'s device, or None where it has none to give (a JAX tracer: default placement is right)."""
+    try:
+        return x.device
+    except (AttributeError, ValueError):
+        return None
+
+
+def _arange(xp, n: int, like: Array) -> Array:
+    return xp.arange(n, device=_device(like))
+
+
+def _lookup(xp, table: Array, index: Array) -> Array:
+    """``table[index]`` for a 1-D table and an integer index of any shape (the standard's ``take``
+    takes 1-D indices)."""
+    return xp.reshape(xp.take(table, xp.reshape(index, (-1,))), index.shape)
+
+
+def leading_true(xp, flags: Array) -> Array:
+    """[..., J] bool -> [...]: how many leading entries are True."""
+    return xp.sum(xp.cumulative_prod(xp.astype(flags, xp.int32), axis=-1), axis=-1)
+
+
+def one_hot(xp, index: Array, n: int) -> Array:
+    """[B] -> [B, n] int32, row b one at ``index[b]`` (all zeros where it is outside 0..n-1)."""
+    return xp.astype(index[:, None] == _arange(xp, n, index)[None, :], xp.int32)
+
+
+def covering_index(sizes: tuple[int, ...], most) -> Any:
+    """Index of the smallest of the ascending static ``sizes`` that is >= ``most`` (a Python int,
+    or a 0-d array of either library): how many sizes fall short of it."""
+    return sum(size < most for size in sizes)
+
+
+# ---------------------------------------------------------------------------------- geometry
+
+
+def block_start(prompt_length: int, block: Array, block_length: int) -> Array:
+    """The canvas index where each row's block ``block`` [B] starts."""
+    return prompt_length + block * block_length
+
+
+def in_block(xp, n: int, start: Array, block_length: int) -> Array:
+    """[B, N]: the positions of each row's block, which starts at ``start`` [B]."""
+    pos = _arange(xp, n, start)[None, :]
+    return (pos >= start[:, None]) & (pos < start[:, None] + block_length)
+
+
+def committable(xp, canvas: Array, start: Array, done: Array, block_length: int, mask_id: int) -> Array:
+    """M(x): the masked positions of each row's current block ([B, N]); nothing for done rows."""
+    return (canvas == mask_id) & in_block(xp, canvas.shape[-1], start, block_length) & ~done[:, None]
+
+
+def _isin(x: Array, values: tuple[int, ...]) -> Array:
+    out = x == values[0]
+    for value in values[1:]:
+        out = out | (x == value)
+    return out
+
+
+def advance(xp, canvas: Array, block: Array, step: Array, done: Array, prompt_length: int, mcfg, dcfg: DecodeConfig):
+    """Rows whose block is complete move to the next block with step 0; a row stops after its last
+    block, or (``eos_early_stop``) after a complete block holding a stop token, every later
+    position then set to EOS (docs/algorithms.md "Decode loop"). Returns (canvas, block, step, done).
+
+    ``mcfg`` is any family's config (``mask_id``, ``eos_id``, ``stop_ids``); the block-causal rule
+    is the engine's own (``Loop._advance_block_causal``)."""
+    b = dcfg.block_length
+    start = block_start(prompt_length, block, b)
+    inside = in_block(xp, canvas.shape[-1], start, b)
+    complete = ~xp.any(inside & (canvas == mcfg.mask_id), axis=-1) & ~done
+    eos_stop = complete & xp.any(inside & _isin(canvas, mcfg.stop_ids), axis=-1) & dcfg.eos_early_stop
+    after = _arange(xp, canvas.shape[-1], canvas)[None, :] >= (start + b)[:, None]
+    canvas = xp.where(eos_stop[:, None] & after, mcfg.eos_id, canvas)
+    new_done = done | eos_stop | (complete & (block + 1 >= dcfg.num_blocks))
+    block = xp.where(complete & ~new_done, block + 1, block)
+    return canvas, block, xp.where(complete, 0, step), new_done
+
+
+def logit_width(dcfg: DecodeConfig, region_length: int) -> int | None:
+    """Positions per row that get logits, from its current block's start: the block with a cache
+    (a row whose block completes gets the next block's predictions from its block-start forward),
+    the block and the next without (a row whose block completes commits from this forward next);
+    None when that covers every position after ``prompt_length`` (``region_length`` of them):
+    then the logits of those. Both backends' calls use this window (docs/algorithms.md "Prediction")."""
+    width = dcfg.block_length * (1 if dcfg.cache != "none" else 2)
+    return None if width >= region_length else width
+
+
+def logit_window(dcfg: DecodeConfig, prompt_length: int, region_length: int, block: Array) -> tuple[Array, int] | None:
+    """The logit window of a call: (each row's first position [B], ``logit_width``) from the
+    start of the row's current block ``block`` [B]; None when it would cover every position after
+    ``prompt_length`` (then the logits of those are computed)."""
+    width = logit_width(dcfg, region_length)
+    return None if width is None else (block_start(prompt_length, block, dcfg.block_length), width)
+
+
+def logit_positions(xp, start: Array, width: int) -> Array:
+    """[M, W]: the canvas positions of a logit window of ``width`` from each row's ``start`` [M]."""
+    return start[:, None] + _arange(xp, width, start)[None, :]
+
+
+def logit_index(xp, start: Array, width: int, n: int, shift: int) -> Array:
+    """[M, W]: the logit rows a window's positions read (position i reads logit i - shift), inside
+    the canvas of ``n`` positions."""
+    return xp.clip(logit_positions(xp, start, width) - shift, 0, n - 1)
+
+
+def window_lengths(dcfg: DecodeConfig, block_causal: bool = False) -> tuple[int, ...]:
+    """Static query windows of a cached call, ascending: the block (dual, and block-causal models,
+    whose later blocks are never visible); for prefix, the rest of the canvas rounded up to
+    block_length * 2^i, or to gen_length (a few compiled sizes)."""
+    block, gen = dcfg.block_length, dcfg.gen_length
+    if dcfg.cache == "dual" or block_causal:
+        return (block,)
+    lengths, w = [], block
+    while w < gen:
+        lengths.append(w)
+        w *= 2
+    return (*lengths, gen)
+
+
+def forward_sizes(k: int) -> tuple[int, ...]:
+    """The static numbers of leading candidates a call may forward: s0 alone, about half, all K.
+
+    A call forwards the smallest size that covers every live row's ``needed`` candidates (deep PSD
+    levels past a block's last step, RPS branches past the ratio filter are never forwarded); three
+    sizes keep the compiled model calls few.
+    """
+    return tuple(sorted({1, (k + 1) // 2, k}))
+
+
+def most_needed(xp, needed: Array, rows: Array) -> Array:
+    """The most leading candidates any of ``rows`` [B] can choose (1 when none is a row)."""
+    return xp.max(xp.where(rows, needed, 1))
+
+
+# ---------------------------------------------------------------------------------- policies
+
+
+def step_counts(dcfg: DecodeConfig) -> np.ndarray | None:
+    """Per-step commit counts of the scheduled policies (``None`` for confidence-driven ones)."""
+    if dcfg.policy in ("fixed", "threshold_schedule"):
+        return llada_schedule(dcfg.block_length, dcfg.steps_per_block)
+    if dcfg.policy == "dream":
+        return dream_schedule(dcfg.block_length, dcfg.steps_per_block, dcfg.dream_eps)
+    return None
+
+
+def ranks(xp, conf: Array, valid: Array) -> Array:
+    """Rank of each valid position by confidence (0 = most confident), ties to the lower position;
+    invalid positions rank after every valid one (their order among themselves is not used).
+
+    One stable sort on ``-conf`` with invalid positions keyed ``+inf``, then its inverse
+    permutation (confidences are finite)."""
+    order = xp.argsort(xp.where(valid, -conf, float("inf")), axis=-1, stable=True)
+    return xp.argsort(order, axis=-1, stable=True)
+
+
+def scheduled_count(xp, counts: Array, step: Array, remaining: Array) -> Array:
+    """How many positions the schedule commits at ``step`` [B] (all remaining at or past the last step)."""
+    last = counts.shape[0] - 1
+    k = xp.take(counts, xp.clip(step, 0, last))
+    return xp.where(step >= last, remaining, k)
+
+
+def factor_count(xp, conf: Array, valid: Array, remaining: Array, factor: float) -> Array:
+    """Fast-dLLM get_transfer_index_dynamic: leading ranks k with c_(k) >= 1 - f/(k+2).
+
+    Upstream quirk kept: when the first failing rank is the last one, everything is committed.
+    """
+    n = conf.shape[-1]
+    sorted_conf = -xp.sort(xp.where(valid, -conf, float("inf")), axis=-1)  # descending, invalid last
+    k = _arange(xp, n, conf)
+    passes = (sorted_conf >= 1.0 - factor / (k + 2.0)) | (k == 0)
+    leading = leading_true(xp, passes & (k < remaining[:, None]))
+    return xp.where(leading >= remaining - 1, remaining, leading)
+
+
+def threshold_schedule_mask(xp, conf: Array, valid: Array, rank: Array, k: Array, threshold: float) -> Array:
+    """LLaDA2.0 ``generate``: the positions with c > threshold if at least k = min(k, remaining) of
+    them qualify, else the k most confident ones (so a step never commits fewer than the schedule)."""
+    k = xp.minimum(k, xp.sum(valid, axis=-1))
+    sure = valid & (conf > threshold)
+    return xp.where((xp.sum(sure, axis=-1) >= k)[:, None], sure, rank < k[:, None])
+
+
+def commit_mask(xp, conf: Array, valid: Array, step: Array, dcfg: DecodeConfig, counts: Array | None) -> Array:
+    """The policy's commit set S for rows [B]: conf/valid [B, N], step [B] (docs/algorithms.md "Policies")."""
+    rank = ranks(xp, conf, valid)
+    remaining = xp.sum(valid, axis=-1)
+    if dcfg.policy in ("fixed", "dream"):
+        chosen = rank < scheduled_count(xp, counts, step, remaining)[:, None]
+    elif dcfg.policy == "threshold_schedule":
+        k = scheduled_count(xp, counts, step, remaining)
+        chosen = threshold_schedule_mask(xp, conf, valid, rank, k, dcfg.threshold)
+    elif dcfg.policy == "threshold":
+        # Fast-dLLM get_transfer_index: the argmax position plus every position with c >= tau.
+        chosen = (rank == 0) | (conf >= dcfg.threshold)
+    elif dcfg.policy == "factor":
+        chosen = rank < factor_count(xp, conf, valid, remaining, dcfg.factor)[:, None]
+    else:
+        raise ValueError(f"no commit rule for policy {dcfg.policy!r}")
+    return chosen & valid
+
+
+def spatial_commit(xp, conf, token, canvas, valid, step, dcfg: DecodeConfig, counts):
+    """The policy step every decoder starts from: (commit mask S0 [B, N], canvas s0 [B, N])."""
+    chosen = commit_mask(xp, conf, valid, step, dcfg, counts)
+    return chosen, xp.where(chosen, token, canvas)
+
+
+# --------------------------------------------------------------------------------------- PSD
+
+
+def draft_sizes(xp, chosen: Array, step: Array, dcfg: DecodeConfig, counts: Array | None) -> Array:
+    """m_j for levels j = 1..D, per row: [B, D]. ``fixed``: the schedule's next counts (0 past its
+    last step); otherwise ``draft_rate``, or the policy's own commit count (at least 1)."""
+    batch, depth = chosen.shape[0], dcfg.depth
+    if dcfg.policy == "fixed":
+        n_counts = counts.shape[0]
+        nxt = step[:, None] + _arange(xp, depth, step)[None, :] + 1
+        return xp.where(nxt < n_counts, _lookup(xp, counts, xp.clip(nxt, 0, n_counts - 1)), 0)
+    if dcfg.draft_rate is not None:
+        rate = xp.full((batch,), dcfg.draft_rate, dtype=xp.int32, device=_device(step))
+    else:
+        rate = xp.astype(xp.clip(xp.sum(chosen, axis=-1), min=1), xp.int32)
+    return xp.broadcast_to(rate[:, None], (batch, depth))
+
+
+def draft_levels(xp, rank: Array, remaining: Array, sizes: Array) -> Array:
+    """[B, D, N]: the positions level j adds, the next ``sizes[:, j]`` of ``remaining`` by rank."""
+    ends = xp.cumulative_sum(sizes, axis=-1)
+    starts = ends - sizes
+    r = rank[:, None, :]
+    return remaining[:, None, :] & (r >= starts[..., None]) & (r < ends[..., None])
+
+
+def psd_candidates(xp, conf, token, s0, chosen, valid, step, dcfg: DecodeConfig, counts):
+    """PSD's candidates [B, D+1, N] (s0, then s_j = s_{j-1} + level j with F(x)'s tokens), the
+    levels [B, D, N] and the leading candidates each row can choose [B] (acceptance stops at the
+    first empty level, so the levels after it are never chosen)."""
+    remaining = valid & ~chosen
+    rank = ranks(xp, conf, remaining)  # confidence descending, ties to the lower position
+    levels = draft_levels(xp, rank, remaining, draft_sizes(xp, chosen, step, dcfg, counts))
+    cumulative = xp.cumulative_sum(xp.astype(levels, xp.int32), axis=1) > 0
+    drafts = xp.where(cumulative, token[:, None, :], s0[:, None, :])
+    candidates = xp.concat([s0[:, None], drafts], axis=1)
+    return candidates, levels, 1 + leading_true(xp, xp.any(levels, axis=-1))
+
+
+def psd_accepted(xp, levels, candidates, valid, verified_token, verified_conf, live, step, dcfg, counts, mask_id: int):
+    """Hierarchical acceptance: per row the number of leading consistent levels [B] (0 for rows
+    not ``live``). Level j is consistent when non-empty and F(s_{j-1})'s tokens
+    (``verified_token[:, j - 1]``) equal its drafts; ``strict`` also asks that the policy run on
+    F(s_{j-1}) at step + j chooses exactly its positions (lossless)."""
+    draft_token = candidates[:, 1:]
+    consistent = xp.all(~levels | (verified_token[:, :-1] == draft_token), axis=-1) & xp.any(levels, axis=-1)
+    if dcfg.acceptance == "strict":
+        b, d, n = levels.shape
+        valid_prev = valid[:, None, :] & (candidates[:, :-1] == mask_id)
+        steps = step[:, None] + _arange(xp, d, step)[None, :] + 1
+        choice = commit_mask(
+            xp,
+            xp.reshape(verified_conf[:, :-1], (b * d, n)),
+            xp.reshape(valid_prev, (b * d, n)),
+            xp.reshape(steps, (b * d,)),
+            dcfg,
+            counts,
+        )
+        consistent = consistent & xp.all(xp.reshape(choice, (b, d, n)) == levels, axis=-1)
+    return xp.where(live, leading_true(xp, consistent), 0)
+
+
+# --------------------------------------------------------------------------------------- RPS
+
+
+def rps_candidates(xp, topk_prob, topk_id, s0, chosen, valid, dcfg: DecodeConfig):
+    """RPS's branches from F(x)'s top-k (docs/algorithms.md "RPS"): (candidates [B, k+1, N], the
+    leading candidates each row can choose [B], and for ``rps_winner`` and the statistics a dict:
+    ``searched``/``found`` [B], ``pivot`` [B], ``branch_ok`` [B, k], ``log_p`` [B, k], ``others``
+    [B, N] the remaining positions other than the pivot)."""
+    remaining = valid & ~chosen
+    p = topk_prob  # [B, N, k]
+    trunc_entropy = -xp.sum(p * xp.log(xp.clip(p, min=LOG_FLOOR)), axis=-1)
+    eligible = remaining & (xp.sum(p, axis=-1) >= dcfg.pivot_tau)
+    found = xp.any(eligible, axis=-1)
+    pivot = xp.argmax(xp.where(eligible, trunc_entropy, -float("inf")), axis=-1)  # ties: lower position
+    pivot_p = xp.take_along_axis(p, pivot[:, None, None], axis=1)[:, 0]  # [B, k]
+    pivot_ids = xp.take_along_axis(topk_id, pivot[:, None, None], axis=1)[:, 0]
+    branch_ok = found[:, None] & (pivot_p >= dcfg.ratio * pivot_p[:, :1])
+    at_pivot = _arange(xp, s0.shape[-1], s0)[None, :] == pivot[:, None]  # [B, N]
+    branches = xp.where(at_pivot[:, None, :], pivot_ids[:, :, None], s0[:, None, :])  # [B, k, N]
+    state = {
+        "searched": xp.any(remaining, axis=-1),
+        "found": found,
+        "pivot": pivot,
+        "branch_ok": branch_ok,
+        "log_p": xp.log(xp.clip(pivot_p, min=LOG_FLOOR)),
+        "others": remaining & ~at_pivot,
+    }
+    candidates = xp.concat([s0[:, None], branches], axis=1)
+    return candidates, 1 + leading_true(xp, branch_ok), state
+
+
+def rps_winner(xp, others, entropy, log_p, branch_ok, live, lam: float) -> Array:
+    """Per row the winning branch [B] (0: MASK; 0 for rows not ``live``): the valid branch with the
+    best -mean entropy of ``others`` under its forward (``entropy`` [B, k+1, N]) + lam * log p of
+    the pivot value under F(x); ties to the lower branch, so to MASK first."""
+    others = others[:, None, :]  # R \ {i*}
+    n_others = xp.clip(xp.sum(others, axis=-1), min=1)
+    mean_entropy = xp.sum(xp.where(others, entropy, 0.0), axis=-1) / n_others  # [B, K]
+    plausibility = xp.concat([xp.zeros_like(log_p[:, :1]), log_p], axis=1)
+    score = -mean_entropy + lam * plausibility
+    ok = xp.concat([xp.ones_like(branch_ok[:, :1]), branch_ok], axis=1)
+    winner = xp.argmax(xp.where(ok, score, -float("inf")), axis=-1)
+    return xp.where(live, winner, 0)
+
+
+def rps_stats(xp, searched: Array, found: Array, winner: Array, live: Array, k_max: int) -> dict[str, Array]:
+    """Increments of RPS's per-row statistics (``decoders.RPS.stat_shapes``), int32."""
+    committed = winner > 0
+    return {
+        "pivot_searched": xp.astype(searched & live, xp.int32),
+        "pivot_found": xp.astype(found & live, xp.int32),
+        "pivot_committed": xp.astype(committed, xp.int32),
+        "winner_rank": one_hot(xp, winner - 1, k_max) * xp.astype(committed[:, None], xp.int32),
+    }
