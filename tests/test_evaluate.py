@@ -368,7 +368,7 @@ def bad_run_dirs(root: Path) -> dict[str, Path]:
         (["--gen_kwargs", "top_p=0.9"], "generation kwarg(s) top_p=0.9 cannot be honoured"),
         (
             ["--model_args", "temperature=0.5", "--gen_kwargs", "do_sample=false"],
-            "--gen_kwargs ask for temperature 0 (do_sample=false means 0), but the model argument temperature=0.5",
+            "--gen_kwargs ask for temperature 0 (do_sample=false), but the model argument temperature=0.5 was set",
         ),
     ],
 )
@@ -544,7 +544,10 @@ def test_a_temperature_set_as_model_argument_is_not_overridden_silently():
 
     settings = DecodeConfig(gen_length=32, block_length=16, temperature=0.5)
     greedy = parse_gen_kwargs({"do_sample": False})
-    with pytest.raises(InputError, match=r"^task gsm8k's generation kwargs ask for temperature 0 \(do_sample"):
+    with pytest.raises(
+        InputError,
+        match=r"^task gsm8k's generation kwargs ask for temperature 0 \(do_sample=false\), but the model argument temperature=0.5 was set; ",
+    ):
         request_settings(settings, greedy, True, "task gsm8k's generation kwargs")
     assert request_settings(settings, greedy, False, "t").temperature == 0.0  # a default, not the user's
 

@@ -39,6 +39,7 @@ class GenKwargs:
     until: tuple[str, ...] = ()
     max_tokens: int | None = None
     temperature: float | None = None  # None: the model argument's
+    do_sample: bool | None = None
     overridden: float | None = None  # a temperature that do_sample=False turned into greedy
 
 
@@ -83,7 +84,7 @@ def parse_gen_kwargs(kwargs: dict[str, Any] | None) -> GenKwargs:
         temperature, overridden = 0.0, asked if asked else None
     else:
         temperature, overridden = asked, None
-    return GenKwargs(_until(kwargs.get("until")), max_tokens, temperature, overridden)
+    return GenKwargs(_until(kwargs.get("until")), max_tokens, temperature, do_sample, overridden)
 
 
 def request_settings(settings: DecodeConfig, gen: GenKwargs, explicit: bool, source: str) -> DecodeConfig:
@@ -93,9 +94,11 @@ def request_settings(settings: DecodeConfig, gen: GenKwargs, explicit: bool, sou
     if gen.temperature is None or gen.temperature == settings.temperature:
         return settings
     if explicit:
+        why = " (do_sample=false)" if gen.do_sample is False else ""
+        mine = f"{settings.temperature:g}"
         raise InputError(
-            f"{source} ask for temperature {gen.temperature:g} (do_sample=false means 0), but the model argument "
-            f"temperature={settings.temperature:g} was set; sampling is a generation kwarg in the harness: drop the "
-            f"model argument and pass --gen_kwargs do_sample=true,temperature={settings.temperature:g}"
+            f"{source} ask for temperature {gen.temperature:g}{why}, but the model argument temperature={mine} was "
+            f"set; sampling is a generation kwarg in the harness: drop the model argument and pass --gen_kwargs "
+            f"do_sample=true,temperature={mine}"
         )
     return settings.replace(temperature=gen.temperature)
