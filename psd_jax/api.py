@@ -48,6 +48,23 @@ def default_model_path() -> Path:
     return DEFAULT_MODEL_DIR
 
 
+def model_directory(path: str | Path | None) -> Path:
+    """The directory ``load_model`` reads (``None``: the shipped model), checked without reading any
+    weights: it exists, has a ``config.json`` and has weights (safetensors or a converted
+    checkpoint). Front ends call this first, so a wrong path fails before any other work."""
+    path = Path(path) if path is not None else default_model_path()
+    if not path.is_dir():
+        raise FileNotFoundError(f"model directory {path} does not exist")
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"{path}: not a model directory (no config.json)")
+    if not (is_orbax_dir(path) or (path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file()):
+        raise CheckpointError(
+            f"{path}: no weights: neither a Hugging Face safetensors directory ({SINGLE_FILE} or {INDEX_FILE}) "
+            "nor a converted checkpoint"
+        )
+    return path
+
+
 DECODE_DEFAULTS_FILE = "decode_defaults.json"
 DECODE_DEFAULT_KEYS = ("gen_length", "block_length")
 
@@ -397,9 +414,7 @@ def load_model(
     """
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    path = Path(path) if path is not None else default_model_path()
-    if not path.is_dir():
-        raise FileNotFoundError(f"model directory {path} does not exist")
+    path = model_directory(path)
     if isinstance(mesh, str):
         mesh = make_mesh(mesh)
     shardings = None
@@ -409,9 +424,7 @@ def load_model(
         unroll_layers = default_unroll_layers()
     if is_orbax_dir(path):
         model = load_checkpoint(path, DTYPES[dtype], shardings, unroll_layers)
-    elif (path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file():
-        model = load_hf_model(path, DTYPES[dtype], shardings, unroll_layers)
     else:
-        raise CheckpointError(f"{path}: neither a Hugging Face safetensors directory nor a converted checkpoint")
+        model = load_hf_model(path, DTYPES[dtype], shardings, unroll_layers)
     tokenizer = load_tokenizer(path, model.config.family)
     return LoadedModel(model, tokenizer, path, mesh)

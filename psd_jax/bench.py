@@ -21,7 +21,7 @@ import numpy as np
 
 from models import load_config
 
-from .api import DTYPES, LoadedModel, default_model_path, load_model, model_settings
+from .api import DTYPES, LoadedModel, load_model, model_directory, model_settings
 from .config import DecodeConfig, check_for_model
 from .errors import InputError
 from .flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, positive_int
@@ -266,7 +266,7 @@ def selected_names(args, known: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        model_dir = Path(args.model) if args.model else default_model_path()
+        model_dir = model_directory(args.model)
         # The fast mode the documentation's tables use, unless asked otherwise.
         base = model_settings(model_dir, {"cache": "dual", **decode_fields(args)})
         known = list(decoder_settings(base.gen_length))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from models import load_config
 
-from .api import DTYPES, Generation, LoadedModel, check_seed, default_model_path, load_model, model_settings
+from .api import DTYPES, Generation, LoadedModel, check_seed, load_model, model_directory, model_settings
 from .config import RECOMMENDED, DecodeConfig, check_for_model
 from .errors import InputError
 from .flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, positive_int
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_seed(args.seed)
-        model_dir = Path(args.model) if args.model is not None else default_model_path()
+        model_dir = model_directory(args.model)
         fields = decode_fields(args)
         prompts = prompts_from(args)
         examples = [] if prompts else held_out_examples(model_dir)

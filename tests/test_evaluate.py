@@ -359,7 +359,10 @@ def bad_run_dirs(root: Path) -> dict[str, Path]:
         (["--model_args", "policy=threshold,threshold=2"], "threshold must be in (0, 1]"),
         (["--model_args", "mc_num=0"], "mc_num must be an integer >= 1"),
         (["--model_args", "pretrained={empty}"], "{empty}: not a model directory (no config.json)"),
-        (["--model_args", "pretrained={config_only}"], "{config_only}: no weights (model.safetensors, "),
+        (
+            ["--model_args", "pretrained={config_only}"],
+            "{config_only}: no weights: neither a Hugging Face safetensors directory",
+        ),
         (["--model_args", "pretrained={small},decoder=rps,k_max=40"], "k_max 40 exceeds the vocabulary of 32"),
         (
             ["--model_args", "gen_length=512"],

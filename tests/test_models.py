@@ -354,7 +354,8 @@ def test_missing_weights_file_is_named(tmp_path):
     d = _copy_ckpt(tmp_path)
     (d / "model.safetensors").unlink()
     with pytest.raises(
-        CheckpointError, match="neither a Hugging Face safetensors directory nor a converted checkpoint"
+        CheckpointError,
+        match=r"no weights: neither a Hugging Face safetensors directory \(model.safetensors or .*\) nor a",
     ):
         load_model(d)
 

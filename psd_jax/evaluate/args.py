@@ -18,11 +18,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from convert.orbax_io import is_orbax_dir
-from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE
+from convert.safetensors_dir import CheckpointError
 from models import ConfigError, load_config
 
-from ..api import DTYPES, default_model_path, model_settings
+from ..api import DTYPES, model_directory, model_settings
 from ..config import (
     BOOL_FIELDS,
     CHOICES,
@@ -171,16 +170,12 @@ def _pretrained(value: Any) -> Path:
     """The model directory, checked to be one ``load_model`` can load (its ``config.json`` read,
     its weights present) without reading any weights: a wrong path fails here, before the harness
     indexes its tasks, not when the model is made."""
-    path = Path(str(value)) if value not in (None, "") else default_model_path()
-    if not path.is_dir():
-        raise EvalArgsError(f"pretrained={value}: no such model directory")
-    if not (path / "config.json").is_file():
-        raise EvalArgsError(f"pretrained={path}: not a model directory (no config.json)")
-    if not (is_orbax_dir(path) or (path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file()):
-        raise EvalArgsError(
-            f"pretrained={path}: no weights ({SINGLE_FILE}, {INDEX_FILE} or a converted Orbax checkpoint)"
-        )
-    return path
+    try:
+        return model_directory(value if value not in (None, "") else None)
+    except FileNotFoundError:
+        raise EvalArgsError(f"pretrained={value}: no such model directory") from None
+    except CheckpointError as exc:
+        raise EvalArgsError(f"pretrained={exc}") from None
 
 
 def _model_checked(pretrained: Path, settings: DecodeConfig) -> None:
