@@ -1,6 +1,7 @@
 """The OpenAI-compatible server, through the official ``openai`` client against a server started
 here on 127.0.0.1: answers equal ``generate``'s, streams send one chunk per block, concurrent
-requests batch without mixing rows, and bad requests get their 400 while the server keeps answering.
+requests batch without mixing rows, and bad requests get their 400 while the server keeps answering;
+the request limits, the API key and the metrics of a guarded server.
 
 Few compiled settings on purpose (threshold decoding of the shipped model at gen 48 and 32, batch
 sizes 1 and 16), so the whole file runs in a few minutes on two CPU cores.
@@ -8,6 +9,7 @@ sizes 1 and 16), so the whole file runs in a few minutes on two CPU cores.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -20,11 +22,18 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from psd_jax import DecodeConfig, load_model
 from psd_jax.api import BlockDecode, model_settings
-from psd_jax.serve import build_app
+from psd_jax.config import MAX_BRANCHES
+from psd_jax.serve import auth, build_app
+from psd_jax.serve.cli import api_key_from
 from psd_jax.serve.cli import main as serve_main
+from psd_jax.serve.errors import RequestError
+from psd_jax.serve.limits import ALL_FIELDS, MAX_BODY_BYTES, LimitError, ServerLimits
+from psd_jax.serve.requests import ServedModel, parse_request
 from psd_jax.serve.text import TextStream
 
 from conftest import GOLDENS
@@ -56,8 +65,8 @@ def running(app):
         sock.close()
 
 
-def client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=TIMEOUT_S)
+def client(url: str, key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=TIMEOUT_S)
 
 
 def health(url: str) -> dict:
@@ -81,6 +90,62 @@ def server(lm, defaults):
     )
     with running(app) as url:
         yield url
+
+
+# The guarded server: an API key, tight limits, a small body limit and a few overridable fields.
+KEY = "sk-test-0123456789"
+GUARD = {
+    "max_tokens": 48,
+    "max_prompt_tokens": 60,  # every test question (at most 57 tokens) fits
+    "max_depth": 2,
+    "max_k_max": 4,
+    "max_body_bytes": 4096,
+    "overrides": frozenset({"decoder", "depth", "k_max", "gen_length", "temperature"}),
+}
+
+
+def guarded_app(lm, defaults):
+    limits = ServerLimits.for_model(lm.config, defaults, BUCKET, **GUARD)
+    return build_app(
+        lm,
+        defaults,
+        name="default",
+        batch_sizes=SIZES,
+        max_wait_ms=50,
+        prompt_bucket=BUCKET,
+        limits=limits,
+        api_key=KEY,
+    )
+
+
+@pytest.fixture(scope="module")
+def guarded(lm, defaults):
+    with running(guarded_app(lm, defaults)) as url:
+        yield url
+
+
+@pytest.fixture
+def refusing(lm, defaults):
+    """The guarded server's app in process, never started: its batcher never runs, so only requests
+    it refuses may be sent (a request that passed would wait forever)."""
+    return TestClient(guarded_app(lm, defaults))
+
+
+def metrics(url: str) -> dict[tuple, float]:
+    """The server's ``/metrics`` as ``{(sample name, sorted labels): value}``."""
+    return parsed_metrics(httpx.get(f"{url}/metrics", timeout=TIMEOUT_S).text)
+
+
+def parsed_metrics(text: str) -> dict[tuple, float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def sample(scraped: dict, name: str, **labels) -> float:
+    return scraped.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def blocks_decoded(row, settings: DecodeConfig) -> int:
@@ -190,7 +255,8 @@ BAD_REQUESTS = [
     ("completions", {"prompt": 5}, "prompt must be"),
     ("completions", {"prompt": "hi", "max_tokens": "ten"}, "max_tokens must be a positive integer"),
     ("completions", {"prompt": "hi", "max_tokens": 0}, "max_tokens must be a positive integer"),
-    ("completions", {"prompt": "hi", "max_tokens": 100_000}, "model's context of 512"),
+    ("completions", {"prompt": "hi", "max_tokens": 100_000}, "max_tokens 100000 exceeds this server's limit of 448"),
+    ("completions", {"prompt": list(range(3, 103)), "max_tokens": 448}, "model's context of 512"),
     ("completions", {"prompt": list(range(3, 600))}, "the prompt is too long"),
     ("completions", {"prompt": ""}, "prompt is empty"),
     ("completions", {"prompt": [5000]}, "outside the vocabulary"),
@@ -261,6 +327,9 @@ def test_full_queue_is_503(lm, defaults, monkeypatch):
             wait_for(url, queued=1)
             with pytest.raises(openai.InternalServerError, match="busy"):
                 api.completions.create(model="default", prompt=QUESTIONS[2])
+            scraped = metrics(url)
+            assert sample(scraped, "psd_jax_requests_total", endpoint="/v1/completions", outcome="busy") == 1
+            assert (sample(scraped, "psd_jax_queue_depth"), sample(scraped, "psd_jax_running_rows")) == (1, 1)
         finally:
             gate.set()
         assert first.result().choices[0].text and queued.result().choices[0].text
@@ -277,6 +346,7 @@ def test_a_failing_decode_fails_only_its_requests(server, lm, monkeypatch):
     monkeypatch.setattr(lm, "start_blocks", failing)
     api = client(server)
     failed = health(server)["failed_batches"]
+    counted = sample(metrics(server), "psd_jax_requests_total", endpoint="/v1/completions", outcome="failed")
     with ThreadPoolExecutor(2) as pool:
         bad = pool.submit(api.completions.create, model="default", prompt=fail)
         good = pool.submit(api.completions.create, model="default", prompt=QUESTIONS[3], max_tokens=32)
@@ -284,6 +354,9 @@ def test_a_failing_decode_fails_only_its_requests(server, lm, monkeypatch):
             bad.result()
         assert good.result().choices[0].text  # another batch, at the same time
     assert health(server)["failed_batches"] == failed + 1
+    assert sample(metrics(server), "psd_jax_requests_total", endpoint="/v1/completions", outcome="failed") == (
+        counted + 1
+    )
     assert api.completions.create(model="default", prompt=QUESTIONS[0]).choices[0].text
 
 
@@ -299,13 +372,227 @@ def test_client_that_leaves_mid_stream_frees_its_row(server, lm, monkeypatch):
 
     monkeypatch.setattr(BlockDecode, "advance", slow_advance)
     cancelled = health(server)["cancelled"]
+    counted = sample(metrics(server), "psd_jax_requests_total", endpoint="/v1/completions", outcome="cancelled")
     body = {"model": "default", "prompt": QUESTIONS[5], "stream": True, "eos_early_stop": False}
     with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=TIMEOUT_S) as reply:
         first = next(line for line in reply.iter_lines() if line.startswith("data: "))
         assert json.loads(first[6:])["choices"][0]["finish_reason"] is None
     wait_for(server, cancelled=cancelled + 1, running=0)
+    assert sample(metrics(server), "psd_jax_requests_total", endpoint="/v1/completions", outcome="cancelled") == (
+        counted + 1
+    )
     monkeypatch.undo()
     assert client(server).completions.create(model="default", prompt=QUESTIONS[0]).choices[0].text
+
+
+# ------------------------------------------------------------------------- limits, key, metrics
+def test_limits_default_to_what_the_model_and_the_settings_allow(lm, defaults):
+    settings = lm.settings(defaults)  # gen 48 in a context of 512
+    assert ServerLimits.for_model(lm.config, settings, 32) == ServerLimits(
+        max_tokens=512 - 32,
+        max_prompt_tokens=512 - 48,
+        max_depth=MAX_BRANCHES - 1,
+        max_k_max=MAX_BRANCHES - 1,
+        max_body_bytes=MAX_BODY_BYTES,
+        overrides=ALL_FIELDS,
+    )
+    assert MAX_BODY_BYTES == 1 << 20
+    with pytest.raises(LimitError, match=r"default settings exceed its limits: gen_length 48 exceeds .* of 32"):
+        ServerLimits.for_model(lm.config, settings, 32, max_tokens=32)
+    with pytest.raises(LimitError, match="unknown DecodeConfig field 'tempreature'"):
+        ServerLimits(max_tokens=48, max_prompt_tokens=60, overrides=frozenset({"tempreature"}))
+
+
+LIMITED = [  # (body, status, param, message): each past one of GUARD's limits
+    (
+        {"prompt": "hi", "max_tokens": 64},
+        400,
+        "max_tokens",
+        "max_tokens 64 exceeds this server's limit of 48 (--max-tokens)",
+    ),
+    (
+        {"prompt": "hi", "max_tokens": 49},
+        400,
+        "max_tokens",
+        "max_tokens 49 (rounded up to whole blocks: 64 positions) exceeds this server's limit of 48 (--max-tokens)",
+    ),
+    (
+        {"prompt": "hi", "gen_length": 64},
+        400,
+        "gen_length",
+        "gen_length 64 exceeds this server's limit of 48 (--max-tokens)",
+    ),
+    (
+        {"prompt": list(range(3, 64))},
+        400,
+        "prompt",
+        "the prompt is too long: 61 tokens exceed this server's limit of 60 (--max-prompt-tokens)",
+    ),
+    ({"prompt": "hi", "decoder": "psd"}, 400, "depth", "depth 3 exceeds this server's limit of 2 (--max-depth)"),
+    (
+        {"prompt": "hi", "decoder": "rps", "k_max": 5},
+        400,
+        "k_max",
+        "k_max 5 exceeds this server's limit of 4 (--max-k-max)",
+    ),
+    (
+        {"prompt": "hi", "threshold": 0.5},
+        400,
+        "threshold",
+        "threshold may not be changed per request on this server (--allow-overrides: decoder, depth, gen_length, "
+        "k_max, temperature); leave it out or send the server's value 0.9",
+    ),
+    (
+        {"prompt": "x" * 5000},
+        413,
+        None,
+        "the request body exceeds this server's limit of 4096 bytes (--max-body-bytes)",
+    ),
+]
+
+
+def test_requests_past_a_limit_are_refused_before_the_queue(refusing):
+    auth_header = {"Authorization": f"Bearer {KEY}"}
+    for body, status, param, message in LIMITED:
+        reply = refusing.post("/v1/completions", json=body, headers=auth_header)
+        code = "override_not_allowed" if param == "threshold" else "limit_exceeded"
+        assert reply.status_code == status, (body, reply.text)
+        assert reply.json() == {
+            "error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}
+        }, body
+    chat = [{"role": "user", "content": " ".join(["word"] * 80)}]
+    reply = refusing.post("/v1/chat/completions", json={"messages": chat}, headers=auth_header)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "messages"
+    assert "exceed this server's limit of 60 (--max-prompt-tokens)" in reply.json()["error"]["message"]
+    state = refusing.get("/health").json()
+    assert (state["requests"], state["queued"]) == (0, 0), "a refused request must never be queued"
+
+
+def test_a_chunked_body_is_read_only_up_to_the_limit(refusing):
+    """No Content-Length: the body is cut off once past the limit, not read to its end."""
+    reads, replies = [], []
+
+    async def receive() -> dict:  # an endless chunked body, 1 KiB at a time
+        reads.append(1024)
+        return {"type": "http.request", "body": b" " * 1024, "more_body": True}
+
+    async def send(message: dict) -> None:
+        replies.append(message)
+
+    headers = [(b"authorization", f"Bearer {KEY}".encode()), (b"transfer-encoding", b"chunked")]
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/completions",
+        "raw_path": b"/v1/completions",
+        "root_path": "",
+        "query_string": b"",
+        "headers": headers,
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+    asyncio.run(asyncio.wait_for(refusing.app(scope, receive, send), TIMEOUT_S))
+    assert replies[0]["status"] == 413 and json.loads(replies[1]["body"])["error"]["code"] == "limit_exceeded"
+    assert sum(reads) == 4096 + 1024, "it reads one chunk past the 4096-byte limit, then stops"
+
+
+def guarded_request_settings(lm, defaults, body: dict, overrides: frozenset[str]):
+    limits = ServerLimits.for_model(lm.config, lm.settings(defaults), BUCKET, overrides=overrides)
+    served = ServedModel(lm, "default", lm.settings(defaults), BUCKET, limits)
+    return parse_request({"prompt": "hi", **body}, "completion", served)
+
+
+def test_allow_overrides_none_accepts_the_servers_own_values_and_seed(lm, defaults):
+    none = frozenset()
+    for body in ({"max_tokens": 40}, {"temperature": 0}, {"policy": "threshold", "threshold": 0.9}, {"seed": 3}):
+        assert guarded_request_settings(lm, defaults, body, none).settings == lm.settings(defaults), body
+    refused = {"max_tokens": 16, "temperature": 0.5, "cache": "dual", "gen_length": 32}
+    for name, value in refused.items():
+        with pytest.raises(RequestError) as caught:
+            guarded_request_settings(lm, defaults, {name: value}, none)
+        assert (caught.value.status, caught.value.param, caught.value.code) == (400, name, "override_not_allowed")
+        assert "(--allow-overrides: none)" in caught.value.message
+    sampled = guarded_request_settings(lm, defaults, {"temperature": 0.5}, frozenset({"temperature"}))
+    assert sampled.settings.temperature == 0.5
+
+
+def test_the_api_key_guards_v1_and_leaves_health_and_metrics_open(refusing, monkeypatch):
+    missing = refusing.get("/v1/models")
+    wrong = refusing.post("/v1/completions", json={"prompt": "hi"}, headers={"Authorization": "Bearer sk-wrong"})
+    basic = refusing.get("/v1/models", headers={"Authorization": f"Basic {KEY}"})
+    for reply, message in (
+        (missing, "You didn't provide an API key: send it in the header Authorization: Bearer KEY"),
+        (wrong, "Incorrect API key provided"),
+        (basic, "You didn't provide an API key: send it in the header Authorization: Bearer KEY"),
+    ):
+        assert reply.status_code == 401 and reply.headers["www-authenticate"] == "Bearer"
+        assert reply.json() == {
+            "error": {"message": message, "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}
+        }
+    big = refusing.post("/v1/completions", json={"prompt": "x" * 5000})
+    assert big.status_code == 401, "the key is checked before the body is read"
+    compared = []
+    monkeypatch.setattr(auth.hmac, "compare_digest", lambda a, b: compared.append((a, b)) or a == b)
+    assert refusing.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    assert compared == [(KEY.encode(), KEY.encode())], "keys are compared in constant time"
+    assert refusing.get("/health").status_code == 200
+    assert refusing.get("/metrics").status_code == 200
+    scraped = parsed_metrics(refusing.get("/metrics").text)
+    assert sample(scraped, "psd_jax_requests_total", endpoint="/v1/models", outcome="unauthorized") == 2
+    assert sample(scraped, "psd_jax_requests_total", endpoint="/v1/completions", outcome="unauthorized") == 2
+    assert sample(scraped, "psd_jax_requests_total", endpoint="/v1/models", outcome="ok") == 1
+
+
+def test_the_official_client_needs_the_key(guarded):
+    with pytest.raises(openai.AuthenticationError, match="Incorrect API key provided"):
+        client(guarded, "sk-wrong").completions.create(model="default", prompt=QUESTIONS[0])
+    got = client(guarded, KEY).completions.create(model="default", prompt=QUESTIONS[0])
+    assert got.choices[0].text and got.usage.completion_tokens > 0
+
+
+def test_metrics_count_what_the_requests_got(guarded, lm):
+    """After N answered requests the counters read N, and the tokens and calls are their usage's sums."""
+    api = client(guarded, KEY)
+    before, batches = metrics(guarded), health(guarded)["batches"]
+    api.models.list()
+    answers = [api.completions.create(model="default", prompt=q) for q in QUESTIONS[:3]]
+    answers.append(api.chat.completions.create(model="default", messages=[{"role": "user", "content": QUESTIONS[4]}]))
+    stream = api.completions.create(
+        model="default", prompt=QUESTIONS[3], stream=True, stream_options={"include_usage": True}
+    )
+    usages = [a.usage for a in answers] + [list(stream)[-1].usage]
+    with pytest.raises(openai.BadRequestError, match="threshold may not be changed"):
+        api.completions.create(model="default", prompt=QUESTIONS[0], extra_body={"threshold": 0.5})
+    with pytest.raises(openai.AuthenticationError):
+        client(guarded, "sk-wrong").completions.create(model="default", prompt=QUESTIONS[0])
+    after = metrics(guarded)
+
+    def grew(name: str, **labels) -> float:
+        return sample(after, name, **labels) - sample(before, name, **labels)
+
+    requests = "psd_jax_requests_total"
+    assert grew(requests, endpoint="/v1/completions", outcome="ok") == 4
+    assert grew(requests, endpoint="/v1/chat/completions", outcome="ok") == 1
+    assert grew(requests, endpoint="/v1/models", outcome="ok") == 1
+    assert grew(requests, endpoint="/v1/completions", outcome="bad_request") == 1
+    assert grew(requests, endpoint="/v1/completions", outcome="unauthorized") == 1
+    assert grew("psd_jax_generated_tokens_total") == sum(u.completion_tokens for u in usages) > 0
+    assert grew("psd_jax_prompt_tokens_total") == sum(u.prompt_tokens for u in usages)
+    assert grew("psd_jax_model_calls_total") == sum(u.model_calls for u in usages) > 0
+    assert grew("psd_jax_tokens_per_forward_count") == 5
+    assert grew("psd_jax_tokens_per_forward_sum") == pytest.approx(sum(u.tokens_per_forward for u in usages))
+    assert grew("psd_jax_request_latency_seconds_count", endpoint="/v1/completions") == 4
+    assert grew("psd_jax_request_latency_seconds_count", endpoint="/v1/chat/completions") == 1
+    assert grew("psd_jax_time_to_first_chunk_seconds_count", endpoint="/v1/completions") == 1
+    decoded = health(guarded)["batches"] - batches
+    assert decoded == 5 and grew("psd_jax_batch_occupancy_count") == decoded
+    assert grew("psd_jax_batch_occupancy_sum") == decoded * 1.0, "one request alone in a batch of size 1"
+    assert grew("psd_jax_batch_occupancy_bucket", le="0.875") == 0
+    assert (sample(after, "psd_jax_queue_depth"), sample(after, "psd_jax_running_rows")) == (0, 0)
+    assert sample(after, "psd_jax_compiled_programs") == lm.compiled_programs > 0
 
 
 # ------------------------------------------------------------------------------------------- CLI
@@ -320,6 +607,15 @@ def test_client_that_leaves_mid_stream_frees_its_row(server, lm, monkeypatch):
         (["--port", "70000"], "argument --port: expected a port number from 1 to 65535, got 70000"),
         (["--port", "0"], "argument --port: expected a port number from 1 to 65535, got 0"),
         (["--gen-length", "4096", "--block-length", "32"], "gen_length 4096 leaves no room for a prompt"),
+        (["--allow-overrides", "temperature,tempreature"], "argument --allow-overrides: unknown DecodeConfig field"),
+        (["--max-tokens", "0"], "argument --max-tokens: expected a positive integer, got 0"),
+        (["--max-depth", "-1"], "argument --max-depth: expected an integer >= 0, got -1"),
+        (["--max-tokens", "32"], "default settings exceed its limits: gen_length 48 exceeds this server's limit of 32"),
+        (
+            ["--decoder", "psd", "--max-depth", "2"],
+            "default settings exceed its limits: depth 3 exceeds this server's limit of 2 (--max-depth)",
+        ),
+        (["--api-key", " "], "--api-key is empty"),
     ],
 )
 def test_bad_flags_print_one_line_and_exit_2(argv, message, capsys):
@@ -329,3 +625,14 @@ def test_bad_flags_print_one_line_and_exit_2(argv, message, capsys):
         code = exc.code
     err = capsys.readouterr().err.strip()
     assert code == 2 and message in err and len(err.splitlines()) == 1, err
+
+
+def test_the_api_key_flag_wins_over_the_environment(monkeypatch, capsys):
+    assert api_key_from("flag-key", {"PSD_JAX_API_KEY": "env-key"}) == "flag-key"
+    assert api_key_from(None, {"PSD_JAX_API_KEY": "env-key"}) == "env-key"
+    assert api_key_from(None, {}) is None
+    monkeypatch.setenv("PSD_JAX_API_KEY", "")
+    assert serve_main([]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: PSD_JAX_API_KEY is empty: give a key, or leave it unset for a server without one"
+    )

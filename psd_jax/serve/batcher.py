@@ -24,7 +24,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -94,6 +94,7 @@ class Batcher:
         self.counts = {"requests": 0, "batches": 0, "rows": 0, "compiles": 0, "cancelled": 0, "failed_batches": 0}
         self._lock = threading.Lock()  # counts change on the event loop and in the worker thread
         self.running = 0
+        self.on_batch: Callable[[int, int], None] | None = None  # (rows, compiled size) per batch, for /metrics
 
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -159,6 +160,8 @@ class Batcher:
         """Decode one batch block by block (worker thread); every ticket hears how its row went."""
         self.count("batches")
         self.count("rows", len(tickets))
+        if self.on_batch is not None:
+            self.on_batch(len(tickets), self.size_for(len(tickets)))
         try:
             self._decode(tickets)
         except Exception as exc:  # a failing decode fails its own requests, never the server

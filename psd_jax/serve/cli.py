@@ -1,14 +1,18 @@
 """``python -m psd_jax.serve``: the OpenAI-compatible server (FastAPI + uvicorn, the ``serve`` extra).
 
 Decoding flags are ``generate``'s (one per ``DecodeConfig`` field): they set the server's default
-settings, over the model directory's ``decode_defaults.json``; each request may override any of
-them by name. Bad flags print one ``error:`` line and exit with code 2.
+settings, over the model directory's ``decode_defaults.json``; each request may override those
+``--allow-overrides`` names (default: all). The limit flags cap one request's work (their defaults
+derive from the model and the server's settings); ``--api-key`` (or ``PSD_JAX_API_KEY``) guards
+``/v1/*``. Bad flags print one ``error:`` line and exit with code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from models import load_config
@@ -18,9 +22,11 @@ from ..config import DecodeConfigError, check_for_model
 from ..flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, positive_int
 from ..sharding import MeshError
 from ..tokenizer import TokenizerError
+from .limits import MAX_BODY_BYTES, LimitError, ServerLimits, overrides_from
 
 DEFAULT_PORT = 8000
 MAX_BATCH = 8
+API_KEY_ENV = "PSD_JAX_API_KEY"
 
 
 def non_negative_float(text: str) -> float:
@@ -43,6 +49,34 @@ def port_number(text: str) -> int:
     if not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {value}")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type for ``--max-depth`` (PSD depth 0 is a decode without drafts)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def field_set(text: str) -> frozenset[str]:
+    """argparse type for ``--allow-overrides``: all, none or comma-separated ``DecodeConfig`` fields."""
+    try:
+        return overrides_from(text)
+    except LimitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def api_key_from(flag: str | None, environ: Mapping[str, str]) -> str | None:
+    """The key ``/v1/*`` requires: ``--api-key``, else ``PSD_JAX_API_KEY``, else none (open).
+    An empty key is refused: it would be a guard that nothing can pass, or one set by mistake."""
+    key, source = (flag, "--api-key") if flag is not None else (environ.get(API_KEY_ENV), API_KEY_ENV)
+    if key is not None and not key.strip():
+        raise LimitError(f"{source} is empty: give a key, or leave it unset for a server without one")
+    return key
 
 
 def length_list(text: str) -> tuple[int, ...]:
@@ -84,6 +118,47 @@ def build_parser() -> ArgumentParser:
         help="prompt lengths whose buckets the default settings are compiled for at start-up, at every batch size "
         "(default: one and two prompt buckets; none: compile on first use)",
     )
+    limits = p.add_argument_group(
+        "request limits (docs/serving.md#limits); a request past one gets 400 (413 for the body)"
+    )
+    limits.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        metavar="N",
+        help="most generation positions a request may ask for, max_tokens rounded up to whole blocks "
+        "(default: the model's context less one prompt bucket, and at least the default gen_length)",
+    )
+    limits.add_argument(
+        "--max-prompt-tokens",
+        type=positive_int,
+        metavar="N",
+        help="most prompt tokens a request may send (default: the model's context less the default gen_length)",
+    )
+    limits.add_argument(
+        "--max-depth", type=non_negative_int, metavar="N", help="deepest PSD depth (default: MAX_BRANCHES - 1 = 63)"
+    )
+    limits.add_argument(
+        "--max-k-max", type=positive_int, metavar="N", help="most RPS branches k_max (default: MAX_BRANCHES - 1 = 63)"
+    )
+    limits.add_argument(
+        "--max-body-bytes",
+        type=positive_int,
+        metavar="N",
+        help=f"largest request body; beyond it 413 before parsing (default: {MAX_BODY_BYTES}, 1 MiB)",
+    )
+    limits.add_argument(
+        "--allow-overrides",
+        type=field_set,
+        metavar="FIELDS",
+        help="the DecodeConfig fields a request may change, comma-separated, or all or none (default: all); "
+        "max_tokens counts as gen_length, seed is always allowed, restating the server's value always is",
+    )
+    p.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help=f"require Authorization: Bearer KEY on /v1/* (default: ${API_KEY_ENV}, else no key; "
+        "/health and /metrics stay open)",
+    )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return p
 
@@ -108,9 +183,22 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_BAD_INPUT
     try:
+        api_key = api_key_from(args.api_key, os.environ)
         model_dir = Path(args.model) if args.model is not None else default_model_path()
         defaults = model_settings(model_dir, decode_fields(args))
-        check_for_model(defaults, load_config(model_dir))  # before the weights load
+        mcfg = load_config(model_dir)
+        check_for_model(defaults, mcfg)  # before the weights load
+        limits = ServerLimits.for_model(
+            mcfg,
+            defaults,
+            args.prompt_bucket,
+            max_tokens=args.max_tokens,
+            max_prompt_tokens=args.max_prompt_tokens,
+            max_depth=args.max_depth,
+            max_k_max=args.max_k_max,
+            max_body_bytes=args.max_body_bytes,
+            overrides=args.allow_overrides,
+        )
         if args.distributed:
             import jax
 
@@ -132,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         max_queue=args.max_queue,
         prompt_bucket=args.prompt_bucket,
         warmup_lengths=warmup,
+        limits=limits,
+        api_key=api_key,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

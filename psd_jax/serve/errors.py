@@ -22,9 +22,11 @@ class RequestError(Exception):
         code: str | None = None,
         status: int = 400,
         kind: str = INVALID_REQUEST,
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
         self.message, self.param, self.code, self.status, self.kind = message, param, code, status, kind
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.kind, self.param, self.code)
@@ -32,6 +34,20 @@ class RequestError(Exception):
 
 def error_body(message: str, kind: str = INVALID_REQUEST, param: str | None = None, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+class Unauthorized(RequestError):
+    """No or a wrong ``Authorization: Bearer`` key (``--api-key``): OpenAI's 401, whose type is
+    ``invalid_request_error`` with code ``invalid_api_key`` (the official client raises
+    ``AuthenticationError``). The message never repeats the key that was sent."""
+
+    def __init__(self, sent: bool):
+        message = (
+            "Incorrect API key provided"
+            if sent
+            else "You didn't provide an API key: send it in the header Authorization: Bearer KEY"
+        )
+        super().__init__(message, code="invalid_api_key", status=401, headers={"WWW-Authenticate": "Bearer"})
 
 
 class QueueFull(RequestError):

@@ -6,19 +6,26 @@ decoding settings as extra fields named as ``DecodeConfig``'s (``decoder``, ``po
 so a bad request never reaches (or breaks) a batch. OpenAI fields this server does not implement
 are accepted only at their neutral value (``n=1``, ``top_p=1``, ...): a setting is refused rather
 than silently ignored, as ``DecodeConfig`` does.
+
+The server's limits (``limits.ServerLimits``) are checked here too: the body's size while it is
+read (413), then the prompt's tokens, the generation positions, PSD depth and RPS branches, and
+which settings a request may change (400, ``code: "limit_exceeded"`` or ``"override_not_allowed"``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
-from typing import Any
+from collections.abc import AsyncIterable
+from typing import Any, Protocol
 
 from ..api import InputError, LoadedModel, check_seed, left_pad
-from ..config import DecodeConfig, DecodeConfigError
+from ..config import CONFIDENCE_ALIASES, DecodeConfig, DecodeConfigError
 from ..lengths import padded_length
 from ..tokenizer import TokenizerError
 from .errors import RequestError
+from .limits import LIMIT_CODE, ServerLimits
 
 DECODE_FIELDS = frozenset(f.name for f in dataclasses.fields(DecodeConfig))
 COMMON_FIELDS = frozenset({"model", "max_tokens", "seed", "stop", "stream", "stream_options", "user"})
@@ -47,12 +54,13 @@ MAX_STOP = 4  # as OpenAI
 
 @dataclasses.dataclass(frozen=True)
 class ServedModel:
-    """What requests are checked against: the model, its name and the server's decode defaults."""
+    """What requests are checked against: the model, its name, the server's decode defaults and limits."""
 
     lm: LoadedModel
     name: str
     defaults: DecodeConfig
     prompt_bucket: int
+    limits: ServerLimits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +81,40 @@ class DecodeRequest:
         return self.settings.temperature > 0 or self.settings.confidence == "random"
 
 
+class Body(Protocol):
+    """What ``read_json`` reads: Starlette's ``Request``."""
+
+    headers: Any
+
+    def stream(self) -> AsyncIterable[bytes]: ...
+
+
+async def read_json(request: Body, limit: int) -> Any:
+    """The request body as JSON, refused (413) past ``limit`` bytes: at once from its Content-Length,
+    and while reading, so a chunked body without one stops being read at the limit."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}") from None
+
+
+def _too_large(limit: int) -> RequestError:
+    return RequestError(
+        f"the request body exceeds this server's limit of {limit} bytes (--max-body-bytes)",
+        code=LIMIT_CODE,
+        status=413,
+    )
+
+
 def parse_request(body: Any, endpoint: str, served: ServedModel) -> DecodeRequest:
     """Check an OpenAI request body (``endpoint``: "completion" or "chat") against the model."""
     if not isinstance(body, dict):
@@ -84,8 +126,10 @@ def parse_request(body: Any, endpoint: str, served: ServedModel) -> DecodeReques
     fields = {k: v for k, v in body.items() if v is not None}
     _check_neutral(fields)
     _check_model(fields, served)
+    _check_allowed(fields, served)
     prompt_param = "prompt" if endpoint == "completion" else "messages"
     ids = completion_ids(fields, served) if endpoint == "completion" else chat_ids(fields, served)
+    _check_prompt_limit(ids, served, prompt_param)
     settings = request_settings(fields, served)
     check_length(ids, settings, served, prompt_param, fields.get("max_tokens", fields.get("max_completion_tokens")))
     stream, include_usage = _stream(fields)
@@ -107,6 +151,40 @@ def _check_model(fields: dict, served: ServedModel) -> None:
             param="model",
             code="model_not_found",
             status=404,
+        )
+
+
+def _check_allowed(fields: dict, served: ServedModel) -> None:
+    """Only the ``DecodeConfig`` fields ``--allow-overrides`` names may differ from the server's
+    value (restating it is accepted). ``temperature`` is the field of that name; ``max_tokens`` is
+    the generation length and is governed as ``gen_length`` (checked once rounded, in
+    ``request_settings``); ``seed`` sets no setting and is always accepted."""
+    allowed = served.limits.overrides
+    for name in sorted(DECODE_FIELDS & fields.keys() - allowed):
+        value, default = fields[name], getattr(served.defaults, name)
+        if name == "confidence" and isinstance(value, str):
+            value = CONFIDENCE_ALIASES.get(value, value)
+        if not (value == default and isinstance(value, bool) == isinstance(default, bool)):
+            raise _not_allowed(name, default, allowed)
+
+
+def _not_allowed(param: str, value: Any, allowed: frozenset[str]) -> RequestError:
+    shown = ", ".join(sorted(allowed)) or "none"
+    return RequestError(
+        f"{param} may not be changed per request on this server (--allow-overrides: {shown}); "
+        f"leave it out or send the server's value {value!r}",
+        param=param,
+        code="override_not_allowed",
+    )
+
+
+def _check_prompt_limit(ids: list[int], served: ServedModel, param: str) -> None:
+    limit = served.limits.max_prompt_tokens
+    if len(ids) > limit:
+        raise RequestError(
+            f"the prompt is too long: {len(ids)} tokens exceed this server's limit of {limit} (--max-prompt-tokens)",
+            param=param,
+            code=LIMIT_CODE,
         )
 
 
@@ -188,10 +266,31 @@ def request_settings(fields: dict, served: ServedModel) -> DecodeConfig:
         if "gen_length" in overrides:
             raise RequestError("give max_tokens or gen_length, not both", param="gen_length")
         overrides.update(_generation_length(max_tokens, overrides, served.defaults))
+        if "gen_length" not in served.limits.overrides and overrides["gen_length"] != served.defaults.gen_length:
+            raise _not_allowed("max_tokens", served.defaults.gen_length, served.limits.overrides)
+    _check_generation(overrides.get("gen_length"), max_tokens, served.limits)
     try:
-        return served.lm.settings(served.defaults, overrides)
+        settings = served.lm.settings(served.defaults, overrides)
     except DecodeConfigError as exc:
         raise RequestError(str(exc), param=_named(str(exc), overrides), code="invalid_settings") from None
+    problem = served.limits.exceeded(settings)
+    if problem:
+        raise RequestError(problem[1], param=problem[0], code=LIMIT_CODE)
+    return settings
+
+
+def _check_generation(gen: Any, max_tokens: int | None, limits: ServerLimits) -> None:
+    """The generation positions against ``--max-tokens``, before ``DecodeConfig`` sees them (its
+    context check would otherwise answer a huge ``max_tokens`` first)."""
+    if isinstance(gen, bool) or not isinstance(gen, int) or gen <= limits.max_tokens:
+        return
+    if max_tokens is None:
+        raise RequestError(
+            limits.past("gen_length", gen, limits.max_tokens, "--max-tokens"), param="gen_length", code=LIMIT_CODE
+        )
+    rounded = "" if gen == max_tokens else f" (rounded up to whole blocks: {gen} positions)"
+    message = f"max_tokens {max_tokens}{rounded} exceeds this server's limit of {limits.max_tokens} (--max-tokens)"
+    raise RequestError(message, param="max_tokens", code=LIMIT_CODE)
 
 
 def _generation_length(max_tokens: int, overrides: dict, defaults: DecodeConfig) -> dict[str, int]:
