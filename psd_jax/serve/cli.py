@@ -18,7 +18,7 @@ from pathlib import Path
 from models import load_config
 
 from ..api import DTYPES, InputError, default_model_path, left_pad, load_model, model_settings
-from ..config import DecodeConfigError, check_for_model
+from ..config import MAX_BRANCHES, DecodeConfigError, check_for_model
 from ..flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, positive_int
 from ..sharding import MeshError
 from ..tokenizer import TokenizerError
@@ -135,10 +135,16 @@ def build_parser() -> ArgumentParser:
         help="most prompt tokens a request may send (default: the model's context less the default gen_length)",
     )
     limits.add_argument(
-        "--max-depth", type=non_negative_int, metavar="N", help="deepest PSD depth (default: MAX_BRANCHES - 1 = 63)"
+        "--max-depth",
+        type=non_negative_int,
+        metavar="N",
+        help=f"deepest PSD depth (default: MAX_BRANCHES - 1 = {MAX_BRANCHES - 1})",
     )
     limits.add_argument(
-        "--max-k-max", type=positive_int, metavar="N", help="most RPS branches k_max (default: MAX_BRANCHES - 1 = 63)"
+        "--max-k-max",
+        type=positive_int,
+        metavar="N",
+        help=f"most RPS branches k_max (default: MAX_BRANCHES - 1 = {MAX_BRANCHES - 1})",
     )
     limits.add_argument(
         "--max-body-bytes",
