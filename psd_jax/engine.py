@@ -361,9 +361,7 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
     """
     dcfg, batch, n = loop.dcfg, state.canvas.shape[0], state.canvas.shape[1]
     key, refresh_key, window_key = jax.random.split(state.key, 3)
-    synced = jnp.all(state.stale | state.done)  # every live row is at a block start
-    waiting = state.stale & ~state.done & ~synced
-    refresh = state.stale & ~state.done & synced
+    waiting, refresh = rules.cache_phase(jnp, state.stale, state.done)
     refresh_fn = _refresh if loop.layout is None else _block_refresh
     pred, cache = refresh_fn(loop, attention_mask, state, refresh, refresh_key)
 
@@ -396,8 +394,8 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
         cache=cache,
         stale=state.stale,
     )
-    done = new.done & ~waiting
-    return new.replace(done=done, stale=waiting | ((new.block != state.block) & ~done))
+    done, stale = rules.cache_stale(jnp, waiting, new.done, state.block, new.block)
+    return new.replace(done=done, stale=stale)
 
 
 def _window_call(

@@ -159,6 +159,23 @@ def window_lengths(dcfg: DecodeConfig, block_causal: bool = False) -> tuple[int,
     return (*lengths, gen)
 
 
+def cache_phase(xp, stale: Array, done: Array) -> tuple[Array, Array]:
+    """Block KV cache: (rows that wait, rows refreshed now) [B]. Rows move through blocks together,
+    as in Fast-dLLM's batched loop: a row whose block changed since its last full forward
+    (``stale``) waits, frozen, until every live row has; then one block-start forward refreshes
+    them all (docs/algorithms.md "Block KV cache")."""
+    stale_live = stale & ~done
+    synced = xp.all(stale | done)  # every live row is at a block start
+    return stale_live & ~synced, stale_live & synced
+
+
+def cache_stale(xp, waiting: Array, done: Array, block_before: Array, block_after: Array) -> tuple[Array, Array]:
+    """After a cached iteration: (done, stale) [B]. A waiting row is not done yet; a row that
+    moved to a new block, or waits, needs the block-start forward."""
+    done = done & ~waiting
+    return done, waiting | ((block_after != block_before) & ~done)
+
+
 def forward_sizes(k: int) -> tuple[int, ...]:
     """The static numbers of leading candidates a call may forward: s0 alone, about half, all K.
 

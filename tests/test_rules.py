@@ -385,6 +385,28 @@ def test_advance_moves_completed_blocks_and_stops_at_eos(xp, seed, eos_early_sto
         assert (got[0][row].tolist(), int(got[1][row]), int(got[2][row]), bool(got[3][row])) == expected
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_cache_rows_move_through_blocks_together(xp, seed):
+    """docs/algorithms.md "Block KV cache": a stale row waits until every live row is stale, then
+    all are refreshed at once; after the iteration a waiting row is not done, and a row that moved
+    to a new block (or waits) is stale."""
+    rng = np.random.default_rng(600 + seed)
+    done = rng.random(B) < 0.3
+    stale = rng.random(B) < 0.5
+    if seed % 2:
+        stale |= ~done  # every live row at a block start: synced
+    waiting, refresh = (host(a) for a in rules.cache_phase(xp, to(xp, stale), to(xp, done)))
+    synced = all(stale[r] or done[r] for r in range(B))
+    assert waiting.tolist() == [bool(stale[r] and not done[r] and not synced) for r in range(B)]
+    assert refresh.tolist() == [bool(stale[r] and not done[r] and synced) for r in range(B)]
+    before, after = rng.integers(0, 3, B), rng.integers(0, 3, B)
+    done_after = rng.random(B) < 0.5
+    got = rules.cache_stale(xp, to(xp, waiting), to(xp, done_after), to(xp, before), to(xp, after))
+    expected_done = [bool(done_after[r] and not waiting[r]) for r in range(B)]
+    expected_stale = [bool(waiting[r] or (after[r] != before[r] and not expected_done[r])) for r in range(B)]
+    assert [host(a).tolist() for a in got] == [expected_done, expected_stale]
+
+
 def test_static_sizes():
     """The static parts both backends read: forward sizes and their covering index, the logit
     window's width and start, and the cached calls' window lengths."""

@@ -79,9 +79,7 @@ def step(loop: Loop, windows: Windows, state: DecodeState, cache: KVCache) -> tu
     """One iteration with the cache: block-start refresh (if due), commit + candidates, one window
     call for the rows that stay in their block, choice, advance (the engine's ``step_cached``)."""
     batch = state.canvas.shape[0]
-    stale_live = cache.stale & ~state.done
-    synced = (cache.stale | state.done).all()  # every live row is at a block start
-    waiting, refresh = stale_live & ~synced, stale_live & synced
+    waiting, refresh = rules.cache_phase(xp, cache.stale, state.done)
     pred, cache, refresh_calls = _refresh(loop, state, cache, refresh)
 
     frozen = state.done | waiting  # waiting rows are frozen like finished ones
@@ -94,8 +92,7 @@ def step(loop: Loop, windows: Windows, state: DecodeState, cache: KVCache) -> tu
     sequences = refresh_calls * batch + sequences_forwarded(batch, size, loop.dcfg)
     row_calls = refresh.long() + windowed.long()
     new = apply_choice(loop, state, proposal, preds, live, frozen, row_calls, refresh_calls + window_calls, sequences)
-    done = new.done & ~waiting
-    stale = waiting | ((new.block != state.block) & ~done)
+    done, stale = rules.cache_stale(xp, waiting, new.done, state.block, new.block)
     return dataclasses.replace(new, done=done), dataclasses.replace(cache, stale=stale)
 
 
