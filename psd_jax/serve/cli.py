@@ -13,11 +13,10 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 
 from models import load_config
 
-from ..api import DTYPES, InputError, default_model_path, left_pad, load_model, model_settings
+from ..api import DTYPES, InputError, left_pad, load_model, model_directory, model_settings
 from ..config import MAX_BRANCHES, DecodeConfigError, check_for_model
 from ..flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, positive_int
 from ..sharding import MeshError
@@ -190,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     try:
         api_key = api_key_from(args.api_key, os.environ)
-        model_dir = Path(args.model) if args.model is not None else default_model_path()
+        model_dir = model_directory(args.model)
         defaults = model_settings(model_dir, decode_fields(args))
         mcfg = load_config(model_dir)
         check_for_model(defaults, mcfg)  # before the weights load
