@@ -2,7 +2,8 @@
 
 Each computes what the backend-neutral form it replaces computes (up to float32 summation order)
 and exists only because XLA:CPU compiles that form into slow code. The measurements behind each
-are in docs/xla-vs-pytorch.md.
+are in docs/xla-vs-pytorch.md. ``cache_window_probs``, the masking and softmax that the CPU and the
+GPU/TPU cache-attention forms share, lives here because ``models.transformer`` imports this module.
 """
 
 from __future__ import annotations
@@ -53,19 +54,33 @@ def cached_attention_per_head(
     returned in float32 and rounded once (``attention_per_head``'s and ``matmul``'s reasons)."""
     heads, hd = q.shape[3], q.shape[4]
     group, n = heads // k.shape[3], cache_k.shape[1]
-    low = jnp.finfo(jnp.float32).min
     outs = []
     for h in range(heads):
         qh, g = q[:, :, :, h], h // group
         s_cache = jnp.einsum("bmwd,bnd->bmwn", qh, cache_k[:, :, g], preferred_element_type=jnp.float32)
         s_win = jnp.einsum("bmwd,bmud->bmwu", qh, k[:, :, :, g], preferred_element_type=jnp.float32)
-        s_cache = jnp.where(cache_mask[:, None, None, :], s_cache / (hd**0.5), low)
-        s_win = jnp.where(window_mask[:, None, None, :], s_win / (hd**0.5), low)
-        probs = jax.nn.softmax(jnp.concatenate([s_cache, s_win], axis=-1), axis=-1).astype(v.dtype)
+        probs = cache_window_probs(s_cache / (hd**0.5), s_win / (hd**0.5), cache_mask, window_mask, v.dtype)
         out = jnp.einsum("bmwn,bnd->bmwd", probs[..., :n], cache_v[:, :, g], preferred_element_type=jnp.float32)
         out += jnp.einsum("bmwu,bmud->bmwd", probs[..., n:], v[:, :, :, g], preferred_element_type=jnp.float32)
         outs.append(out.astype(v.dtype))
     return jnp.stack(outs, axis=3)
+
+
+def cache_window_probs(
+    s_cache: jax.Array, s_win: jax.Array, cache_mask: jax.Array, window_mask: jax.Array, dtype: jnp.dtype
+) -> jax.Array:
+    """Attention probabilities over [cached keys ; window keys], rounded to ``dtype``, from float32
+    scores s_cache [B, M, *heads, W, N] and s_win [B, M, *heads, W, W] (any head axes between; the
+    grouped form has two, the per-head form none). A key is hidden (its score set to float32's lowest)
+    where cache_mask [B, N] is False, or where window_mask is: [B, W] hides a window key from every
+    query, [B, M, W, W] (query by key) per query, as block-causal attention needs. The one masking rule
+    of every cache-attention form (``transformer.cached_attention_grouped``, ``cached_attention_per_head``)."""
+    low = jnp.finfo(jnp.float32).min
+    heads = tuple(range(2, s_win.ndim - 2))
+    s_cache = jnp.where(jnp.expand_dims(cache_mask, (1, *heads, s_cache.ndim - 2)), s_cache, low)
+    visible = window_mask[:, None, None, :] if window_mask.ndim == 2 else window_mask  # [B, 1, 1, W] or [B, M, W, W]
+    s_win = jnp.where(jnp.expand_dims(visible, heads), s_win, low)
+    return jax.nn.softmax(jnp.concatenate([s_cache, s_win], axis=-1), axis=-1).astype(dtype)
 
 
 def materialized(table: jax.Array) -> jax.Array:

@@ -43,7 +43,22 @@ from flax import nnx
 
 from .config import LLaDA2Config
 from .moe import route, routed_experts
-from .transformer import attention, default_positions, matmul, rms_norm, rope_tables, swiglu
+from .transformer import (
+    attention,
+    cached_attention_grouped,
+    default_positions,
+    embed_rows,
+    initial_value,
+    logit_positions,
+    matmul,
+    rms_norm,
+    rope_tables,
+    run_layers,
+    set_unrolled,
+    stacked_weights,
+    swiglu,
+    unrolled_layers,
+)
 
 GROUPS = ("dense", "moe")
 ATTN_PARAMS = ("attn_norm", "wqkv", "q_norm", "k_norm", "wo", "mlp_norm")
@@ -173,12 +188,7 @@ class LLaDA2MoE(nnx.Module):
         per_group: dict[str, dict[str, jax.Array]] = {g: {} for g in GROUPS}
         for name, shape in param_shapes(config).items():
             group, base = split_name(name)
-            if base.endswith("norm"):
-                value = jnp.ones(shape, self.dtype)
-            elif base == "expert_bias":
-                value = jnp.zeros(shape, jnp.float32)
-            else:
-                value = (0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(self.dtype)
+            value = initial_value(base, shape, param_dtype(name, self.dtype), rngs)
             if unroll_layers and group is not None:
                 per_group[group][base] = value
             else:
@@ -186,12 +196,7 @@ class LLaDA2MoE(nnx.Module):
         counts = {"dense": config.n_dense_layers, "moe": config.n_moe_layers}
         # Unrolled: <group>_layers[i][base] is layer i's slice of the stacked parameter <group>_<base>.
         for group in GROUPS:
-            layers = None
-            if unroll_layers:
-                values = per_group[group]
-                layers = nnx.List(
-                    [nnx.Dict({b: nnx.Param(v[i]) for b, v in values.items()}) for i in range(counts[group])]
-                )
+            layers = unrolled_layers(per_group[group], counts[group]) if unroll_layers else None
             setattr(self, f"{group}_layers", layers)
         self.unrolled = bool(unroll_layers)
 
@@ -206,32 +211,21 @@ class LLaDA2MoE(nnx.Module):
     def group_weights(self, group: str) -> dict[str, jax.Array]:
         """The group's parameters stacked on the layer axis (stacked on the fly if unrolled)."""
         if self.unrolled:
-            layers = getattr(self, f"{group}_layers")
-            return {b: jnp.stack([layer[b][...] for layer in layers]) for b in self.group_names(group)}
+            return stacked_weights(getattr(self, f"{group}_layers"), self.group_names(group))
         return {b: getattr(self, f"{group}_{b}")[...] for b in self.group_names(group)}
 
     def set_param(self, name: str, value: jax.Array) -> None:
         """Set a parameter from its stacked value (as ``param_shapes`` gives it), in either layout."""
         group, base = split_name(name)
         if self.unrolled and group is not None:
-            for i, layer in enumerate(getattr(self, f"{group}_layers")):
-                layer[base].set_value(value[i])
+            set_unrolled(getattr(self, f"{group}_layers"), base, value)
         else:
             getattr(self, name).set_value(value)
 
-    def _run_group(self, group: str, block, x: jax.Array, per_layer_inputs: tuple = ()):
-        """``x, ys = block(x, (weights, *inputs))`` over the group's layers; ys stacked on axis 0."""
-        if self.unrolled:
-            ys = []
-            for i, layer in enumerate(getattr(self, f"{group}_layers")):
-                x, y = block(x, ({b: p[...] for b, p in layer.items()}, *(a[i] for a in per_layer_inputs)))
-                ys.append(y)
-            return x, jax.tree.map(lambda *parts: jnp.stack(parts), *ys)
-        return jax.lax.scan(block, x, (self.group_weights(group), *per_layer_inputs))
-
     def _run_layers(self, make_block, x: jax.Array, per_layer_inputs: tuple = ()):
-        """Both groups in order; ``make_block(group)`` gives the group's layer function. Per-layer
-        inputs [L, ...] are split between the groups, outputs concatenated back to [L, ...]."""
+        """``run_layers`` over both groups in order, each in this model's layout; ``make_block(group)``
+        gives the group's layer function. Per-layer inputs [L, ...] are split between the groups,
+        outputs concatenated back to [L, ...]."""
         outs = []
         start = 0
         for group in GROUPS:
@@ -239,7 +233,8 @@ class LLaDA2MoE(nnx.Module):
             if not n:
                 continue
             inputs = tuple(a[start : start + n] for a in per_layer_inputs)
-            x, ys = self._run_group(group, make_block(group), x, inputs)
+            layers = getattr(self, f"{group}_layers") if self.unrolled else self.group_weights(group)
+            x, ys = run_layers(make_block(group), x, layers, inputs)
             outs.append(ys)
             start += n
         ys = None if outs[0] is None else jax.tree.map(lambda *parts: jnp.concatenate(parts), *outs)
@@ -284,7 +279,7 @@ class LLaDA2MoE(nnx.Module):
             visible = block_causal(blocks, blocks)[None, None]
             mask = visible if mask is None else mask & visible
         sin, cos = rope_tables(positions, cfg.rotary_dim, cfg.rope_theta)
-        x = jnp.take(self.embed[...], tokens.reshape(-1), axis=0).astype(self.dtype)  # rows [B*N, D]
+        x = embed_rows(self.embed[...], tokens, self.dtype)
 
         def make_block(group: str):
             def block(h: jax.Array, layer):
@@ -297,9 +292,7 @@ class LLaDA2MoE(nnx.Module):
             return block
 
         x, kv = self._run_layers(make_block, x)
-        h = x.reshape(batch, length, -1)
-        h = h[:, logits_from:] if logit_index is None else jnp.take_along_axis(h, logit_index[..., None], axis=1)
-        logits = self._head(h)
+        logits = self._head(logit_positions(x, batch, length, logits_from, logit_index))
         return (logits, *kv) if collect_kv else (logits, None, None)
 
     def window(
@@ -324,14 +317,16 @@ class LLaDA2MoE(nnx.Module):
         if block_length is not None:
             blocks = positions // block_length
             visible = visible & block_causal(blocks, blocks)
-        x = jnp.take(self.embed[...], tokens.reshape(-1), axis=0).astype(self.dtype)
+        x = embed_rows(self.embed[...], tokens, self.dtype)
 
         def make_block(group: str):
             def block(h: jax.Array, layer):
                 w, ck, cv = layer
                 q, k, v = self._project(rms_norm(h, w["attn_norm"], cfg.norm_eps), w, sin, cos, (batch * m, width))
                 split = lambda a: a.reshape(batch, m, width, *a.shape[2:])
-                out = window_attention(split(q), split(k), split(v), ck, cv, cache_mask, visible)
+                out = cached_attention_grouped(
+                    split(q), split(k), split(v), ck, cv, cache_mask, visible, round_once=True
+                )
                 h = h + matmul(out.reshape(batch * m * width, -1), w["wo"])
                 return self._ffn(group, h, w, batch), ((split(k), split(v)) if return_kv else None)
 
@@ -377,30 +372,3 @@ class LLaDA2MoE(nnx.Module):
         batch, length, d = x.shape
         x = rms_norm(x.reshape(batch * length, d), self.final_norm[...], self.config.norm_eps)
         return matmul(x, self.lm_head[...]).astype(jnp.float32).reshape(batch, length, -1)
-
-
-def window_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    cache_k: jax.Array,
-    cache_v: jax.Array,
-    cache_mask: jax.Array,
-    visible: jax.Array,
-) -> jax.Array:
-    """Attention of window queries over [cached keys (cache_mask [B, N]) ; the window's keys (visible
-    [B, M, W, W], query by key)]. q [B, M, W, H, hd]; k, v [B, M, W, KV, hd]; cache_k, cache_v
-    [B, N, KV, hd]. Scores and softmax in float32; head h reads kv head h // (H / KV)."""
-    batch, m, width, heads, hd = q.shape
-    kv_heads, n = k.shape[3], cache_k.shape[1]
-    qg = q.reshape(batch, m, width, kv_heads, heads // kv_heads, hd)
-    scale = 1.0 / (hd**0.5)
-    s_cache = jnp.einsum("bmwkgd,bnkd->bmkgwn", qg, cache_k, preferred_element_type=jnp.float32) * scale
-    s_win = jnp.einsum("bmwkgd,bmukd->bmkgwu", qg, k, preferred_element_type=jnp.float32) * scale
-    low = jnp.finfo(jnp.float32).min
-    s_cache = jnp.where(cache_mask[:, None, None, None, None, :], s_cache, low)
-    s_win = jnp.where(visible[:, :, None, None], s_win, low)
-    probs = jax.nn.softmax(jnp.concatenate([s_cache, s_win], axis=-1), axis=-1).astype(v.dtype)
-    out = jnp.einsum("bmkgwn,bnkd->bmwkgd", probs[..., :n], cache_v, preferred_element_type=jnp.float32)
-    out += jnp.einsum("bmkgwu,bmukd->bmwkgd", probs[..., n:], v, preferred_element_type=jnp.float32)
-    return out.astype(v.dtype).reshape(batch, m, width, heads, hd)

@@ -188,6 +188,70 @@ def default_unroll_layers() -> bool:
     return False
 
 
+def initial_value(name: str, shape: tuple[int, ...], dtype: jnp.dtype, rngs: nnx.Rngs) -> jax.Array:
+    """A fresh parameter ``name`` (a model built without a checkpoint): norm weights 1, biases 0, other
+    weights N(0, 0.02^2). Both families' modules draw from ``rngs`` in their parameter order."""
+    if name.endswith("norm"):
+        return jnp.ones(shape, dtype)
+    if name in BIAS_PARAMS or name.endswith("bias"):
+        return jnp.zeros(shape, dtype)
+    return (0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+
+
+# A layer stack in either layout: stacked [L, ...] arrays by name (run with ``lax.scan``), or the
+# unrolled layout, an ``nnx.List`` whose entry i holds layer i's parameters by name.
+Layers = dict[str, jax.Array] | nnx.List
+
+
+def unrolled_layers(stacked: dict[str, jax.Array], n_layers: int) -> nnx.List:
+    """The unrolled layout of ``stacked`` [L, ...] values: entry i holds layer i's slices, each in a
+    ``Param`` of its own (XLA:CPU reads those in place; ``cpu_kernels.UNROLL_LAYERS``)."""
+    return nnx.List([nnx.Dict({name: nnx.Param(v[i]) for name, v in stacked.items()}) for i in range(n_layers)])
+
+
+def stacked_weights(layers: nnx.List, names: list[str]) -> dict[str, jax.Array]:
+    """Unrolled layers' parameters ``names`` stacked on the layer axis [L, ...] (a copy)."""
+    return {name: jnp.stack([layer[name][...] for layer in layers]) for name in names}
+
+
+def set_unrolled(layers: nnx.List, name: str, value: jax.Array) -> None:
+    """Set unrolled layers' parameter ``name`` from its stacked value [L, ...]."""
+    for i, layer in enumerate(layers):
+        layer[name].set_value(value[i])
+
+
+def run_layers(block, carry, layers: Layers, per_layer_inputs: tuple = ()):
+    """``carry, ys = block(carry, (weights, *inputs))`` for each layer in turn; ys stacked on the layer axis.
+
+    ``layers`` in either layout (``Layers``): stacked weights run with ``lax.scan``, so compile time does
+    not grow with depth; unrolled ones as a Python loop that reads each layer's weights in place.
+    ``per_layer_inputs`` are [L, ...] arrays (a KV cache, layer indices) sliced per layer like the
+    weights; the carry holds what every layer updates (the residual stream, a cache written in place).
+    """
+    if not isinstance(layers, nnx.List):
+        return jax.lax.scan(block, carry, (layers, *per_layer_inputs))
+    ys = []
+    for i, layer in enumerate(layers):
+        weights = {name: param[...] for name, param in layer.items()}
+        carry, y = block(carry, (weights, *(a[i] for a in per_layer_inputs)))
+        ys.append(y)
+    return carry, jax.tree.map(lambda *parts: jnp.stack(parts), *ys)
+
+
+def embed_rows(embed: jax.Array, tokens: jax.Array, dtype: jnp.dtype) -> jax.Array:
+    """The residual stream's first rows [B*N, D] (token embeddings in the model dtype). Kept as rows:
+    every projection is then a 2-D matmul, whose backward transposes XLA:CPU emits about 3x faster
+    than those of [B, N, D] dots."""
+    return jnp.take(embed, tokens.reshape(-1), axis=0).astype(dtype)
+
+
+def logit_positions(x: jax.Array, batch: int, length: int, logits_from: int, logit_index) -> jax.Array:
+    """Hidden states [B, N', D] of the positions whose logits a forward returns, from rows x [B*N, D]:
+    positions ``logits_from`` on, or those ``logit_index`` [B, W] names."""
+    h = x.reshape(batch, length, -1)
+    return h[:, logits_from:] if logit_index is None else jnp.take_along_axis(h, logit_index[..., None], axis=1)
+
+
 class DiffusionLM(nnx.Module):
     """Token ids [B, N] -> raw (unshifted) logits [B, N, V] in float32 (optionally of a suffix)."""
 
@@ -204,24 +268,13 @@ class DiffusionLM(nnx.Module):
         rngs = rngs if rngs is not None else nnx.Rngs(0)
         per_layer = {}
         for name, shape in param_shapes(config).items():
-            if name.endswith("norm"):
-                value = jnp.ones(shape, self.dtype)
-            elif name.startswith("b"):
-                value = jnp.zeros(shape, self.dtype)
-            else:
-                value = (0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(self.dtype)
+            value = initial_value(name, shape, self.dtype, rngs)
             if unroll_layers and name not in TOP_PARAMS:
                 per_layer[name] = value
             else:
                 setattr(self, name, nnx.Param(value))
         # Unrolled: layers[i][name] is layer i's slice of the stacked parameter ``name``.
-        self.layers = (
-            nnx.List(
-                [nnx.Dict({name: nnx.Param(v[i]) for name, v in per_layer.items()}) for i in range(config.n_layers)]
-            )
-            if unroll_layers
-            else None
-        )
+        self.layers = unrolled_layers(per_layer, config.n_layers) if unroll_layers else None
 
     @property
     def unrolled(self) -> bool:
@@ -233,30 +286,19 @@ class DiffusionLM(nnx.Module):
     def layer_weights(self) -> dict[str, jax.Array]:
         """Every layer parameter stacked on the layer axis [L, ...] (stacked on the fly if unrolled)."""
         if self.unrolled:
-            return {name: jnp.stack([layer[name][...] for layer in self.layers]) for name in self.layer_param_names()}
+            return stacked_weights(self.layers, self.layer_param_names())
         return {name: getattr(self, name)[...] for name in self.layer_param_names()}
 
     def set_param(self, name: str, value: jax.Array) -> None:
         """Set a parameter from its stacked value (as ``param_shapes`` gives it), in either layout."""
         if self.unrolled and name not in TOP_PARAMS:
-            for i, layer in enumerate(self.layers):
-                layer[name].set_value(value[i])
+            set_unrolled(self.layers, name, value)
         else:
             getattr(self, name).set_value(value)
 
-    def _run_layers(self, block, x: jax.Array, per_layer_inputs: tuple = ()):
-        """``x, ys = block(x, (weights, *inputs))`` for each layer in turn; ys stacked on the layer axis.
-
-        ``per_layer_inputs`` are [L, ...] arrays (a KV cache) sliced per layer like the weights.
-        """
-        if not self.unrolled:
-            return jax.lax.scan(block, x, (self.layer_weights(), *per_layer_inputs))
-        ys = []
-        for i, layer in enumerate(self.layers):
-            weights = {name: param[...] for name, param in layer.items()}
-            x, y = block(x, (weights, *(a[i] for a in per_layer_inputs)))
-            ys.append(y)
-        return x, jax.tree.map(lambda *parts: jnp.stack(parts), *ys)
+    def _run_layers(self, block, carry, per_layer_inputs: tuple = ()):
+        """``run_layers`` over this model's layers, in its layout."""
+        return run_layers(block, carry, self.layers if self.unrolled else self.layer_weights(), per_layer_inputs)
 
     def head_weight(self) -> jax.Array:
         return self.embed[...].T if self.config.tie_embeddings else self.lm_head[...]
@@ -306,9 +348,7 @@ class DiffusionLM(nnx.Module):
         # Keys at pad positions are masked for every query; queries are never masked.
         key_mask = None if attention_mask is None else attention_mask.astype(bool)[:, None, None, :]
         sin, cos = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
-        # The residual stream is kept as rows [B*N, D]: every projection is then a 2-D matmul,
-        # whose backward transposes XLA:CPU emits about 3x faster than those of [B, N, D] dots.
-        x = jnp.take(self.embed[...], tokens.reshape(-1), axis=0).astype(self.dtype)
+        x = embed_rows(self.embed[...], tokens, self.dtype)
 
         def layer_out(h: jax.Array, w: dict[str, jax.Array]):
             q, k, v = self._project(rms_norm(h, w["attn_norm"], cfg.norm_eps), w, sin, cos, (batch, length))
@@ -334,9 +374,7 @@ class DiffusionLM(nnx.Module):
                 return (h, put(ck, k), put(cv, v)), None
 
             (x, *kv), _ = self._run_layers(block, (x, cache_k, cache_v), (np.arange(cfg.n_layers),))
-        h = x.reshape(batch, length, -1)
-        h = h[:, logits_from:] if logit_index is None else jnp.take_along_axis(h, logit_index[..., None], axis=1)
-        logits = self._head(h)
+        logits = self._head(logit_positions(x, batch, length, logits_from, logit_index))
         return (logits, *kv) if collect_kv else (logits, None, None)
 
     def window(
@@ -360,7 +398,7 @@ class DiffusionLM(nnx.Module):
         batch, m, width = tokens.shape
         flat_pos = positions.reshape(batch * m, width)
         sin, cos = rope_tables(flat_pos, cfg.head_dim, cfg.rope_theta)
-        x = jnp.take(self.embed[...], tokens.reshape(-1), axis=0).astype(self.dtype)  # rows, as in _full
+        x = embed_rows(self.embed[...], tokens, self.dtype)
 
         def block(h: jax.Array, layer):
             w, ck, cv = layer
@@ -412,8 +450,9 @@ def cached_attention(
     """Attention of window queries over [cached keys (masked by cache_mask) ; the window's own keys].
 
     q [B, M, W, H, hd]; k, v [B, M, W, KV, hd]; cache_k, cache_v [B, N, KV, hd]; cache_mask
-    [B, N]; window_mask [B, W]. The M windows of a row share its cache, which is never copied.
-    Returns [B, M, W, H, hd]. Softmax in float32; head h uses kv head h // (H / KV) (as GQA).
+    [B, N]; window_mask: the window keys to attend, [B, W] for every query or [B, M, W, W] query by
+    key (``cpu_kernels.cache_window_probs``). The M windows of a row share its cache, which is never
+    copied. Returns [B, M, W, H, hd]. Softmax in float32; head h uses kv head h // (H / KV) (as GQA).
     """
     if on_cpu():
         return cpu_kernels.cached_attention_per_head(q, k, v, cache_k, cache_v, cache_mask, window_mask)
@@ -428,8 +467,13 @@ def cached_attention_grouped(
     cache_v: jax.Array,
     cache_mask: jax.Array,
     window_mask: jax.Array,
+    round_once: bool = False,
 ) -> jax.Array:
-    """``cached_attention`` as head-batched products over [KV, H / KV] groups (the GPU/TPU form)."""
+    """``cached_attention`` as head-batched products over [KV, H / KV] groups (the GPU/TPU form).
+
+    ``round_once`` sums the cache's and the window's value products in float32 and rounds once (as
+    upstream LLaDA2.0 does, whose ``models.llada2`` window uses this form on every backend); otherwise
+    each is rounded to the value dtype before they are added."""
     batch, m, width, heads, hd = q.shape
     kv_heads = k.shape[3]
     n = cache_k.shape[1]
@@ -437,11 +481,8 @@ def cached_attention_grouped(
     scale = 1.0 / (hd**0.5)
     s_cache = jnp.einsum("bmwkgd,bnkd->bmkgwn", qg, cache_k, preferred_element_type=jnp.float32) * scale
     s_win = jnp.einsum("bmwkgd,bmukd->bmkgwu", qg, k, preferred_element_type=jnp.float32) * scale
-    low = jnp.finfo(jnp.float32).min
-    s_cache = jnp.where(cache_mask[:, None, None, None, None, :], s_cache, low)
-    s_win = jnp.where(window_mask[:, None, None, None, None, :], s_win, low)
-    probs = jax.nn.softmax(jnp.concatenate([s_cache, s_win], axis=-1), axis=-1).astype(v.dtype)
-    out = jnp.einsum("bmkgwn,bnkd->bmwkgd", probs[..., :n], cache_v) + jnp.einsum(
-        "bmkgwu,bmukd->bmwkgd", probs[..., n:], v
-    )
-    return out.reshape(batch, m, width, heads, hd)
+    probs = cpu_kernels.cache_window_probs(s_cache, s_win, cache_mask, window_mask, v.dtype)
+    accumulate = jnp.float32 if round_once else None
+    out = jnp.einsum("bmkgwn,bnkd->bmwkgd", probs[..., :n], cache_v, preferred_element_type=accumulate)
+    out += jnp.einsum("bmkgwu,bmukd->bmwkgd", probs[..., n:], v, preferred_element_type=accumulate)
+    return out.astype(v.dtype).reshape(batch, m, width, heads, hd)
