@@ -23,16 +23,21 @@ class ConfigError(ValueError):
     """A config.json that this library cannot run, with the reason."""
 
 
-_Config = TypeVar("_Config", bound="_DecodingMixin")
+_Config = TypeVar("_Config", bound="_SharedConfig")
 
 
-class _DecodingMixin:
-    """What decoding reads of every family's config, derived from its ``family``, ``eos_id`` and
-    ``eot_id`` fields (declared by the frozen dataclasses that use this mixin)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _SharedConfig:
+    """The fields every family's config has, and what decoding derives from them and the family's own
+    ``family`` field. Keyword-only, so that they follow each family's fields in ``__init__``."""
 
-    family: str
+    rope_theta: float
+    norm_eps: float
+    max_length: int
+    mask_id: int
     eos_id: int
-    eot_id: int | None
+    pad_id: int
+    eot_id: int | None = None  # end-of-turn token (LLaDA's <|eot_id|>), when the tokenizer has one
 
     @property
     def logit_shift(self) -> int:
@@ -65,7 +70,7 @@ class _DecodingMixin:
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig(_DecodingMixin):
+class ModelConfig(_SharedConfig):
     family: Literal["llada", "dream"]
     vocab_size: int  # rows of the embedding / columns of the LM head
     d_model: int
@@ -73,15 +78,8 @@ class ModelConfig(_DecodingMixin):
     n_heads: int
     n_kv_heads: int
     mlp_hidden: int
-    rope_theta: float
-    norm_eps: float
-    max_length: int
-    mask_id: int
-    eos_id: int
-    pad_id: int
     qkv_bias: bool = False
     tie_embeddings: bool = False
-    eot_id: int | None = None  # end-of-turn token (LLaDA's <|eot_id|>), when the tokenizer has one
 
     @property
     def head_dim(self) -> int:
@@ -198,11 +196,22 @@ def config_from_dict(
         )
     if out.d_model % out.n_heads:
         raise ConfigError(f"{source}: d_model {out.d_model} is not divisible by n_heads {out.n_heads}")
+    _check_heads_and_ids(out, source, ("mask_token_id",))
+    return out
+
+
+_ID_FIELDS = {"mask_token_id": "mask_id", "eos_token_id": "eos_id", "pad_token_id": "pad_id"}
+
+
+def _check_heads_and_ids(out: ModelConfig | LLaDA2Config, source: str, ids: tuple[str, ...]) -> None:
+    """Refuse query heads that do not split into the kv heads' groups, or any of the special ``ids``
+    (config.json names: ``mask_token_id``, ...) outside the vocabulary."""
     if out.n_heads % out.n_kv_heads:
         raise ConfigError(f"{source}: n_heads {out.n_heads} is not divisible by n_kv_heads {out.n_kv_heads}")
-    if not 0 <= out.mask_id < out.vocab_size:
-        raise ConfigError(f"{source}: mask_token_id {out.mask_id} is outside the vocabulary ({out.vocab_size})")
-    return out
+    for name in ids:
+        value = getattr(out, _ID_FIELDS[name])
+        if not 0 <= value < out.vocab_size:
+            raise ConfigError(f"{source}: {name} {value} is outside the vocabulary ({out.vocab_size})")
 
 
 def load_config(model_dir: str | Path) -> ModelConfig | LLaDA2Config:
@@ -222,7 +231,7 @@ def load_config(model_dir: str | Path) -> ModelConfig | LLaDA2Config:
 
 
 @dataclasses.dataclass(frozen=True)
-class LLaDA2Config(_DecodingMixin):
+class LLaDA2Config(_SharedConfig):
     """LLaDA2.0 (``llada2_moe``): fused-QKV GQA attention with per-head q/k RMSNorm and partial
     RoPE; ``n_dense_layers`` dense SwiGLU layers, then mixture-of-experts layers (sigmoid router
     with a selection bias, group-limited top-k, shared experts). Block diffusion: decoding attends
@@ -244,13 +253,6 @@ class LLaDA2Config(_DecodingMixin):
     moe_hidden: int  # intermediate size of one routed expert
     n_shared_experts: int  # the shared expert is one SwiGLU of n_shared_experts * moe_hidden
     routed_scaling_factor: float
-    rope_theta: float
-    norm_eps: float
-    max_length: int
-    mask_id: int
-    eos_id: int
-    pad_id: int
-    eot_id: int | None = None
     family: Literal["llada2_moe"] = "llada2_moe"
 
     @property
@@ -297,13 +299,46 @@ _LLADA2_DEFAULTS = {"use_bias": True, "use_qk_norm": True, "tie_word_embeddings"
 
 def llada2_config(cfg: dict, source: str, special_ids: dict[str, int]) -> LLaDA2Config:
     """Parse a ``llada2_moe`` config dict; ``special_ids`` supply mask/eos (and pad) ids when the
-    config has none (the real one has none: upstream ``generate`` takes them as arguments)."""
+    config has none (the real one has none: upstream ``generate`` takes them as arguments). A config
+    with several faults gets the error of the first part below that refuses it."""
+    _refuse_llada2_options(cfg, source)
+    heads = _llada2_heads(cfg, source)
+    n_layers = _require(cfg, "num_hidden_layers", source)
+    routing = _llada2_routing(cfg, source)
+    first_dense = _llada2_first_dense(cfg, n_layers, source)
+    ids = _llada2_special_ids(cfg, special_ids, source)
+    out = LLaDA2Config(
+        vocab_size=_require(cfg, "vocab_size", source),
+        n_layers=n_layers,
+        **heads,
+        mlp_hidden=_llada2_dense_mlp(cfg, first_dense, source),
+        n_dense_layers=first_dense,
+        **routing,
+        moe_hidden=_require(cfg, "moe_intermediate_size", source),
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        max_length=_require(cfg, "max_position_embeddings", source),
+        **ids,
+    )
+    _check_heads_and_ids(out, source, ("mask_token_id", "eos_token_id", "pad_token_id"))
+    return out
+
+
+def _refuse_llada2_options(cfg: dict, source: str) -> None:
+    """Refuse an option whose value this implementation does not run (``_LLADA2_FIXED``), or RoPE scaling."""
     for key, ok in _LLADA2_FIXED.items():
         value = cfg.get(key, _LLADA2_DEFAULTS.get(key, ok))
         if value is not None and value != ok:
             raise ConfigError(f"{source}: LLaDA2.0 option {key}={value!r} is not supported (only {ok!r})")
     if cfg.get("rope_scaling"):
         raise ConfigError(f"{source}: LLaDA2.0 rope_scaling={cfg['rope_scaling']!r} is not supported")
+
+
+def _llada2_heads(cfg: dict, source: str) -> dict[str, int]:
+    """The attention's shape: ``d_model``, query and kv heads, ``head_dim`` and ``rotary_dim``
+    (``head_dim * partial_rotary_factor``: an explicit ``rotary_dim`` must agree, and it must be even
+    and in (0, head_dim])."""
     n_heads = _require(cfg, "num_attention_heads", source)
     d_model = _require(cfg, "hidden_size", source)
     head_dim = cfg.get("head_dim") or d_model // n_heads
@@ -314,7 +349,13 @@ def llada2_config(cfg: dict, source: str, special_ids: dict[str, int]) -> LLaDA2
         )
     if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
         raise ConfigError(f"{source}: LLaDA2.0 rotary dims {rotary_dim} must be even and in (0, head_dim]")
-    n_layers = _require(cfg, "num_hidden_layers", source)
+    n_kv_heads = cfg.get("num_key_value_heads") or n_heads
+    return dict(d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, rotary_dim=rotary_dim)
+
+
+def _llada2_routing(cfg: dict, source: str) -> dict[str, int]:
+    """The experts and the router's groups, checked to fit together: groups of 2 or more experts,
+    the top-k within the kept groups, at least one shared expert."""
     n_experts = _require(cfg, "num_experts", source)
     n_group = int(cfg.get("n_group") or 1)
     topk_group = int(cfg.get("topk_group") or n_group)
@@ -329,9 +370,27 @@ def llada2_config(cfg: dict, source: str, special_ids: dict[str, int]) -> LLaDA2
             f"{source}: topk_group {topk_group} / num_experts_per_tok {top_k} do not fit {n_group} groups "
             f"of {n_experts // n_group} experts"
         )
+    return dict(
+        n_experts=n_experts, n_experts_per_tok=top_k, n_group=n_group, topk_group=topk_group, n_shared_experts=shared
+    )
+
+
+def _llada2_first_dense(cfg: dict, n_layers: int, source: str) -> int:
+    """How many layers, first, are dense (``first_k_dense_replace``, in [0, n_layers])."""
     first_dense = int(cfg.get("first_k_dense_replace", 0))
     if not 0 <= first_dense <= n_layers:
         raise ConfigError(f"{source}: first_k_dense_replace {first_dense} is outside [0, {n_layers}]")
+    return first_dense
+
+
+def _llada2_dense_mlp(cfg: dict, first_dense: int, source: str) -> int:
+    """The dense layers' MLP size (``intermediate_size``), required only when there are dense layers."""
+    return _require(cfg, "intermediate_size", source) if first_dense else int(cfg.get("intermediate_size") or 0)
+
+
+def _llada2_special_ids(cfg: dict, special_ids: dict[str, int], source: str) -> dict[str, int]:
+    """mask/eos/pad ids: config.json's own win over ``special_ids`` (the side files'); mask and eos are
+    required, pad defaults to eos."""
     ids = {**special_ids, **{k: cfg[k] for k in ("mask_token_id", "eos_token_id") if cfg.get(k) is not None}}
     for key in ("mask_token_id", "eos_token_id"):
         if ids.get(key) is None:
@@ -340,38 +399,8 @@ def llada2_config(cfg: dict, source: str, special_ids: dict[str, int]) -> LLaDA2
                 "config.json or in the tokenizer files (tokenizer_config.json / tokenizer.json)"
             )
     pad = cfg.get("pad_token_id", ids.get("pad_token_id"))
-    out = LLaDA2Config(
-        vocab_size=_require(cfg, "vocab_size", source),
-        d_model=d_model,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
-        head_dim=head_dim,
-        rotary_dim=rotary_dim,
-        mlp_hidden=_require(cfg, "intermediate_size", source)
-        if first_dense
-        else int(cfg.get("intermediate_size") or 0),
-        n_dense_layers=first_dense,
-        n_experts=n_experts,
-        n_experts_per_tok=top_k,
-        n_group=n_group,
-        topk_group=topk_group,
-        moe_hidden=_require(cfg, "moe_intermediate_size", source),
-        n_shared_experts=shared,
-        routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
-        rope_theta=float(cfg.get("rope_theta", 10000.0)),
-        norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-        max_length=_require(cfg, "max_position_embeddings", source),
-        mask_id=int(ids["mask_token_id"]),
-        eos_id=int(ids["eos_token_id"]),
-        pad_id=int(pad) if pad is not None else int(ids["eos_token_id"]),
-    )
-    if out.n_heads % out.n_kv_heads:
-        raise ConfigError(f"{source}: n_heads {out.n_heads} is not divisible by n_kv_heads {out.n_kv_heads}")
-    for name, value in (("mask_token_id", out.mask_id), ("eos_token_id", out.eos_id), ("pad_token_id", out.pad_id)):
-        if not 0 <= value < out.vocab_size:
-            raise ConfigError(f"{source}: {name} {value} is outside the vocabulary ({out.vocab_size})")
-    return out
+    mask, eos = int(ids["mask_token_id"]), int(ids["eos_token_id"])
+    return {"mask_id": mask, "eos_id": eos, "pad_id": int(pad) if pad is not None else eos}
 
 
 def special_ids_from_dir(model_dir: str | Path) -> dict[str, int]:
