@@ -29,12 +29,34 @@ def has_tokenizer(model_dir: str | Path) -> bool:
     return any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES)
 
 
+# What transformers logs on import when torch is not installed. This library uses only its tokenizers,
+# and torch is an optional extra (the PyTorch backend), so to a user of the default install the
+# advice reads like a failure.
+NO_TORCH_ADVICE = "PyTorch was not found."
+
+
+def _not_no_torch_advice(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(NO_TORCH_ADVICE)
+
+
+def import_transformers():
+    """``transformers``, imported without its advice that PyTorch was not found (``NO_TORCH_ADVICE``);
+    every other message it logs passes. The advice is logged once, by the first import, on the
+    "transformers" logger, so a filter on that logger for the import's duration is enough."""
+    logger = logging.getLogger("transformers")
+    logger.addFilter(_not_no_torch_advice)
+    try:
+        import transformers
+    finally:
+        logger.removeFilter(_not_no_torch_advice)
+    return transformers
+
+
 def load_tokenizer(model_dir: str | Path, family: str):
     """The directory's tokenizer, or ``None`` when it ships none."""
     if not has_tokenizer(model_dir):
         return None
-    import transformers
-
+    transformers = import_transformers()
     transformers.logging.set_verbosity_error()
     try:
         with warnings.catch_warnings():  # AutoTokenizer parses config.json: LLaDA2.0's rope_scaling warns
