@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import warnings
 from pathlib import Path
+from types import ModuleType
 
 from models import ModelConfig
 
@@ -35,20 +36,21 @@ def has_tokenizer(model_dir: str | Path) -> bool:
 NO_TORCH_ADVICE = "PyTorch was not found."
 
 
-def _not_no_torch_advice(record: logging.LogRecord) -> bool:
+def _other_than_no_torch_advice(record: logging.LogRecord) -> bool:
+    """Logging filter: keep every record but the advice."""
     return not record.getMessage().startswith(NO_TORCH_ADVICE)
 
 
-def import_transformers():
+def import_transformers() -> ModuleType:
     """``transformers``, imported without its advice that PyTorch was not found (``NO_TORCH_ADVICE``);
     every other message it logs passes. The advice is logged once, by the first import, on the
     "transformers" logger, so a filter on that logger for the import's duration is enough."""
     logger = logging.getLogger("transformers")
-    logger.addFilter(_not_no_torch_advice)
+    logger.addFilter(_other_than_no_torch_advice)
     try:
         import transformers
     finally:
-        logger.removeFilter(_not_no_torch_advice)
+        logger.removeFilter(_other_than_no_torch_advice)
     return transformers
 
 
