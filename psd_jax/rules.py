@@ -49,12 +49,6 @@ def _arange(xp, n: int, like: Array) -> Array:
     return xp.arange(n, device=_device(like))
 
 
-def _lookup(xp, table: Array, index: Array) -> Array:
-    """``table[index]`` for a 1-D table and an integer index of any shape (the standard's ``take``
-    takes 1-D indices)."""
-    return xp.reshape(xp.take(table, xp.reshape(index, (-1,))), index.shape)
-
-
 def leading_true(xp, flags: Array) -> Array:
     """[..., J] bool -> [...]: how many leading entries are True."""
     return xp.sum(xp.cumulative_prod(xp.astype(flags, xp.int32), axis=-1), axis=-1)
@@ -216,7 +210,7 @@ def ranks(xp, conf: Array, valid: Array) -> Array:
 def scheduled_count(xp, counts: Array, step: Array, remaining: Array) -> Array:
     """How many positions the schedule commits at ``step`` [B] (all remaining at or past the last step)."""
     last = counts.shape[0] - 1
-    k = xp.take(counts, xp.clip(step, 0, last))
+    k = counts[xp.clip(step, 0, last)]  # integer-array indexing (the standard's since 2024.12)
     return xp.where(step >= last, remaining, k)
 
 
@@ -276,7 +270,7 @@ def draft_sizes(xp, chosen: Array, step: Array, dcfg: DecodeConfig, counts: Arra
     if dcfg.policy == "fixed":
         n_counts = counts.shape[0]
         nxt = step[:, None] + _arange(xp, depth, step)[None, :] + 1
-        return xp.where(nxt < n_counts, _lookup(xp, counts, xp.clip(nxt, 0, n_counts - 1)), 0)
+        return xp.where(nxt < n_counts, counts[xp.clip(nxt, 0, n_counts - 1)], 0)
     if dcfg.draft_rate is not None:
         rate = xp.full((batch,), dcfg.draft_rate, dtype=xp.int32, device=_device(step))
     else:
