@@ -59,6 +59,9 @@ def load_tokenizer(model_dir: str | Path, family: str):
     if not has_tokenizer(model_dir):
         return None
     transformers = import_transformers()
+    # Loading logs about the checkpoint's own files (Dream's remote-code auto_map, added tokens),
+    # not about anything the user can act on: quiet for the load only, the user's level after it.
+    verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()
     try:
         with warnings.catch_warnings():  # AutoTokenizer parses config.json: LLaDA2.0's rope_scaling warns
@@ -69,6 +72,8 @@ def load_tokenizer(model_dir: str | Path, family: str):
             raise TokenizerError(f"{model_dir}: cannot load tokenizer: {exc}") from exc
         logging.getLogger(__name__).debug("AutoTokenizer failed (%s); using Qwen2Tokenizer", exc)
         return transformers.Qwen2Tokenizer.from_pretrained(str(model_dir))
+    finally:
+        transformers.logging.set_verbosity(verbosity)
 
 
 def token_id(tokenizer, token: str) -> int | None:
