@@ -375,7 +375,7 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
     # Static window lengths (dual: the block; prefix: buckets up to gen_length); the shortest one
     # covering every windowed row's rest of the canvas is used.
     lengths = loop.window_lengths
-    bucket = rules.covering_index(lengths, jnp.max(jnp.where(windowed, n - start, 0)))
+    bucket = rules.covering_index(jnp, lengths, jnp.max(jnp.where(windowed, n - start, 0)))
     call = partial(_window_call, loop, attention_mask, cache, pred, start, window_key)
     preds, window_calls, forwarded = _forward_leading(proposal, windowed, pred, call, lengths, bucket)
     refresh_calls = jnp.any(refresh).astype(jnp.int32)

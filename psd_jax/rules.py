@@ -59,10 +59,10 @@ def one_hot(xp, index: Array, n: int) -> Array:
     return xp.astype(index[:, None] == _arange(xp, n, index)[None, :], xp.int32)
 
 
-def covering_index(sizes: tuple[int, ...], most) -> Any:
-    """Index of the smallest of the ascending static ``sizes`` that is >= ``most`` (a Python int,
-    or a 0-d array of either library): how many sizes fall short of it."""
-    return sum(size < most for size in sizes)
+def covering_index(xp, sizes: tuple[int, ...], most: Array) -> Array:
+    """Index of the smallest of the ascending static ``sizes`` that is >= ``most`` (0-d): how many
+    sizes fall short of it."""
+    return xp.sum(xp.asarray(sizes, device=_device(most)) < most)
 
 
 # ---------------------------------------------------------------------------------- geometry

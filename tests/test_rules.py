@@ -413,7 +413,7 @@ def test_static_sizes():
     assert (
         rules.forward_sizes(1) == (1,) and rules.forward_sizes(4) == (1, 2, 4) and rules.forward_sizes(11) == (1, 6, 11)
     )
-    assert [rules.covering_index((1, 6, 11), most) for most in (1, 2, 6, 7, 11)] == [0, 1, 1, 2, 2]
+    assert [int(rules.covering_index(jnp, (1, 6, 11), jnp.asarray(m))) for m in (1, 2, 6, 7, 11)] == [0, 1, 1, 2, 2]
     none, dual = (
         DecodeConfig(gen_length=64, block_length=16),
         DecodeConfig(gen_length=64, block_length=16, cache="dual"),

@@ -71,4 +71,4 @@ def zero_stats(decoder: Decoder, batch: int) -> dict[str, jax.Array]:
 def forward_size_index(needed: jax.Array, live: jax.Array, k: int) -> jax.Array:
     """Index into ``forward_sizes(k)`` (``rules.forward_sizes``) of the call that covers the live
     rows (0 if none is live)."""
-    return jnp.asarray(rules.covering_index(forward_sizes(k), rules.most_needed(jnp, needed, live)), jnp.int32)
+    return rules.covering_index(jnp, forward_sizes(k), rules.most_needed(jnp, needed, live))

@@ -121,8 +121,8 @@ def _window_forward(loop, windows: Windows, cache: KVCache, pred, block, proposa
     start = loop.block_start(block)
     w = windows.lengths[0]
     if len(windows.lengths) > 1:
-        rest = int(torch.where(windowed, windows.positions.shape[1] - start, 0).max())
-        w = windows.lengths[rules.covering_index(windows.lengths, rest)]
+        rest = torch.where(windowed, windows.positions.shape[1] - start, 0).max()
+        w = windows.lengths[int(rules.covering_index(xp, windows.lengths, rest))]
 
     def call(candidates: torch.Tensor) -> Prediction:
         return _window_call(loop, windows, cache, pred, start, w, candidates)

@@ -454,13 +454,13 @@ def forward_leading(
     candidates some of ``rows`` can choose, in the engine's static sizes; the others repeat
     candidate 0's prediction (no row can choose them). No call when no row needs one: the
     predictions are then ``pred`` repeated."""
-    most = rules.most_needed(xp, proposal.needed, rows)
-    any_row, most = torch.stack([rows.any().long(), most.long()]).tolist()
     k = proposal.candidates.shape[1]
+    sizes = rules.forward_sizes(k)
+    index = rules.covering_index(xp, sizes, rules.most_needed(xp, proposal.needed, rows))
+    any_row, index = torch.stack([rows.any().long(), index.long()]).tolist()
     if not any_row:
         return broadcast(pred, k), 0, 0
-    sizes = rules.forward_sizes(k)
-    size = sizes[rules.covering_index(sizes, most)]
+    size = sizes[index]
     preds = call(proposal.candidates[:, :size])
     if size < k:
         preds = preds.map(lambda a: torch.cat([a, a[:, :1].expand(a.shape[0], k - size, *a.shape[2:])], dim=1))
