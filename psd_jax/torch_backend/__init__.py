@@ -9,7 +9,7 @@ It exists to compare the two backends (``scripts/compare_backends.py``); the JAX
 """
 
 from .api import TorchLM, load_torch_model
-from .decode import generate
 from .model import TorchDiffusionLM, load_hf_torch
+from .run import generate
 
 __all__ = ["TorchDiffusionLM", "TorchLM", "generate", "load_hf_torch", "load_torch_model"]

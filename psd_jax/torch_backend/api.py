@@ -27,8 +27,9 @@ from ..api import PromptIO, default_model_path, left_pad
 from ..config import DecodeConfig
 from ..records import DecodeOutput, Generation, generations
 from ..tokenizer import load_tokenizer, resolve_special_ids
-from .decode import Predictor, check_supported, generate
+from .decode import Predictor, check_supported
 from .model import TORCH_DTYPES, TorchDiffusionLM, load_hf_torch
+from .run import generate
 
 
 class TorchLM(PromptIO):

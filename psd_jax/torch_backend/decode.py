@@ -343,43 +343,7 @@ class DecodeState:
         return DecodeOutput(self.canvas, self.row_nfe, self.nfe, self.sequence_forwards, self.iterations, self.stats)
 
 
-@torch.inference_mode()
-def generate(
-    model: torch.nn.Module,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor | None,
-    settings: DecodeConfig,
-    mcfg: ModelConfig,
-    *,
-    generator: torch.Generator | None = None,
-    predictor: Predictor | None = None,
-) -> DecodeOutput:
-    """Decode left-padded prompts [B, P] (0/1 mask [B, P] or None) with the JAX engine's semantics;
-    ``settings.cache`` "prefix"/"dual" runs Fast-dLLM's block KV cache (``torch_backend.cache``)."""
-    dcfg = settings  # checked when made: a cache with classifier-free guidance is refused there
-    check_supported(mcfg)
-    device = prompt_ids.device
-    batch, prompt_length = prompt_ids.shape
-    counts = rules.step_counts(dcfg)
-    loop = Loop(
-        mcfg,
-        dcfg,
-        prompt_length,
-        predictor or Predictor(model, mcfg, dcfg),
-        None if counts is None else torch.as_tensor(counts, dtype=torch.long, device=device),
-        _canvas_mask(prompt_mask, dcfg.gen_length),
-        generator,
-    )
-    gen = torch.full((batch, dcfg.gen_length), mcfg.mask_id, dtype=torch.long, device=device)
-    canvas = torch.cat([prompt_ids.long(), gen], dim=1)
-    if dcfg.cache != "none":
-        from .cache import decode_cached  # builds on this module's loop pieces
-
-        return decode_cached(loop, canvas)
-    return _decode(loop, canvas)
-
-
-def _decode(loop: Loop, canvas: torch.Tensor) -> DecodeOutput:
+def decode_uncached(loop: Loop, canvas: torch.Tensor) -> DecodeOutput:
     """The uncached loop: every call forwards whole canvases (the engine's ``step``)."""
     call = partial(
         loop.predictor, attention_mask=loop.attention_mask, prompt_length=loop.prompt_length, generator=loop.generator
@@ -434,7 +398,7 @@ def apply_choice(
     )
 
 
-def _canvas_mask(prompt_mask: torch.Tensor | None, gen_length: int) -> torch.Tensor | None:
+def canvas_mask(prompt_mask: torch.Tensor | None, gen_length: int) -> torch.Tensor | None:
     """The canvas attention mask, or None when nothing is padded (SDPA then takes its unmasked kernel)."""
     if prompt_mask is None or bool(prompt_mask.bool().all()):
         return None

@@ -1,0 +1,92 @@
+"""The package's modules form layers: no module imports, at any depth of its code (function-level
+and type-checking imports included), a module that imports it back. A circle means two modules
+each need the other's internals, so neither can be read, tested or changed alone."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("psd_jax", "models", "convert")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(source: str, name: str, is_package: bool, modules: set[str]) -> set[str]:
+    """The project modules that module ``name`` (its ``source``) imports anywhere in its code (a
+    name imported from a package that is itself a module counts as that module)."""
+    package = name if is_package else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found |= {t for t in targets if t in modules and t != name}
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = [p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")]
+    modules = {module_name(p) for p in files}
+    return {
+        module_name(p): imported_modules(p.read_text(), module_name(p), p.name == "__init__.py", modules) for p in files
+    }
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every module-level import circle, as the list of modules around it (one per circle found)."""
+    found, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt.startswith(node + "."):  # a package's __init__ re-exporting its own submodules
+                continue
+            if state.get(nxt) == "open":
+                found.append(stack[stack.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    return found
+
+
+def test_the_graph_sees_function_level_and_type_checking_imports():
+    source = """
+from typing import TYPE_CHECKING
+from . import b
+if TYPE_CHECKING:
+    from .c import Thing
+def later():
+    from ..top import d
+    import pkg.e
+"""
+    modules = {"pkg.a", "pkg.b", "pkg.c", "top", "top.d", "pkg.e", "pkg.unused"}
+    assert imported_modules(source, "pkg.a", False, modules) == {"pkg.b", "pkg.c", "top", "top.d", "pkg.e"}
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert circles({"p": {"p.x"}, "p.x": {"p"}}) == []  # a package re-exporting its submodule
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_circles(package):
+    graph = import_graph()
+    found = [c for c in circles(graph) if c[0].startswith(package)]
+    assert found == [], "import circles: " + "; ".join(" -> ".join(c) for c in found)
