@@ -32,10 +32,11 @@ BASELINE = "fixed-1"
 SCHEDULE = (
     "schedule-0.95"  # LLaDA2.0's own rule at its generate's defaults (threshold 0.95, block_length steps per block)
 )
-# Settings of the matrix a default run leaves out, so that it fits 20 minutes on 2 CPU cores
-# (--all or --decoders runs them): depth 5 of PSD, which lies between depths 3 and 7 on every
-# base, and RPS on one token per step (9% more TPF than fixed-1, a sixth of the whole matrix's
-# time). Measured in docs/bench (all 28 settings, 500 problems): the rest takes 16 minutes.
+# Settings of the matrix a default run leaves out, to keep it short on 2 CPU cores (--all or
+# --decoders runs them): depth 5 of PSD, which lies between depths 3 and 7 on every base, and RPS
+# on one token per step (9% more TPF than fixed-1, a sixth of the whole matrix's time). Measured
+# in docs/bench (500 problems, commit 367be3c, before the warm-up decode of each fresh
+# executable): all 28 settings 12 min 4 s of decoding and compiling, the default 22 of them 7.4 min.
 # LLaDA2.0's threshold_schedule and PSD / RPS on it are opt-in too: the family's settings
 # (``--decoders schedule-0.95,psd-schedule-0.95-d3``), not the others'.
 OPT_IN = (
