@@ -7,6 +7,7 @@ reports compilation separately from decoding time.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -28,10 +29,11 @@ from models import DiffusionLM, ModelConfig, load_config
 from models.transformer import default_unroll_layers
 
 from .config import DecodeConfig, DecodeConfigError, check_for_model, merged_fields, settings_from
-from .engine import decode, decode_blocks, decode_start, finish, streamed
+from .engine import decode, decode_blocks, decode_join, decode_regroup, decode_start, finish, streamed
 from .errors import InputError
 from .lengths import check_context
 from .records import DecodeOutput, Generation, generations
+from .runtime import RowValues, program_settings, row_keys
 from .sharding import batch_sharding, make_mesh, param_shardings
 from .tokenizer import TokenizerError, encode_prompt, load_tokenizer, resolve_special_ids
 
@@ -226,7 +228,8 @@ class LoadedModel(PromptIO):
         self.path = path
         self.config: ModelConfig = resolve_special_ids(model.config, tokenizer, str(path))
         self.graphdef, self.params = nnx.split(model)
-        self._compiled: dict[tuple, Any] = {}
+        self._compiled: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
+        self.max_programs: int | None = None  # compiled programs kept (least recently used out); None: all
         self._forward = jax.jit(lambda params, ids, mask: nnx.merge(self.graphdef, params)(ids, mask))
 
     # ------------------------------------------------------------------------------ logits
@@ -263,13 +266,14 @@ class LoadedModel(PromptIO):
         ``chat=None``: text prompts go through the tokenizer's chat template when it has one
         (``uses_chat``); ``overrides`` are ``DecodeConfig`` fields applied to ``settings``."""
         dcfg, ids = self.request(prompts, settings, overrides, seed, chat, prompt_bucket)
-        prompt_ids, prompt_mask = self._on_devices(*left_pad(ids, self.config, dcfg.gen_length, prompt_bucket))
-        args = (self.params, prompt_ids, prompt_mask, jax.random.key(seed))
-        compiled, compile_seconds = self._compile_with(decode, ("decode", args[1]), args, dcfg)
+        rows = range(len(ids))
+        inputs = (*left_pad(ids, self.config, dcfg.gen_length, prompt_bucket), row_keys([seed] * len(ids), rows))
+        args = (self.params, *self._on_devices(*inputs, RowValues.of([dcfg] * len(ids))))
+        compiled, compile_seconds = self._compile_with(decode, ("decode", args[1]), args, program_settings(dcfg))
         start = time.perf_counter()
         out: DecodeOutput = jax.block_until_ready(compiled(*args))
         seconds = time.perf_counter() - start
-        return self._results(out, prompt_ids.shape[1], dcfg, seconds, compile_seconds)
+        return self._results(out, args[1].shape[1], seconds, compile_seconds)
 
     def start_blocks(
         self,
@@ -280,104 +284,205 @@ class LoadedModel(PromptIO):
         chat: bool | None = None,
         prompt_bucket: int | None = 32,
         batch_size: int | None = None,
+        gen_length: int | None = None,
         **overrides: Any,
     ) -> BlockDecode:
         """Start decoding a batch block by block (streaming): ``BlockDecode.advance`` runs the loop to
-        the next block boundary, so each finished block can be used while the next one decodes.
+        the next block boundary, so each finished block can be used while the next one decodes, and
+        ``BlockDecode.join`` writes new prompts into finished rows (continuous batching).
 
         Same arguments and, greedy or with ``batch_size`` equal to the prompt count, the same tokens
         as ``generate``. ``batch_size`` pads the batch with rows that start done, so batches of any
-        size up to it share one compiled loop (a server compiles a few sizes at start-up)."""
+        size up to it share one compiled loop (a server compiles a few sizes at start-up);
+        ``gen_length`` is the canvas's generation length (default: the settings'), so that rows
+        joining later may ask for up to that many positions."""
         dcfg, ids = self.request(prompts, settings, overrides, seed, chat, prompt_bucket)
+        keys = row_keys([seed] * len(ids), range(len(ids)))
+        return self._start_rows(ids, [dcfg] * len(ids), keys, batch_size, prompt_bucket, gen_length)
+
+    def start_rows(
+        self,
+        prompts: Sequence[Sequence[int]],
+        settings: Sequence[DecodeConfig],
+        seeds: Sequence[int],
+        *,
+        batch_size: int | None = None,
+        prompt_bucket: int | None = 32,
+        gen_length: int | None = None,
+    ) -> BlockDecode:
+        """``start_blocks`` with each row's own settings (all of one compiled program:
+        ``runtime.program_settings``) and seed: row r draws as ``generate([prompts[r]],
+        settings[r], seed=seeds[r])``'s only row does (a server's requests)."""
+        checked = [self.settings(s) for s in settings]
+        for seed in seeds:
+            check_seed(seed)
+        ids = self.prompt_ids(prompts)
+        return self._start_rows(ids, checked, row_keys(seeds, [0] * len(ids)), batch_size, prompt_bucket, gen_length)
+
+    def _start_rows(self, ids, settings, keys, batch_size, prompt_bucket, gen_length) -> BlockDecode:
         rows = batch_size or len(ids)
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < len(ids):
             raise InputError(f"batch_size must be an integer >= the {len(ids)} prompts, got {batch_size!r}")
-        prompt_ids, prompt_mask = left_pad(
-            ids + [ids[0]] * (rows - len(ids)), self.config, dcfg.gen_length, prompt_bucket
-        )
-        live = np.arange(rows) < len(ids)
-        args = [*self._on_devices(prompt_ids, prompt_mask), jax.random.key(seed), jnp.asarray(live)]
-        start, compile_seconds = self._compile_with(decode_start, ("start", *args[:2]), (self.params, *args), dcfg)
-        began = time.perf_counter()
-        state = start(self.params, *args)
-        seconds = time.perf_counter() - began
-        blocks, more = self._compile_with(decode_blocks, ("blocks", args[1]), (self.params, args[1], state), dcfg)
-        run = BlockDecode(self, blocks, args[1], state, len(ids), dcfg, compile_seconds + more)
-        run.seconds = seconds
+        canvas = settings[0].gen_length if gen_length is None else gen_length
+        try:
+            programs = {program_settings(s, canvas) for s in settings}
+        except ValueError as exc:
+            raise InputError(f"gen_length {gen_length!r}: {exc}") from None
+        if len(programs) > 1:
+            raise InputError("the rows' settings differ in more than runtime values: they need separate batches")
+        padding = rows - len(ids)
+        prompt_ids, prompt_mask = left_pad(ids + [ids[0]] * padding, self.config, canvas, prompt_bucket)
+        values = RowValues.of(list(settings) + [settings[0]] * padding)
+        run = BlockDecode(self, programs.pop(), prompt_ids, prompt_mask, values)
+        run.start(np.concatenate([keys, np.repeat(keys[:1], padding, axis=0)]), np.arange(rows) < len(ids))
         return run
 
-    def _on_devices(self, *arrays: np.ndarray | jax.Array | None) -> tuple[jax.Array | None, ...]:
-        """Row-major arrays [B, ...] (prompts, masks; ``None`` passes through) as device arrays, rows
-        split over the mesh as ``batch_sharding`` says."""
-        arrays = tuple(None if a is None else jnp.asarray(a) for a in arrays)
+    def _on_devices(self, *arrays: Any) -> tuple[Any, ...]:
+        """Row-major arrays [B, ...] or pytrees of them (prompts, masks, keys, ``RowValues``;
+        ``None`` passes through) as device arrays, rows split over the mesh as ``batch_sharding``
+        says."""
+        arrays = tuple(None if a is None else jax.tree.map(jnp.asarray, a) for a in arrays)
         if self.mesh is None:
             return arrays
         rows = batch_sharding(self.mesh, arrays[0].shape[0])
-        return tuple(None if a is None else jax.device_put(a, rows) for a in arrays)
+        return tuple(None if a is None else jax.tree.map(lambda x: jax.device_put(x, rows), a) for a in arrays)
 
     @property
     def compiled_programs(self) -> int:
-        """How many decode programs this model has compiled (one per name, input shapes and settings)."""
+        """How many decode programs this model holds compiled (one per name, input shapes and the
+        settings that select a program: ``runtime.program_settings``); at most ``max_programs``."""
         return len(self._compiled)
 
     def _compile_with(self, fn, shapes: tuple, args: tuple, dcfg: DecodeConfig):
-        """``fn`` compiled ahead of time for ``args`` (cached by name, input shapes and settings)."""
+        """``fn`` compiled ahead of time for ``args`` (cached by name, input shapes and settings;
+        the least recently used program is dropped beyond ``max_programs``)."""
         cache_key = (shapes[0], *(a.shape for a in shapes[1:]), dcfg, self.config)
         if cache_key in self._compiled:
+            self._compiled.move_to_end(cache_key)
             return self._compiled[cache_key], 0.0
         began = time.perf_counter()
         # Under the mesh, the engine pins the KV cache's sharding (sharding.constrain_kv_cache).
         with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
             compiled = fn.lower(self.graphdef, *args, mcfg=self.config, dcfg=dcfg).compile()
         self._compiled[cache_key] = compiled
+        while self.max_programs is not None and len(self._compiled) > self.max_programs:
+            self._compiled.popitem(last=False)
         return compiled, time.perf_counter() - began
 
-    def _results(
-        self, out: DecodeOutput, prompt_length: int, dcfg: DecodeConfig, seconds: float, compile_seconds: float
-    ):
+    def _results(self, out: DecodeOutput, prompt_length: int, seconds: float, compile_seconds: float):
         return generations(out, prompt_length, self.config.stop_ids, self.decode_text, seconds, compile_seconds)
 
 
 @dataclasses.dataclass
 class BlockProgress:
-    """A batch after one ``BlockDecode.advance``: per prompt, the generated ids so far
-    ([rows, gen_length]; a block's ids are final once it is counted in ``final_blocks``),
-    the number of final blocks, and whether the row is done (then ``final_blocks`` is the number of
-    blocks it decoded: it stops at the last one or at one holding EOS)."""
+    """A batch after one ``BlockDecode.advance``: per row, the generated ids so far
+    ([rows, canvas gen_length]; a row's own ids are the first ``gen_length[r]``; a block's ids are
+    final once it is counted in ``final_blocks``), the number of final blocks, and whether the row
+    is done (then ``final_blocks`` is the number of blocks it decoded: it stops at its last one or
+    at one holding EOS)."""
 
     generated: np.ndarray
     final_blocks: np.ndarray
     done: np.ndarray
     nfe: np.ndarray  # model calls while each row was decoding, so far
+    gen_length: np.ndarray  # each row's own generation length
 
 
 class BlockDecode:
     """One batch decoded block by block (``LoadedModel.start_blocks``): each ``advance`` is one
-    compiled call and one host round trip, however many steps the block takes."""
+    compiled call and one host round trip, however many steps the block takes. ``join`` writes new
+    prompts into rows that are done (continuous batching): each decodes from there exactly as a
+    ``generate`` of its own (greedy), while the other rows go on.
 
-    def __init__(self, lm: LoadedModel, blocks, prompt_mask, state, rows: int, dcfg: DecodeConfig, compile_seconds):
-        self.lm, self.dcfg, self.rows = lm, dcfg, rows
-        self.compile_seconds = compile_seconds
+    All rows share the compiled ``program`` (``runtime.program_settings``: the settings that set
+    shapes); each has its own runtime values, PRNG key and generation length (up to the canvas's)."""
+
+    def __init__(self, lm: LoadedModel, program: DecodeConfig, prompt_ids, prompt_mask, values: RowValues):
+        self.lm, self.program = lm, program
+        self._ids, self._mask, self._values = np.array(prompt_ids), np.array(prompt_mask), values
+        self.size, self.prompt_length = self._ids.shape
+        self.rows = 0  # rows holding a prompt at the start (``results``)
+        self.compile_seconds = 0.0
         self.seconds = 0.0  # decode wall time so far (compilation excluded)
-        self._blocks, self._mask, self._state = blocks, prompt_mask, state
         self.done = False
+        self._state = None
 
-    @property
-    def prompt_length(self) -> int:
-        return self._mask.shape[1]
+    def _compiled(self, fn, name: str, args: tuple, shapes: tuple = ()):
+        """``fn`` compiled for ``args`` (by the model's program cache), its time counted here."""
+        compiled, seconds = self.lm._compile_with(fn, (name, self._ids, *shapes), args, self.program)
+        self.compile_seconds += seconds
+        return compiled
+
+    def start(self, keys: np.ndarray, live: np.ndarray) -> None:
+        """The first state: the first forward of the ``live`` rows (the others start done)."""
+        ids, mask, keys, values = self.lm._on_devices(self._ids, self._mask, keys, self._values)
+        args = (self.lm.params, ids, mask, keys, values, jnp.asarray(live))
+        start = self._compiled(decode_start, "start", args)
+        began = time.perf_counter()
+        self._state = start(*args)
+        self.seconds += time.perf_counter() - began
+        self.rows, self.done = int(live.sum()), not live.any()
+
+    def join(self, rows: Sequence[int], prompts: Sequence[Sequence[int]], settings: Sequence[DecodeConfig], seeds):
+        """Start ``prompts`` (token ids, each at most ``prompt_length``) in ``rows``, which must be
+        done, with their own ``settings`` (of this batch's program: ``runtime.program_settings``)
+        and ``seeds``; they decode from the next ``advance`` on. No model call."""
+        if not len(rows):
+            return
+        for row, ids, dcfg in zip(rows, prompts, settings):
+            if program_settings(dcfg, self.program.gen_length) != self.program:
+                raise InputError(f"settings {dcfg.changed()} do not run in this batch's program")
+            left = self.prompt_length - len(ids)
+            if left < 0:
+                raise InputError(f"a prompt of {len(ids)} tokens does not fit this batch's {self.prompt_length}")
+            self._ids[row] = [self.lm.config.pad_id] * left + list(ids)
+            self._mask[row] = [0] * left + [1] * len(ids)
+        picked = np.asarray(rows)
+        self._values = jax.tree.map(lambda a, b: _set_rows(a, picked, b), self._values, RowValues.of(settings))
+        keys = np.zeros((self.size, 2), np.uint32)
+        keys[picked] = row_keys(seeds, [0] * len(rows))  # a joined row draws as generate's row 0
+        join = np.zeros(self.size, bool)
+        join[picked] = True
+        ids, mask, keys, values, join = self.lm._on_devices(self._ids, self._mask, keys, self._values, join)
+        args = (self.lm.params, ids, mask, self._state, join, keys, values)
+        self._state = self._compiled(decode_join, "join", args)(*args)
+        self.done = False
 
     def advance(self) -> BlockProgress:
         """Run the loop until every row that is decoding has left its block or finished."""
         began = time.perf_counter()
+        mask = self.lm._on_devices(self._mask)[0]
         if not self.done:
-            self._state = self._blocks(self.lm.params, self._mask, self._state)
+            blocks = self._compiled(decode_blocks, "blocks", (self.lm.params, mask, self._state))
+            self._state = blocks(self.lm.params, mask, self._state)
         state = self._state
-        canvas, final = streamed(state.canvas, state.block, state.done, self._mask, mcfg=self.lm.config, dcfg=self.dcfg)
-        done, canvas, final, nfe = jax.device_get((state.done, canvas, final, state.row_nfe))
+        num_blocks = state.values.num_blocks
+        canvas, final = streamed(
+            state.canvas, state.block, state.done, mask, num_blocks, mcfg=self.lm.config, dcfg=self.program
+        )
+        done, canvas, final, nfe, num_blocks = jax.device_get((state.done, canvas, final, state.row_nfe, num_blocks))
         self.seconds += time.perf_counter() - began
         self.done = bool(done.all())
-        n = self.rows
-        return BlockProgress(canvas[:n, self.prompt_length :], final[:n], done[:n], nfe[:n])
+        gen = num_blocks * self.program.block_length
+        return BlockProgress(canvas[:, self.prompt_length :], final, done, nfe, gen)
+
+    def regroup(self, index: Sequence[int]) -> None:
+        """Move to a decode of ``len(index)`` rows: new row i is row ``index[i]`` as it is (-1: an
+        empty row, done), so a running batch changes compiled size without touching its rows."""
+        self._state = self.prepare_regroup(len(index))(self.lm.params, self._state, jnp.asarray(index, jnp.int32))
+        picked = np.maximum(np.asarray(index), 0)
+        self._ids, self._mask = self._ids[picked], self._mask[picked]
+        self._values = jax.tree.map(lambda a: a[picked], self._values)
+        self.size = len(index)
+        if all(i < 0 for i in index):
+            self.done = True
+
+    def prepare_regroup(self, size: int):
+        """The compiled move of this decode's rows to ``size`` rows (``regroup``), compiled now if
+        it is not yet (a server compiles them at start-up)."""
+        index = jax.ShapeDtypeStruct((size,), jnp.int32)
+        args = (self.lm.params, self._state, index)
+        return self._compiled(decode_regroup, "regroup", args, (index,))
 
     def stop(self, rows: Sequence[int]) -> None:
         """Stop decoding ``rows`` (their output is no longer wanted): they are frozen like finished
@@ -388,14 +493,24 @@ class BlockDecode:
         self._state = self._state.replace(done=jax.device_put(done, self._state.done.sharding))
 
     def results(self) -> list[Generation]:
-        """One ``Generation`` per prompt, as ``generate`` returns them (call once every row is done)."""
+        """One ``Generation`` per prompt given to ``start_blocks``, as ``generate`` returns them
+        (call once every row is done)."""
         state = self._state
-        canvas, _ = streamed(state.canvas, state.block, state.done, self._mask, mcfg=self.lm.config, dcfg=self.dcfg)
+        mask = self.lm._on_devices(self._mask)[0]
+        canvas, _ = streamed(
+            state.canvas, state.block, state.done, mask, state.values.num_blocks, mcfg=self.lm.config, dcfg=self.program
+        )
         out = jax.device_get(finish(state, canvas))
-        n = self.rows
-        rows = DecodeOutput(out.canvas[:n], out.row_nfe[:n], out.nfe, out.sequence_forwards, out.iterations, {})
+        n, end = self.rows, self.prompt_length + int(self._values.num_blocks[0]) * self.program.block_length
+        rows = DecodeOutput(out.canvas[:n, :end], out.row_nfe[:n], out.nfe, out.sequence_forwards, out.iterations, {})
         rows = rows._replace(stats={k: v[:n] for k, v in out.stats.items()})
-        return self.lm._results(rows, self.prompt_length, self.dcfg, self.seconds, self.compile_seconds)
+        return self.lm._results(rows, self.prompt_length, self.seconds, self.compile_seconds)
+
+
+def _set_rows(a: np.ndarray, rows: np.ndarray, new: np.ndarray) -> np.ndarray:
+    out = np.array(a)
+    out[rows] = new
+    return out
 
 
 def load_model(

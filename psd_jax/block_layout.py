@@ -54,9 +54,10 @@ class BlockLayout:
         (the most a row needs: its first decoded block also holds its prompt's tail)."""
         return self.start + dcfg.gen_length + dcfg.block_length
 
-    def last_block(self, dcfg: DecodeConfig) -> jax.Array:
-        """[B] each row's last block: upstream decodes ceil((tail + gen_length) / B) blocks."""
-        return (self.tail + dcfg.gen_length - 1) // self.block_length
+    def last_block(self, gen_length: int | jax.Array) -> jax.Array:
+        """[B] each row's last block: upstream decodes ceil((tail + gen_length) / B) blocks
+        (``gen_length``: the rows' own, one or [B])."""
+        return (self.tail + gen_length - 1) // self.block_length
 
     def prompt_index(self) -> jax.Array:
         """[B, P]: the canvas index of each left-padded prompt position (clipped where padding)."""

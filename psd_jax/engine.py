@@ -22,6 +22,14 @@ A block-causal model (LLaDA2.0, ``ModelConfig.block_causal``) decodes on a canva
 from each row's position 0 (``BlockLayout``), stops as its upstream ``generate`` does
 (``Loop.advance``), and its cache is exact: finished blocks' keys/values are written once, by a
 window over [previous block, current block] at each block's first call (``_block_refresh``).
+
+Per row, the carry also holds the runtime values (``runtime.RowValues``: threshold, temperature,
+..., the row's own generation length within the canvas) and a PRNG key, so rows with different
+values share one compiled loop; and a ``fresh`` flag: a row written into a running batch
+(``decode_join``, continuous batching) whose first forward is still to come. A fresh row takes
+part in the next model call without committing (its first forward, as ``init_state`` gives a new
+decode's), and with a cache it is refreshed and sits out that iteration, so it decodes exactly as
+a decode of its own.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ from models import ModelConfig
 from . import rules
 from .block_layout import BlockLayout, initial_canvas, output_canvas
 from .config import DecodeConfig
-from .decoders import Decoder, Proposal, decoder_for, forward_size_index, forward_sizes, initial_stats, propose
+from .decoders import Proposal, decoder_for, forward_size_index, forward_sizes, initial_stats, propose
 from .predict import (
     ForwardFn,
     LogitWindow,
@@ -52,6 +60,7 @@ from .predict import (
     sequences_forwarded,
 )
 from .records import DecodeOutput
+from .runtime import RowValues, split_rows
 from .sharding import constrain_kv_cache
 
 
@@ -66,7 +75,9 @@ class DecodeState:
     nfe: jax.Array  # () model calls
     sequence_forwards: jax.Array  # () sequences processed by the model
     iteration: jax.Array  # ()
-    key: jax.Array
+    keys: jax.Array  # [B, 2] uint32: each row's PRNG key (runtime.row_keys)
+    values: RowValues  # [B] each: the rows' runtime values
+    fresh: jax.Array  # [B] bool: the row's first forward is still to come (joined, decode_join)
     stats: dict
     # Block KV cache (cache != "none" only): per-layer keys/values [L, B, N, KV, hd] from each
     # row's last full forward, and rows whose block changed since (they need that full forward).
@@ -88,10 +99,6 @@ class Loop:
     layout: BlockLayout | None = None  # block-causal families: per-row alignment to blocks (else None)
 
     @property
-    def decoder(self) -> Decoder:
-        return decoder_for(self.dcfg)
-
-    @property
     def region_length(self) -> int:
         """Canvas positions after ``prompt_length`` (where blocks are decoded): gen_length, or for a
         block-causal layout one block more, the most a row needs (its first block also holds its
@@ -103,11 +110,20 @@ class Loop:
         return self.prompt_length + self.dcfg.gen_length if self.layout is None else self.layout.total_length(self.dcfg)
 
     def call(
-        self, canvases: jax.Array, attention_mask: jax.Array, key: jax.Array, block: jax.Array | None = None
+        self,
+        canvases: jax.Array,
+        attention_mask: jax.Array,
+        keys: jax.Array,
+        values: RowValues | None = None,
+        block: jax.Array | None = None,
     ) -> Prediction:
-        """One model call over canvases [B, K, N]; with ``block`` [B], logits only where a row can commit."""
+        """One model call over canvases [B, K, N]; with ``block`` [B], logits only where a row can
+        commit. ``keys``/``values``: ``row_inputs``."""
+        keys, values = row_inputs(keys, values, canvases.shape[0], self.dcfg)
         window = None if block is None else self.logit_window(block)
-        return predict(self.forward, canvases, attention_mask, self.prompt_length, key, self.mcfg, self.dcfg, window)
+        return predict(
+            self.forward, canvases, attention_mask, self.prompt_length, keys, values, self.mcfg, self.dcfg, window
+        )
 
     def logit_window(self, block: jax.Array) -> LogitWindow | None:
         """Where a call computes logits (``rules.logit_window``, the PyTorch backend's too)."""
@@ -118,6 +134,14 @@ class Loop:
     def window_lengths(self) -> tuple[int, ...]:
         """Static query windows of a cached call, ascending (``rules.window_lengths``)."""
         return rules.window_lengths(self.dcfg, self.layout is not None)
+
+    def row_end(self, values: RowValues) -> jax.Array:
+        """[B] the canvas index after each row's own generation (``values.num_blocks``, at most the
+        canvas's); block-causal: the canvas end (a row's blocks are offset by its prompt's tail, and
+        later blocks are never visible to earlier ones)."""
+        if self.layout is not None:
+            return jnp.full(values.num_blocks.shape, self.total_length, jnp.int32)
+        return self.prompt_length + values.num_blocks * self.dcfg.block_length
 
     def block_span(self, block: jax.Array) -> tuple[jax.Array, jax.Array]:
         start = rules.block_start(self.prompt_length, block, self.dcfg.block_length)
@@ -131,16 +155,17 @@ class Loop:
         start = self.block_span(state.block)[0]
         return rules.committable(jnp, state.canvas, start, state.done, self.dcfg.block_length, self.mcfg.mask_id)
 
-    def advance(self, canvas, block, step, done, before=None):
-        """Move rows whose block is complete to the next block; stop rows at the end or at EOS.
+    def advance(self, canvas, block, step, done, values: RowValues, before=None):
+        """Move rows whose block is complete to the next block; stop rows at their last block
+        (``values.num_blocks``) or at EOS.
 
         ``before`` is the canvas before this commit (the block-causal rule needs what was just
         committed)."""
         if self.layout is not None:
-            return self._advance_block_causal(canvas, block, step, done, before)
-        return rules.advance(jnp, canvas, block, step, done, self.prompt_length, self.mcfg, self.dcfg)
+            return self._advance_block_causal(canvas, block, step, done, values, before)
+        return rules.advance(jnp, canvas, block, step, done, self.prompt_length, self.mcfg, self.dcfg, values)
 
-    def _advance_block_causal(self, canvas, block, step, done, before):
+    def _advance_block_causal(self, canvas, block, step, done, values: RowValues, before):
         """``advance`` as LLaDA2.0's ``generate``: a row stops after a complete block when its
         generated part holds EOS, and after its own last block; with ``eos_early_stop`` also
         mid-block, when this commit placed an EOS and every generated position up to the first
@@ -157,7 +182,8 @@ class Loop:
             first = jnp.where(jnp.any(eos, axis=-1), jnp.argmax(eos, axis=-1), -1)
             filled = ~jnp.any(masked & generated & (pos < first[:, None]), axis=-1)
             stop |= ~done & placed & (first >= 0) & filled
-        new_done = done | stop | (complete & (block >= self.layout.last_block(self.dcfg)))
+        last = self.layout.last_block(values.num_blocks * self.dcfg.block_length)
+        new_done = done | stop | (complete & (block >= last))
         block = jnp.where(complete & ~new_done, block + 1, block)
         return canvas, block, jnp.where(complete, 0, step), new_done
 
@@ -168,23 +194,28 @@ def layout_loop(mcfg, dcfg: DecodeConfig, prompt_mask: jax.Array) -> Loop:
     return Loop(mcfg, dcfg, layout.start, None, layout=layout)
 
 
-def init_state(loop: Loop, prompt_ids: jax.Array, attention_mask: jax.Array, key: jax.Array) -> DecodeState:
-    """Canvas = prompt + gen_length masks, and its first forward (one model call)."""
+def init_state(
+    loop: Loop, prompt_ids: jax.Array, attention_mask: jax.Array, keys: jax.Array, values: RowValues | None = None
+) -> DecodeState:
+    """Canvas = prompt + gen_length masks, and its first forward (one model call). ``keys``/``values``
+    (``row_inputs``) are the rows' own; a row's keys are split as a refreshed row's are
+    (``step_cached``), so a row written into a running batch later (``decode_join``) draws the same."""
     batch = prompt_ids.shape[0]
+    keys, values = row_inputs(keys, values, batch, loop.dcfg)
     canvas = initial_canvas(prompt_ids, loop.layout, loop.mcfg, loop.dcfg)
-    key, sub = jax.random.split(key)
     cached = {}
     if loop.dcfg.cache != "none":
         # Block 0's block-start full forward, which also fills the KV cache.
+        keys, sub, _ = split_rows(keys, 3)
         first = loop.logit_window(jnp.zeros(batch, jnp.int32))
-        pred, keys, values = predict_prefill(
-            loop.prefill, canvas, attention_mask, loop.prompt_length, sub, loop.mcfg, loop.dcfg, first
+        pred, k, v = predict_prefill(
+            loop.prefill, canvas, attention_mask, loop.prompt_length, sub, values, loop.mcfg, loop.dcfg, first
         )
-        cached = {"cache": constrain_kv_cache((keys, values), loop.mcfg), "stale": jnp.zeros(batch, bool)}
+        cached = {"cache": constrain_kv_cache((k, v), loop.mcfg), "stale": jnp.zeros(batch, bool)}
     else:
-        pred = jax.tree.map(
-            lambda a: a[:, 0], loop.call(canvas[:, None], attention_mask, sub, jnp.zeros(batch, jnp.int32))
-        )
+        keys, sub = split_rows(keys, 2)
+        first = loop.call(canvas[:, None], attention_mask, sub, values, jnp.zeros(batch, jnp.int32))
+        pred = jax.tree.map(lambda a: a[:, 0], first)
     zeros = jnp.zeros(batch, jnp.int32)
     return DecodeState(
         canvas=canvas,
@@ -196,27 +227,34 @@ def init_state(loop: Loop, prompt_ids: jax.Array, attention_mask: jax.Array, key
         nfe=jnp.array(1, jnp.int32),
         sequence_forwards=jnp.array(batch * (2 if loop.dcfg.cfg_scale > 0 else 1), jnp.int32),
         iteration=jnp.array(0, jnp.int32),
-        key=key,
+        keys=keys,
+        values=values,
+        fresh=jnp.zeros(batch, bool),
         stats=initial_stats(loop.dcfg, batch),
         **cached,
     )
 
 
 def step(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeState:
-    """One iteration: commit + candidates, one batched forward (if any row needs it), choose, advance."""
+    """One iteration: commit + candidates, one batched forward (if any row needs it), choose, advance.
+
+    A fresh row commits nothing: its canvas is its only candidate, and this call is its first
+    forward (``init_state``'s, for a decode of its own)."""
     if loop.dcfg.cache != "none":
         return step_cached(loop, attention_mask, state)
-    valid = loop.committable(state)
-    proposal = propose(state.pred, state.canvas, valid, state.step, loop.dcfg)
+    fresh, values = state.fresh, state.values
+    valid = loop.committable(state) & ~fresh[:, None]
+    proposal = propose(state.pred, state.canvas, valid, state.step, loop.dcfg, values)
     # A row is live if it still decodes after its policy commit; only live rows need a forward.
-    _, _, _, done_after_s0 = loop.advance(proposal.s0, state.block, state.step + 1, state.done, state.canvas)
+    _, _, _, done_after_s0 = loop.advance(proposal.s0, state.block, state.step + 1, state.done, values, state.canvas)
     live = ~done_after_s0
-    key, sub = jax.random.split(state.key)
+    keys, sub = split_rows(state.keys, 2)
     preds, calls, forwarded = _forward_leading(
-        proposal, live, state.pred, lambda candidates: loop.call(candidates, attention_mask, sub, state.block)
+        proposal, live, state.pred, lambda candidates: loop.call(candidates, attention_mask, sub, values, state.block)
     )
     sequences = sequences_forwarded(state.canvas.shape[0], forwarded, loop.dcfg)
-    return _apply_choice(loop, state, proposal, preds, live, state.done, key, live, calls, sequences)
+    new = _apply_choice(loop, state, proposal, preds, live & ~fresh, state.done | fresh, keys, live, calls, sequences)
+    return new.replace(done=new.done & ~(fresh & ~state.done), fresh=jnp.zeros_like(fresh))
 
 
 def _forward_leading(
@@ -257,7 +295,7 @@ def _apply_choice(
     preds: Prediction,
     live: jax.Array,
     frozen: jax.Array,
-    key: jax.Array,
+    keys: jax.Array,
     row_calls: jax.Array,
     calls: jax.Array,
     sequences: jax.Array,
@@ -265,13 +303,14 @@ def _apply_choice(
 ) -> DecodeState:
     """The tail shared by both steps: each row's choice, its canvas and forward, block advance, counters.
 
-    ``frozen`` rows (finished, or waiting for a block-start refresh) keep their canvas and step."""
-    choice = loop.decoder.choose(proposal, preds, live, state.step, loop.mcfg.mask_id)
+    ``frozen`` rows (finished, waiting for a block-start refresh, or fresh) keep their canvas and
+    step; ``keys`` are the rows' next PRNG keys."""
+    choice = decoder_for(loop.dcfg, state.values).choose(proposal, preds, live, state.step, loop.mcfg.mask_id)
     canvas = jnp.take_along_axis(proposal.candidates, choice.index[:, None, None], axis=1)[:, 0]
     canvas = jnp.where(frozen[:, None], state.canvas, canvas)
     pred = jax.tree.map(lambda a: jnp.take_along_axis(a, _expand(choice.index, a), axis=1)[:, 0], preds)
     steps = state.step + jnp.where(frozen, 0, choice.steps)
-    canvas, block, new_step, done = loop.advance(canvas, state.block, steps, frozen, state.canvas)
+    canvas, block, new_step, done = loop.advance(canvas, state.block, steps, frozen, state.values, state.canvas)
     return DecodeState(
         canvas=canvas,
         pred=pred,
@@ -282,7 +321,9 @@ def _apply_choice(
         nfe=state.nfe + calls,
         sequence_forwards=state.sequence_forwards + sequences,
         iteration=state.iteration + 1,
-        key=key,
+        keys=keys,
+        values=state.values,
+        fresh=state.fresh,
         stats=jax.tree.map(jnp.add, state.stats, choice.stats),
         **cached,
     )
@@ -299,27 +340,44 @@ def _where_rows(rows: jax.Array, new, old, axis: int = 0):
     return jax.tree.map(pick, new, old)
 
 
-def _refresh(loop: Loop, attention_mask: jax.Array, state: DecodeState, rows: jax.Array, key: jax.Array):
+def _refresh(loop: Loop, attention_mask: jax.Array, state: DecodeState, rows: jax.Array, keys: jax.Array):
     """The block-start full forward of ``rows`` (one call, only if some row needs it): their
-    prediction and KV cache rows replaced by those of their current canvas."""
+    prediction and KV cache rows replaced by those of their current canvas. Returns (pred, cache,
+    calls made)."""
 
     def do_refresh(_):
         window = loop.logit_window(state.block)  # the refreshed rows' new blocks
-        # The fresh keys/values are written into the carried cache layer by layer (``into``).
-        prefill = partial(loop.prefill, into=(*state.cache, rows))
-        pred, keys, values = predict_prefill(
-            prefill, state.canvas, attention_mask, loop.prompt_length, key, loop.mcfg, loop.dcfg, window
+        if loop.layout is None:
+            # The fresh keys/values are written into the carried cache layer by layer (``into``).
+            prefill = partial(loop.prefill, into=(*state.cache, rows))
+        else:
+            prefill = loop.prefill
+        pred, k, v = predict_prefill(
+            prefill, state.canvas, attention_mask, loop.prompt_length, keys, state.values, loop.mcfg, loop.dcfg, window
         )
-        return _where_rows(rows, pred, state.pred), constrain_kv_cache((keys, values), loop.mcfg)
+        if loop.layout is not None:  # block-causal prefill: the rows' new keys/values selected
+            k, v = (jnp.where(rows[None, :, None, None, None], new, old) for new, old in zip((k, v), state.cache))
+        return _where_rows(rows, pred, state.pred), constrain_kv_cache((k, v), loop.mcfg)
 
-    return jax.lax.cond(jnp.any(rows), do_refresh, lambda _: (state.pred, state.cache), None)
+    pred, cache = jax.lax.cond(jnp.any(rows), do_refresh, lambda _: (state.pred, state.cache), None)
+    return pred, cache, jnp.any(rows).astype(jnp.int32)
 
 
-def _block_refresh(loop: Loop, attention_mask: jax.Array, state: DecodeState, rows: jax.Array, key: jax.Array):
+def _block_refresh(loop: Loop, attention_mask: jax.Array, state: DecodeState, rows: jax.Array, keys: jax.Array):
     """``_refresh`` for a block-causal model: the first call of a block is a window over [previous
     block, current block] against the cache of the blocks before them (one call, only if some row
     needs it). The previous block is final, so its keys/values, written into the cache here, are
-    exact for the rest of the decode; the current block's predictions replace the rows'."""
+    exact for the rest of the decode; the current block's predictions replace the rows'. A fresh
+    row (joined, its prompt not in the cache yet) gets the full forward ``init_state`` gives a new
+    decode instead (``_refresh``). Returns (pred, cache, calls made)."""
+    pred, cache, window_calls = _block_window_refresh(loop, attention_mask, state, rows & ~state.fresh, keys)
+    state = state.replace(pred=pred, cache=cache)
+    pred, cache, full_calls = _refresh(loop, attention_mask, state, rows & state.fresh, keys)
+    return pred, cache, window_calls + full_calls
+
+
+def _block_window_refresh(loop: Loop, attention_mask: jax.Array, state: DecodeState, rows, keys: jax.Array):
+    """``_block_refresh``'s window over [previous block, current block] for ``rows``."""
     b, (batch, n) = loop.dcfg.block_length, state.canvas.shape
 
     def do_refresh(_):
@@ -330,17 +388,18 @@ def _block_refresh(loop: Loop, attention_mask: jax.Array, state: DecodeState, ro
         positions = jnp.take_along_axis(loop.positions(attention_mask, batch, n), index, axis=1)[:, None]
         earlier = attention_mask.astype(bool) & (jnp.arange(n)[None, :] < previous[:, None])
         window = jnp.ones((batch, 2 * b), bool)
-        logits, keys, values = loop.window(tokens, positions, *state.cache, earlier, window, 2 * b, return_kv=True)
-        pred = logits_to_prediction(logits[:, 0, b:], key, loop.mcfg, loop.dcfg)
+        logits, k, v = loop.window(tokens, positions, *state.cache, earlier, window, 2 * b, return_kv=True)
+        pred = logits_to_prediction(logits[:, 0, b:], keys, state.values.temperature, loop.mcfg, loop.dcfg)
         pred = on_canvas(pred, state.canvas, loop.prompt_length, LogitWindow(start, b))
         write = jax.vmap(lambda c, new, at: jax.lax.dynamic_update_slice_in_dim(c, new, at, axis=1), (1, 1, 0), 1)
         cache = tuple(
             jnp.where(rows[None, :, None, None, None], write(c, new[:, :, 0, :b], previous), c)
-            for c, new in zip(state.cache, (keys, values))
+            for c, new in zip(state.cache, (k, v))
         )
         return _where_rows(rows, pred, state.pred), constrain_kv_cache(cache, loop.mcfg)
 
-    return jax.lax.cond(jnp.any(rows), do_refresh, lambda _: (state.pred, state.cache), None)
+    pred, cache = jax.lax.cond(jnp.any(rows), do_refresh, lambda _: (state.pred, state.cache), None)
+    return pred, cache, jnp.any(rows).astype(jnp.int32)
 
 
 def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeState:
@@ -357,28 +416,32 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
        the cache (``_window_call``). Rows whose commit completes their block need no window call:
        they are refreshed next iteration (as Fast-dLLM's next block starts with a full forward).
     Each kind of call runs only if some row needs it; results merge per row, so a row decodes
-    exactly as alone. Shapes are static (fixed-size caches and windows).
+    exactly as alone. Shapes are static (fixed-size caches and windows). A fresh row (joined) is
+    stale too: its refresh is its first forward, and it sits the rest of that iteration out, as a
+    new decode's first forward (``init_state``) comes before its first step.
     """
-    dcfg, batch, n = loop.dcfg, state.canvas.shape[0], state.canvas.shape[1]
-    key, refresh_key, window_key = jax.random.split(state.key, 3)
+    dcfg, batch = loop.dcfg, state.canvas.shape[0]
+    keys, refresh_key, window_key = split_rows(state.keys, 3)
     waiting, refresh = rules.cache_phase(jnp, state.stale, state.done)
+    primed = refresh & state.fresh  # joined rows: this refresh is their first forward
     refresh_fn = _refresh if loop.layout is None else _block_refresh
-    pred, cache = refresh_fn(loop, attention_mask, state, refresh, refresh_key)
+    pred, cache, refresh_calls = refresh_fn(loop, attention_mask, state, refresh, refresh_key)
 
-    frozen = state.done | waiting  # waiting rows are frozen like finished ones
+    frozen = state.done | waiting | primed  # waiting rows are frozen like finished ones
     valid = loop.committable(state.replace(done=frozen))
-    proposal = propose(pred, state.canvas, valid, state.step, dcfg)
-    _, block_after_s0, _, done_after_s0 = loop.advance(proposal.s0, state.block, state.step + 1, frozen, state.canvas)
+    proposal = propose(pred, state.canvas, valid, state.step, dcfg, state.values)
+    _, block_after_s0, _, done_after_s0 = loop.advance(
+        proposal.s0, state.block, state.step + 1, frozen, state.values, state.canvas
+    )
     live = ~done_after_s0
     windowed = live & (block_after_s0 == state.block)  # rows whose forward is a window call
     start, _ = loop.block_span(state.block)
     # Static window lengths (dual: the block; prefix: buckets up to gen_length); the shortest one
-    # covering every windowed row's rest of the canvas is used.
+    # covering every windowed row's rest of its generation is used.
     lengths = loop.window_lengths
-    bucket = rules.covering_index(jnp, lengths, jnp.max(jnp.where(windowed, n - start, 0)))
-    call = partial(_window_call, loop, attention_mask, cache, pred, start, window_key)
+    bucket = rules.covering_index(jnp, lengths, jnp.max(jnp.where(windowed, loop.row_end(state.values) - start, 0)))
+    call = partial(_window_call, loop, attention_mask, cache, pred, start, window_key, state.values)
     preds, window_calls, forwarded = _forward_leading(proposal, windowed, pred, call, lengths, bucket)
-    refresh_calls = jnp.any(refresh).astype(jnp.int32)
     sequences = refresh_calls * batch + sequences_forwarded(batch, forwarded, dcfg)
     new = _apply_choice(
         loop,
@@ -387,7 +450,7 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
         preds,
         live,
         frozen,
-        key,
+        jnp.where(waiting[:, None], state.keys, keys),  # a waiting row draws nothing this iteration
         refresh.astype(jnp.int32) + windowed.astype(jnp.int32),
         refresh_calls + window_calls,
         sequences,
@@ -395,7 +458,8 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
         stale=state.stale,
     )
     done, stale = rules.cache_stale(jnp, waiting, new.done, state.block, new.block)
-    return new.replace(done=done, stale=stale)
+    done = done & ~(primed & ~state.done)
+    return new.replace(done=done, stale=stale & ~primed, fresh=state.fresh & ~primed)
 
 
 def _window_call(
@@ -404,7 +468,8 @@ def _window_call(
     cache: tuple,
     pred: Prediction,
     start: jax.Array,
-    key: jax.Array,
+    keys: jax.Array,
+    values: RowValues,
     candidates: jax.Array,
     w: int,
 ) -> Prediction:
@@ -414,7 +479,8 @@ def _window_call(
     mcfg, dcfg = loop.mcfg, loop.dcfg
     batch, m, n = candidates.shape
     index = start[:, None] + jnp.arange(w)[None, :]  # [B, W]
-    window_mask = index < n  # prefix windows may reach past the canvas end: those keys are masked
+    # Prefix windows may reach past the row's generation (or the canvas end): those keys are masked.
+    window_mask = index < loop.row_end(values)[:, None]
     index = jnp.minimum(index, n - 1)
     pos = jnp.arange(n)[None, :]
     in_window = (pos >= start[:, None]) & (pos < start[:, None] + w)
@@ -429,7 +495,8 @@ def _window_call(
         attention_mask.astype(bool) & _cached_keys(loop, pos, start, in_window),
         window_mask,
         dcfg.block_length - shift,
-        key,
+        keys,
+        values,
         mcfg,
         dcfg,
     )
@@ -463,14 +530,14 @@ def _expand(index: jax.Array, a: jax.Array) -> jax.Array:
     return index.reshape(index.shape + (1,) * (a.ndim - 1))
 
 
-def run_while_loop(loop: Loop, prompt_ids, attention_mask, key) -> DecodeState:
-    state = init_state(loop, prompt_ids, attention_mask, key)
+def run_while_loop(loop: Loop, prompt_ids, attention_mask, keys, values) -> DecodeState:
+    state = init_state(loop, prompt_ids, attention_mask, keys, values)
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done), partial(step, loop, attention_mask), state)
 
 
-def run_python_loop(loop: Loop, prompt_ids, attention_mask, key, max_iterations: int = 100_000) -> DecodeState:
+def run_python_loop(loop: Loop, prompt_ids, attention_mask, keys, values, max_iterations: int = 100_000) -> DecodeState:
     """The same step in a plain Python loop (the oracle the compiled loop is tested against)."""
-    state = init_state(loop, prompt_ids, attention_mask, key)
+    state = init_state(loop, prompt_ids, attention_mask, keys, values)
     step_fn = jax.jit(partial(step, loop, attention_mask))
     for _ in range(max_iterations):
         if bool(jnp.all(state.done)):
@@ -515,38 +582,67 @@ def _block_causal_loop(model, prompt_mask: jax.Array, mcfg, dcfg: DecodeConfig) 
     )
 
 
-def _attention_mask(prompt_mask: jax.Array, gen_length: int) -> jax.Array:
-    """The canvas's attention mask [B, P + gen_length]: the prompt's, then every generated position."""
+def _attention_mask(prompt_mask: jax.Array, gen_length: int, row_gen: jax.Array | None = None) -> jax.Array:
+    """The canvas's attention mask [B, P + gen_length]: the prompt's, then the generated positions
+    of each row's own generation (``row_gen`` [B] positions, default all): the positions past it
+    are no row's keys, so the row decodes as on a canvas of its own length."""
     batch = prompt_mask.shape[0]
-    return jnp.concatenate([prompt_mask.astype(jnp.int32), jnp.ones((batch, gen_length), jnp.int32)], 1)
+    generated = jnp.ones((batch, gen_length), jnp.int32)
+    if row_gen is not None:
+        generated = (jnp.arange(gen_length)[None, :] < row_gen[:, None]).astype(jnp.int32)
+    return jnp.concatenate([prompt_mask.astype(jnp.int32), generated], 1)
 
 
-def loop_and_mask(model, prompt_mask: jax.Array, mcfg, dcfg: DecodeConfig) -> tuple[Loop, jax.Array]:
-    """The decode's ``Loop`` and its canvas attention mask [B, N] (block-causal: the row's
-    left padding masked, every other position visible)."""
+def loop_and_mask(
+    model, prompt_mask: jax.Array, mcfg, dcfg: DecodeConfig, values: RowValues | None = None
+) -> tuple[Loop, jax.Array]:
+    """The decode's ``Loop`` and its canvas attention mask [B, N] (the rows' own generation
+    lengths from ``values``, default all of the canvas; block-causal: the row's left padding
+    masked, every other position visible)."""
     if not mcfg.block_causal:
-        return _loop_for(model, prompt_mask.shape[1], mcfg, dcfg), _attention_mask(prompt_mask, dcfg.gen_length)
+        row_gen = None if values is None else values.num_blocks * dcfg.block_length
+        mask = _attention_mask(prompt_mask, dcfg.gen_length, row_gen)
+        return _loop_for(model, prompt_mask.shape[1], mcfg, dcfg), mask
     loop = _block_causal_loop(model, prompt_mask, mcfg, dcfg)
     index = jnp.arange(loop.total_length)[None, :]
     return loop, (index >= loop.layout.pad[:, None]).astype(jnp.int32)
 
 
-def _decode(model, prompt_ids, prompt_mask, key, mcfg: ModelConfig, dcfg: DecodeConfig, runner) -> DecodeOutput:
-    loop, attention_mask = loop_and_mask(model, prompt_mask, mcfg, dcfg)
-    state = runner(loop, prompt_ids, attention_mask, key)
+def row_inputs(key: jax.Array, values: RowValues | None, batch: int, dcfg: DecodeConfig):
+    """Per-row keys [B, 2] and values of a decode: ``key`` is one key for the batch (typed or raw:
+    row r draws from ``fold_in(key, r)``, as ``runtime.row_keys``) or the rows' raw keys [B, 2];
+    ``values`` default to ``dcfg``'s own for every row (constants of the program)."""
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    keys = key if key.ndim == 2 else jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(batch))
+    if values is None:
+        values = jax.tree.map(jnp.asarray, RowValues.of([dcfg] * batch))
+    return keys, values
+
+
+def _decode(model, prompt_ids, prompt_mask, key, values, mcfg: ModelConfig, dcfg: DecodeConfig, runner) -> DecodeOutput:
+    keys, values = row_inputs(key, values, prompt_ids.shape[0], dcfg)
+    loop, attention_mask = loop_and_mask(model, prompt_mask, mcfg, dcfg, values)
+    state = runner(loop, prompt_ids, attention_mask, keys, values)
     return finish(state, output_canvas(state.canvas, loop.layout, mcfg, dcfg))
 
 
 @partial(jax.jit, static_argnames=("graphdef", "mcfg", "dcfg"))
-def decode(graphdef, params, prompt_ids, prompt_mask, key, *, mcfg: ModelConfig, dcfg: DecodeConfig) -> DecodeOutput:
-    """Decode left-padded prompts [B, P] (mask [B, P]); compiled once per shape and settings."""
+def decode(
+    graphdef, params, prompt_ids, prompt_mask, key, values=None, *, mcfg: ModelConfig, dcfg: DecodeConfig
+) -> DecodeOutput:
+    """Decode left-padded prompts [B, P] (mask [B, P]); compiled once per shape and settings.
+    ``key``/``values``: ``row_inputs`` (the API passes per-row keys and values, and
+    ``runtime.program_settings`` as ``dcfg``)."""
     model = nnx.merge(graphdef, params)
-    return _decode(model, prompt_ids, prompt_mask, key, mcfg, dcfg, run_while_loop)
+    return _decode(model, prompt_ids, prompt_mask, key, values, mcfg, dcfg, run_while_loop)
 
 
-def decode_python_loop(model, prompt_ids, prompt_mask, key, *, mcfg: ModelConfig, dcfg: DecodeConfig) -> DecodeOutput:
+def decode_python_loop(
+    model, prompt_ids, prompt_mask, key, values=None, *, mcfg: ModelConfig, dcfg: DecodeConfig
+) -> DecodeOutput:
     """Same decode with a plain Python loop over the (separately jitted) ``step``; the test oracle."""
-    return _decode(model, prompt_ids, prompt_mask, key, mcfg, dcfg, run_python_loop)
+    return _decode(model, prompt_ids, prompt_mask, key, values, mcfg, dcfg, run_python_loop)
 
 
 # ---------------------------------------------------------------------------- block streaming
@@ -555,20 +651,21 @@ def decode_python_loop(model, prompt_ids, prompt_mask, key, *, mcfg: ModelConfig
 # each ``decode_blocks`` call runs ``step`` in one while_loop until every row that was decoding has
 # left its block or finished (one host round trip per block, none per step). Calling
 # ``decode_blocks`` until every row is done runs exactly the iterations of ``decode``, with the
-# same keys, so the outputs are the same.
+# same keys, so the outputs are the same. Between two calls ``decode_join`` writes new requests
+# into rows that are done (continuous batching): each decodes from there exactly as on its own.
 
 
 @partial(jax.jit, static_argnames=("graphdef", "mcfg", "dcfg"))
 def decode_start(
-    graphdef, params, prompt_ids, prompt_mask, key, live, *, mcfg: ModelConfig, dcfg: DecodeConfig
+    graphdef, params, prompt_ids, prompt_mask, keys, values, live, *, mcfg: ModelConfig, dcfg: DecodeConfig
 ) -> DecodeState:
     """The decode's first state (its first forward); rows where ``live`` [B] is false start done.
 
     Rows that start done are padding: a server pads a batch to one of a few compiled sizes, and a
     done row is frozen, gets no model calls of its own and does not hold the others back."""
     model = nnx.merge(graphdef, params)
-    loop, attention_mask = loop_and_mask(model, prompt_mask, mcfg, dcfg)
-    state = init_state(loop, prompt_ids, attention_mask, key)
+    loop, attention_mask = loop_and_mask(model, prompt_mask, mcfg, dcfg, values)
+    state = init_state(loop, prompt_ids, attention_mask, keys, values)
     return state.replace(done=~live)
 
 
@@ -576,8 +673,38 @@ def decode_start(
 def decode_blocks(graphdef, params, prompt_mask, state: DecodeState, *, mcfg: ModelConfig, dcfg: DecodeConfig):
     """Advance ``state`` until every row that was decoding has left its block or finished."""
     model = nnx.merge(graphdef, params)
-    loop, attention_mask = loop_and_mask(model, prompt_mask, mcfg, dcfg)
+    loop, attention_mask = loop_and_mask(model, prompt_mask, mcfg, dcfg, state.values)
     return run_until_block_ends(loop, attention_mask, state)
+
+
+@partial(jax.jit, static_argnames=("graphdef", "mcfg", "dcfg"), donate_argnames=("state",))
+def decode_join(
+    graphdef, params, prompt_ids, prompt_mask, state: DecodeState, join, keys, values, *, mcfg, dcfg: DecodeConfig
+) -> DecodeState:
+    """``state`` with the rows where ``join`` [B] is true started afresh on their new prompts
+    (``prompt_ids``/``prompt_mask`` [B, P]: the batch's, these rows' new), keys [B, 2] and values:
+    their canvas, counters and statistics reset, and marked fresh (their first forward comes with
+    the next call, stale with a cache, so the refresh fills their cache rows). No model call (the
+    model arguments are those of every compiled decode program, unused); the other rows are
+    unchanged. A joining row must be done (finished or padding)."""
+    layout = None if not mcfg.block_causal else layout_loop(mcfg, dcfg, prompt_mask).layout
+    batch = prompt_ids.shape[0]
+    zeros = jnp.zeros(batch, jnp.int32)
+    fresh = {
+        "canvas": initial_canvas(prompt_ids, layout, mcfg, dcfg),
+        "block": zeros,
+        "step": zeros,
+        "done": jnp.zeros(batch, bool),
+        "row_nfe": zeros,
+        "keys": keys,
+        "values": values,
+        "fresh": jnp.ones(batch, bool),
+        "stats": initial_stats(dcfg, batch),
+    }
+    if dcfg.cache != "none":
+        fresh["stale"] = jnp.ones(batch, bool)
+    current = {name: getattr(state, name) for name in fresh}
+    return state.replace(**_where_rows(join, fresh, current))
 
 
 def run_until_block_ends(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeState:
@@ -597,8 +724,24 @@ def final_blocks(block, done):
     return block + done.astype(block.dtype)
 
 
+@partial(jax.jit, static_argnames=("graphdef", "mcfg", "dcfg"))
+def decode_regroup(graphdef, params, state: DecodeState, index, *, mcfg: ModelConfig, dcfg: DecodeConfig):
+    """``state``'s rows ``index`` [S] (-1: an empty row, done) as a state of S rows: a running batch
+    moved to another compiled size (continuous batching). Each kept row is exactly as it was; no
+    model call (the model arguments are every compiled decode program's, unused)."""
+    empty = index < 0
+    rows = jnp.maximum(index, 0)
+    names = ("canvas", "pred", "block", "step", "row_nfe", "keys", "values", "fresh", "stats")
+    moved = {name: jax.tree.map(lambda a: jnp.take(a, rows, axis=0), getattr(state, name)) for name in names}
+    moved["done"] = jnp.take(state.done, rows) | empty
+    if state.cache is not None:
+        moved["cache"] = constrain_kv_cache(tuple(jnp.take(c, rows, axis=1) for c in state.cache), mcfg)
+        moved["stale"] = jnp.take(state.stale, rows) & ~empty
+    return state.replace(**moved)
+
+
 @partial(jax.jit, static_argnames=("mcfg", "dcfg"))
-def streamed(canvas, block, done, prompt_mask, *, mcfg, dcfg: DecodeConfig):
+def streamed(canvas, block, done, prompt_mask, num_blocks, *, mcfg, dcfg: DecodeConfig):
     """What a block-streaming caller reads of a state, computed on device (one dispatch per block):
     the canvas as ``output_canvas`` gives it, and per row the number of final ``block_length``
     pieces of its generated ids (``final_blocks``; block-causal: a row's blocks are offset by its
@@ -610,7 +753,7 @@ def streamed(canvas, block, done, prompt_mask, *, mcfg, dcfg: DecodeConfig):
     loop = layout_loop(mcfg, dcfg, prompt_mask)
     out = output_canvas(canvas, loop.layout, mcfg, dcfg)
     is_eos = out[:, loop.layout.padded_length :] == mcfg.eos_id
-    up_to_eos = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1) // dcfg.block_length + 1, dcfg.num_blocks)
+    up_to_eos = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1) // dcfg.block_length + 1, num_blocks)
     covered = (block + 1) * dcfg.block_length - loop.layout.tail  # generated ids up to the current block's end
     pieces = jnp.where(done, up_to_eos, (covered - dcfg.block_length) // dcfg.block_length)
-    return out, jnp.clip(pieces, 0, dcfg.num_blocks)
+    return out, jnp.clip(pieces, 0, num_blocks)

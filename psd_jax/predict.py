@@ -26,6 +26,7 @@ from models import ModelConfig
 
 from . import rules
 from .config import DecodeConfig
+from .runtime import RowValues, candidate_keys
 
 ENTROPY_EPS = 1e-10  # Dream's epsilon inside log for the entropy confidence
 
@@ -114,18 +115,23 @@ def needs_rps_fields(dcfg: DecodeConfig) -> bool:
     return dcfg.decoder == "rps"
 
 
-def logits_to_prediction(logits: jax.Array, key: jax.Array, mcfg: ModelConfig, dcfg: DecodeConfig) -> Prediction:
-    """Token choice and confidence from logits [M, N, V] (already shifted)."""
+def logits_to_prediction(
+    logits: jax.Array, keys: jax.Array, temperature: jax.Array, mcfg: ModelConfig, dcfg: DecodeConfig
+) -> Prediction:
+    """Token choice and confidence from logits [M, N, V] (already shifted); ``keys`` [M, 2] and
+    ``temperature`` [M] are each row's own (``runtime``): a row's draws do not depend on the others."""
     logits = logits.at[..., mcfg.mask_id].set(-jnp.inf)  # never predict [MASK]
     if dcfg.logits_eos_inf:
         logits = logits.at[..., mcfg.eos_id].set(-jnp.inf)
-    sample_key, conf_key = jax.random.split(key)
-    if dcfg.temperature > 0:
+    draws = jax.vmap(jax.random.split)(keys)
+    sample_keys, conf_keys = draws[:, 0], draws[:, 1]
+    token = jnp.argmax(logits, axis=-1)
+    if dcfg.temperature > 0:  # a sampling program: rows at temperature 0 stay greedy
         # Gumbel-max: argmax(l/T + G) samples softmax(l/T), as LLaDA's add_gumbel_noise does.
-        gumbel = jax.random.gumbel(sample_key, logits.shape, jnp.float32)
-        token = jnp.argmax(logits / dcfg.temperature + gumbel, axis=-1)
-    else:
-        token = jnp.argmax(logits, axis=-1)
+        gumbel = jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[1:], jnp.float32))(sample_keys)
+        t = temperature[:, None, None]
+        sampled = jnp.argmax(logits / jnp.where(t > 0, t, 1.0) + gumbel, axis=-1)
+        token = jnp.where(temperature[:, None] > 0, sampled, token)
     token = token.astype(jnp.int32)
     if dcfg.confidence_eos_eot_inf and mcfg.eot_id is not None:
         # As LLaDA's generate.py: the EOT logit is removed before the confidence softmax.
@@ -142,7 +148,7 @@ def logits_to_prediction(logits: jax.Array, key: jax.Array, mcfg: ModelConfig, d
     elif dcfg.confidence == "entropy":
         conf = -entropy
     else:  # random remasking
-        conf = jax.random.uniform(conf_key, token.shape, jnp.float32)
+        conf = jax.vmap(lambda k: jax.random.uniform(k, token.shape[1:], jnp.float32))(conf_keys)
     pred = Prediction(token=token, conf=conf.astype(jnp.float32), entropy=entropy)
     if needs_rps_fields(dcfg):
         topk_prob, topk_id = jax.lax.top_k(probs, dcfg.k_max)
@@ -160,14 +166,16 @@ def predict(
     canvases: jax.Array,
     attention_mask: jax.Array | None,
     prompt_length: int,
-    key: jax.Array,
+    keys: jax.Array,
+    values: RowValues,
     mcfg: ModelConfig,
     dcfg: DecodeConfig,
     window: LogitWindow | None = None,
 ) -> Prediction:
     """One model call over canvases [B, K, N]; returns a Prediction with leading dims [B, K].
 
-    ``window`` (per row [B]) limits the logits to the positions a decoder can commit."""
+    ``keys`` [B, 2] and ``values`` are the rows' own (``runtime``); ``window`` (per row [B]) limits
+    the logits to the positions a decoder can commit."""
     batch, k, n = canvases.shape
     flat = canvases.reshape(batch * k, n)
     mask = None if attention_mask is None else jnp.repeat(attention_mask, k, axis=0)
@@ -180,10 +188,13 @@ def predict(
         both_window = None if window is None else LogitWindow(jnp.concatenate([window.start] * 2), window.width)
         both, _ = model_logits(forward, jnp.concatenate([flat, uncond]), both_mask, prompt_length, shift, both_window)
         cond_logits, uncond_logits = jnp.split(both, 2)
-        logits = uncond_logits + (dcfg.cfg_scale + 1.0) * (cond_logits - uncond_logits)
+        scale = jnp.repeat(values.cfg_scale, k)[:, None, None]
+        logits = uncond_logits + (scale + 1.0) * (cond_logits - uncond_logits)
     else:
         logits, _ = model_logits(forward, flat, mask, prompt_length, shift, window)
-    pred = on_canvas(logits_to_prediction(logits, key, mcfg, dcfg), flat, prompt_length, window)
+    temperature = jnp.repeat(values.temperature, k)
+    pred = logits_to_prediction(logits, candidate_keys(keys, k), temperature, mcfg, dcfg)
+    pred = on_canvas(pred, flat, prompt_length, window)
     return jax.tree.map(lambda a: a.reshape(batch, k, *a.shape[1:]), pred)
 
 
@@ -201,15 +212,17 @@ def predict_prefill(
     canvas: jax.Array,
     attention_mask: jax.Array,
     prompt_length: int,
-    key: jax.Array,
+    keys: jax.Array,
+    values: RowValues,
     mcfg: ModelConfig,
     dcfg: DecodeConfig,
     window: LogitWindow | None = None,
 ):
-    """Full-canvas call [B, N] that also returns the KV cache: (Prediction [B, N], keys, values)."""
-    logits, (keys, values) = model_logits(prefill, canvas, attention_mask, prompt_length, mcfg.logit_shift, window)
-    pred = on_canvas(logits_to_prediction(logits, key, mcfg, dcfg), canvas, prompt_length, window)
-    return pred, keys, values
+    """Full-canvas call [B, N] that also returns the KV cache: (Prediction [B, N], cached keys,
+    cached values); ``keys`` [B, 2] are the rows' PRNG keys."""
+    logits, (k, v) = model_logits(prefill, canvas, attention_mask, prompt_length, mcfg.logit_shift, window)
+    pred = logits_to_prediction(logits, keys, values.temperature, mcfg, dcfg)
+    return on_canvas(pred, canvas, prompt_length, window), k, v
 
 
 def predict_window(
@@ -220,7 +233,8 @@ def predict_window(
     cache_mask: jax.Array,
     window_mask: jax.Array,
     out_length: int,
-    key: jax.Array,
+    keys: jax.Array,
+    values: RowValues,
     mcfg: ModelConfig,
     dcfg: DecodeConfig,
 ) -> Prediction:
@@ -228,5 +242,8 @@ def predict_window(
     window's first ``out_length`` positions (unshifted: the engine places them)."""
     logits = window(tokens, positions, cache[0], cache[1], cache_mask, window_mask, out_length)
     batch, m = tokens.shape[:2]
-    pred = logits_to_prediction(logits.reshape(batch * m, out_length, -1), key, mcfg, dcfg)
+    temperature = jnp.repeat(values.temperature, m)
+    pred = logits_to_prediction(
+        logits.reshape(batch * m, out_length, -1), candidate_keys(keys, m), temperature, mcfg, dcfg
+    )
     return jax.tree.map(lambda a: a.reshape(batch, m, *a.shape[1:]), pred)

@@ -21,6 +21,12 @@ docs/algorithms.md wording) on small random inputs, in both namespaces.
 Shapes: B rows, N canvas positions, D PSD levels, k RPS values; ``counts`` is the scheduled
 policies' per-step table as an array of ``xp`` (``step_counts`` on the host, moved once by the
 caller), ``None`` for the confidence-driven policies.
+
+Settings: ``dcfg`` decides the rule (policy, decoder, acceptance, depth, k_max, draft_rate, block
+length, eos_early_stop); the values a rule compares against (``threshold``, ``factor``, ``ratio``,
+``pivot_tau``, ``lam``, ``num_blocks``) are read from ``values``, which defaults to ``dcfg`` itself
+(Python numbers: the PyTorch backend) or is one array per row [B] (the engine's
+``runtime.RowValues``, so rows with different thresholds share one compiled program).
 """
 
 from __future__ import annotations
@@ -59,6 +65,19 @@ def one_hot(xp, index: Array, n: int) -> Array:
     return xp.astype(index[:, None] == _arange(xp, n, index)[None, :], xp.int32)
 
 
+def per_row(value: Any, ndim: int = 2) -> Any:
+    """A setting as a rule compares it against [B, ...] arrays of ``ndim`` dimensions: a Python
+    number as it is, one value per row [B] with ``ndim - 1`` trailing unit axes."""
+    if getattr(value, "ndim", 0) == 0:
+        return value
+    return value[(slice(None),) + (None,) * (ndim - 1)]
+
+
+def repeat_rows(values: Any, times: int) -> Any:
+    """``values`` for rows repeated ``times`` each ([B] -> [B * times]); Python numbers as they are."""
+    return values if isinstance(values, DecodeConfig) else values.repeat(times)
+
+
 def covering_index(xp, sizes: tuple[int, ...], most: Array) -> Array:
     """Index of the smallest of the ascending static ``sizes`` that is >= ``most`` (0-d): how many
     sizes fall short of it."""
@@ -91,13 +110,17 @@ def _isin(x: Array, values: tuple[int, ...]) -> Array:
     return out
 
 
-def advance(xp, canvas: Array, block: Array, step: Array, done: Array, prompt_length: int, mcfg, dcfg: DecodeConfig):
+def advance(
+    xp, canvas: Array, block: Array, step: Array, done: Array, prompt_length: int, mcfg, dcfg: DecodeConfig, values=None
+):
     """Rows whose block is complete move to the next block with step 0; a row stops after its last
-    block, or (``eos_early_stop``) after a complete block holding a stop token, every later
-    position then set to EOS (docs/algorithms.md "Decode loop"). Returns (canvas, block, step, done).
+    block (``values.num_blocks``: its own generation, in blocks), or (``eos_early_stop``) after a
+    complete block holding a stop token, every later position then set to EOS (docs/algorithms.md
+    "Decode loop"). Returns (canvas, block, step, done).
 
     ``mcfg`` is any family's config (``mask_id``, ``eos_id``, ``stop_ids``); the block-causal rule
     is the engine's own (``Loop._advance_block_causal``)."""
+    values = dcfg if values is None else values
     b = dcfg.block_length
     start = block_start(prompt_length, block, b)
     inside = in_block(xp, canvas.shape[-1], start, b)
@@ -105,7 +128,7 @@ def advance(xp, canvas: Array, block: Array, step: Array, done: Array, prompt_le
     eos_stop = complete & xp.any(inside & _isin(canvas, mcfg.stop_ids), axis=-1) & dcfg.eos_early_stop
     after = _arange(xp, canvas.shape[-1], canvas)[None, :] >= (start + b)[:, None]
     canvas = xp.where(eos_stop[:, None] & after, mcfg.eos_id, canvas)
-    new_done = done | eos_stop | (complete & (block + 1 >= dcfg.num_blocks))
+    new_done = done | eos_stop | (complete & (block + 1 >= values.num_blocks))
     block = xp.where(complete & ~new_done, block + 1, block)
     return canvas, block, xp.where(complete, 0, step), new_done
 
@@ -235,28 +258,31 @@ def threshold_schedule_mask(xp, conf: Array, valid: Array, rank: Array, k: Array
     return xp.where((xp.sum(sure, axis=-1) >= k)[:, None], sure, rank < k[:, None])
 
 
-def commit_mask(xp, conf: Array, valid: Array, step: Array, dcfg: DecodeConfig, counts: Array | None) -> Array:
+def commit_mask(
+    xp, conf: Array, valid: Array, step: Array, dcfg: DecodeConfig, counts: Array | None, values=None
+) -> Array:
     """The policy's commit set S for rows [B]: conf/valid [B, N], step [B] (docs/algorithms.md "Policies")."""
+    values = dcfg if values is None else values
     rank = ranks(xp, conf, valid)
     remaining = xp.sum(valid, axis=-1)
     if dcfg.policy in ("fixed", "dream"):
         chosen = rank < scheduled_count(xp, counts, step, remaining)[:, None]
     elif dcfg.policy == "threshold_schedule":
         k = scheduled_count(xp, counts, step, remaining)
-        chosen = threshold_schedule_mask(xp, conf, valid, rank, k, dcfg.threshold)
+        chosen = threshold_schedule_mask(xp, conf, valid, rank, k, per_row(values.threshold))
     elif dcfg.policy == "threshold":
         # Fast-dLLM get_transfer_index: the argmax position plus every position with c >= tau.
-        chosen = (rank == 0) | (conf >= dcfg.threshold)
+        chosen = (rank == 0) | (conf >= per_row(values.threshold))
     elif dcfg.policy == "factor":
-        chosen = rank < factor_count(xp, conf, valid, remaining, dcfg.factor)[:, None]
+        chosen = rank < factor_count(xp, conf, valid, remaining, per_row(values.factor))[:, None]
     else:
         raise ValueError(f"no commit rule for policy {dcfg.policy!r}")
     return chosen & valid
 
 
-def spatial_commit(xp, conf, token, canvas, valid, step, dcfg: DecodeConfig, counts):
+def spatial_commit(xp, conf, token, canvas, valid, step, dcfg: DecodeConfig, counts, values=None):
     """The policy step every decoder starts from: (commit mask S0 [B, N], canvas s0 [B, N])."""
-    chosen = commit_mask(xp, conf, valid, step, dcfg, counts)
+    chosen = commit_mask(xp, conf, valid, step, dcfg, counts, values)
     return chosen, xp.where(chosen, token, canvas)
 
 
@@ -299,7 +325,9 @@ def psd_candidates(xp, conf, token, s0, chosen, valid, step, dcfg: DecodeConfig,
     return candidates, levels, 1 + leading_true(xp, xp.any(levels, axis=-1))
 
 
-def psd_accepted(xp, levels, candidates, valid, verified_token, verified_conf, live, step, dcfg, counts, mask_id: int):
+def psd_accepted(
+    xp, levels, candidates, valid, verified_token, verified_conf, live, step, dcfg, counts, mask_id: int, values=None
+):
     """Hierarchical acceptance: per row the number of leading consistent levels [B] (0 for rows
     not ``live``). Level j is consistent when non-empty and F(s_{j-1})'s tokens
     (``verified_token[:, j - 1]``) equal its drafts; ``strict`` also asks that the policy run on
@@ -317,6 +345,7 @@ def psd_accepted(xp, levels, candidates, valid, verified_token, verified_conf, l
             xp.reshape(steps, (b * d,)),
             dcfg,
             counts,
+            repeat_rows(dcfg if values is None else values, d),
         )
         consistent = consistent & xp.all(xp.reshape(choice, (b, d, n)) == levels, axis=-1)
     return xp.where(live, leading_true(xp, consistent), 0)
@@ -325,20 +354,21 @@ def psd_accepted(xp, levels, candidates, valid, verified_token, verified_conf, l
 # --------------------------------------------------------------------------------------- RPS
 
 
-def rps_candidates(xp, topk_prob, topk_id, s0, chosen, valid, dcfg: DecodeConfig):
+def rps_candidates(xp, topk_prob, topk_id, s0, chosen, valid, dcfg: DecodeConfig, values=None):
     """RPS's branches from F(x)'s top-k (docs/algorithms.md "RPS"): (candidates [B, k+1, N], the
     leading candidates each row can choose [B], and for ``rps_winner`` and the statistics a dict:
     ``searched``/``found`` [B], ``pivot`` [B], ``branch_ok`` [B, k], ``log_p`` [B, k], ``others``
     [B, N] the remaining positions other than the pivot)."""
+    values = dcfg if values is None else values
     remaining = valid & ~chosen
     p = topk_prob  # [B, N, k]
     trunc_entropy = -xp.sum(p * xp.log(xp.clip(p, min=LOG_FLOOR)), axis=-1)
-    eligible = remaining & (xp.sum(p, axis=-1) >= dcfg.pivot_tau)
+    eligible = remaining & (xp.sum(p, axis=-1) >= per_row(values.pivot_tau))
     found = xp.any(eligible, axis=-1)
     pivot = xp.argmax(xp.where(eligible, trunc_entropy, -float("inf")), axis=-1)  # ties: lower position
     pivot_p = xp.take_along_axis(p, pivot[:, None, None], axis=1)[:, 0]  # [B, k]
     pivot_ids = xp.take_along_axis(topk_id, pivot[:, None, None], axis=1)[:, 0]
-    branch_ok = found[:, None] & (pivot_p >= dcfg.ratio * pivot_p[:, :1])
+    branch_ok = found[:, None] & (pivot_p >= per_row(values.ratio) * pivot_p[:, :1])
     at_pivot = _arange(xp, s0.shape[-1], s0)[None, :] == pivot[:, None]  # [B, N]
     branches = xp.where(at_pivot[:, None, :], pivot_ids[:, :, None], s0[:, None, :])  # [B, k, N]
     state = {
@@ -353,15 +383,16 @@ def rps_candidates(xp, topk_prob, topk_id, s0, chosen, valid, dcfg: DecodeConfig
     return candidates, 1 + leading_true(xp, branch_ok), state
 
 
-def rps_winner(xp, others, entropy, log_p, branch_ok, live, lam: float) -> Array:
+def rps_winner(xp, others, entropy, log_p, branch_ok, live, lam) -> Array:
     """Per row the winning branch [B] (0: MASK; 0 for rows not ``live``): the valid branch with the
     best -mean entropy of ``others`` under its forward (``entropy`` [B, k+1, N]) + lam * log p of
-    the pivot value under F(x); ties to the lower branch, so to MASK first."""
+    the pivot value under F(x); ties to the lower branch, so to MASK first. ``lam``: a number, or
+    one per row [B]."""
     others = others[:, None, :]  # R \ {i*}
     n_others = xp.clip(xp.sum(others, axis=-1), min=1)
     mean_entropy = xp.sum(xp.where(others, entropy, 0.0), axis=-1) / n_others  # [B, K]
     plausibility = xp.concat([xp.zeros_like(log_p[:, :1]), log_p], axis=1)
-    score = -mean_entropy + lam * plausibility
+    score = -mean_entropy + per_row(lam) * plausibility
     ok = xp.concat([xp.ones_like(branch_ok[:, :1]), branch_ok], axis=1)
     winner = xp.argmax(xp.where(ok, score, -float("inf")), axis=-1)
     return xp.where(live, winner, 0)

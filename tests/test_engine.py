@@ -11,7 +11,7 @@ import pytest
 
 from psd_jax import DecodeConfig, DecodeConfigError, InputError, load_model
 from psd_jax.api import LoadedModel
-from psd_jax.engine import decode, decode_python_loop
+from psd_jax.engine import decode, decode_python_loop, row_inputs
 from psd_jax.generate import main as cli_main
 from psd_jax.predict import predict
 
@@ -133,7 +133,9 @@ def test_cfg_combines_conditional_and_unconditional_logits(lms):
     canvas = jnp.asarray([PROMPTS[0] + [lm.config.mask_id] * 8])
     p = len(PROMPTS[0])
     settings = DecodeConfig(gen_length=8, block_length=8, cfg_scale=2.0)
-    pred = predict(lm.model, canvas[:, None], None, p, jax.random.key(0), lm.config, settings)
+    pred = predict(
+        lm.model, canvas[:, None], None, p, *row_inputs(jax.random.key(0), None, 1, settings), lm.config, settings
+    )
     uncond = canvas.at[:, :p].set(lm.config.mask_id)
     cond_l, uncond_l = np.asarray(lm.logits(canvas)), np.asarray(lm.logits(uncond))
     mixed = uncond_l + 3.0 * (cond_l - uncond_l)
@@ -155,7 +157,9 @@ def test_prediction_reads_only_the_generated_positions_logits(lms, name):
     expected = full[:, p - shift : full.shape[1] - shift].copy()
     expected[..., lm.config.mask_id] = -np.inf
     settings = DecodeConfig(gen_length=8, block_length=8)
-    pred = predict(lm.model, canvas[:, None], None, p, jax.random.key(0), lm.config, settings)
+    pred = predict(
+        lm.model, canvas[:, None], None, p, *row_inputs(jax.random.key(0), None, 1, settings), lm.config, settings
+    )
     assert pred.token.shape == pred.conf.shape == (1, 1, p + 8)
     np.testing.assert_array_equal(np.asarray(pred.token[0, 0, p:]), expected[0].argmax(-1))
     np.testing.assert_array_equal(np.asarray(pred.token[0, 0, :p]), PROMPTS[0])

@@ -463,9 +463,9 @@ def test_requests_that_cannot_run_fail_before_any_decode(
 
 
 def test_gen_kwargs_temperature_and_do_sample_reach_the_decode(tmp_path, harness_in_process, monkeypatch):
-    """--gen_kwargs temperature=1.5 over two local tasks: the one whose config says do_sample: false
-    decodes greedily (the model arguments' settings, and greedy's text), the other samples at 1.5
-    (its settings carry the temperature, and its text is generate's at 1.5 with the run's seed)."""
+    """--gen_kwargs temperature=3.0 over two local tasks: the one whose config says do_sample: false
+    decodes greedily (the model arguments' settings, and greedy's text), the other samples at 3.0
+    (its settings carry the temperature, and its text is generate's at 3.0 with the run's seed)."""
     from psd_jax.api import LoadedModel
     from psd_jax.evaluate.harness import CREATED
 
@@ -483,15 +483,15 @@ def test_gen_kwargs_temperature_and_do_sample_reach_the_decode(tmp_path, harness
     tasks = ["--tasks", "greedy,sampled", "--include_path", str(tmp_path / "tasks"), "--apply_chat_template"]
     run = ["--batch_size", "2", "--log_samples", "--output_path", str(tmp_path / "out")]
     code = harness_in_process(
-        [*tasks, *run, "--gen_kwargs", "temperature=1.5", "--model_args", "gen_length=16,block_length=16"]
+        [*tasks, *run, "--gen_kwargs", "temperature=3.0", "--model_args", "gen_length=16,block_length=16"]
     )
-    assert code == 0 and sorted(calls) == [0.0, 1.5]
+    assert code == 0 and sorted(calls) == [0.0, 3.0]
     model = CREATED[-1]
     ids = [model._encode(model.apply_chat_template([{"role": "user", "content": r["question"]}])) for r in rows]
     base = model.args.settings
     assert base.temperature == 0.0
     greedy = [g.text for g in original(model.lm, ids, base, seed=model.args.seed)]
-    sampled = [g.text for g in original(model.lm, ids, base.replace(temperature=1.5), seed=model.args.seed)]
+    sampled = [g.text for g in original(model.lm, ids, base.replace(temperature=3.0), seed=model.args.seed)]
     assert [s["resps"][0][0] for s in samples(tmp_path / "out", "greedy")] == greedy and all(greedy)
     assert [s["resps"][0][0] for s in samples(tmp_path / "out", "sampled")] == sampled
     assert sampled != greedy  # the temperature changed the decode, not only the settings

@@ -11,6 +11,7 @@ import jax
 from ..config import DECODERS as DECODER_NAMES
 from ..config import DecodeConfig
 from ..predict import Prediction
+from ..runtime import RowValues
 from .base import Choice, Decoder, Proposal, forward_size_index, forward_sizes, spatial_commit, zero_stats
 from .plain import Plain
 from .psd import PSD, PSDState
@@ -20,8 +21,10 @@ DECODERS: dict[str, type] = {"plain": Plain, "psd": PSD, "rps": RPS}
 assert tuple(DECODERS) == DECODER_NAMES, "config.DECODERS lists the decoders' names"
 
 
-def decoder_for(dcfg: DecodeConfig) -> Decoder:
-    return DECODERS[dcfg.decoder](dcfg)
+def decoder_for(dcfg: DecodeConfig, values: RowValues | None = None) -> Decoder:
+    """The decoder of ``dcfg``; ``values`` (one per row, ``runtime.RowValues``) replace the
+    settings' own runtime values (threshold, ratio, ...)."""
+    return DECODERS[dcfg.decoder](dcfg, values)
 
 
 def initial_stats(dcfg: DecodeConfig, batch: int) -> dict[str, jax.Array]:
@@ -29,17 +32,30 @@ def initial_stats(dcfg: DecodeConfig, batch: int) -> dict[str, jax.Array]:
     return zero_stats(decoder_for(dcfg), batch)
 
 
-def propose(pred: Prediction, canvas: jax.Array, valid: jax.Array, step: jax.Array, dcfg: DecodeConfig) -> Proposal:
+def propose(
+    pred: Prediction,
+    canvas: jax.Array,
+    valid: jax.Array,
+    step: jax.Array,
+    dcfg: DecodeConfig,
+    values: RowValues | None = None,
+) -> Proposal:
     """The policy's commit and the decoder's candidates built on it (no model call)."""
-    chosen, s0 = spatial_commit(pred, canvas, valid, step, dcfg)
-    return decoder_for(dcfg).candidates(pred, s0, chosen, valid, step)
+    chosen, s0 = spatial_commit(pred, canvas, valid, step, dcfg, values)
+    return decoder_for(dcfg, values).candidates(pred, s0, chosen, valid, step)
 
 
 def choose(
-    proposal: Proposal, preds: Prediction, live: jax.Array, step: jax.Array, dcfg: DecodeConfig, mask_id: int
+    proposal: Proposal,
+    preds: Prediction,
+    live: jax.Array,
+    step: jax.Array,
+    dcfg: DecodeConfig,
+    mask_id: int,
+    values: RowValues | None = None,
 ) -> Choice:
     """Pick one candidate per row given the forward of every candidate (``preds`` [B, K, N])."""
-    return decoder_for(dcfg).choose(proposal, preds, live, step, mask_id)
+    return decoder_for(dcfg, values).choose(proposal, preds, live, step, mask_id)
 
 
 __all__ = [

@@ -42,6 +42,7 @@ class Decoder(Protocol):
     """A decoder: its candidates, its choice among their forwards, and its statistics."""
 
     dcfg: DecodeConfig
+    values: Any  # runtime.RowValues (one value per row) or None (the settings' own)
 
     @property
     def branches(self) -> int:
@@ -59,9 +60,12 @@ class Decoder(Protocol):
         """One candidate per row given the forward of every candidate (``preds`` [B, K, N])."""
 
 
-def spatial_commit(pred: Prediction, canvas: jax.Array, valid: jax.Array, step: jax.Array, dcfg: DecodeConfig):
-    """The policy step shared by every decoder: (commit mask S0, canvas s0)."""
-    return rules.spatial_commit(jnp, pred.conf, pred.token, canvas, valid, step, dcfg, count_table(dcfg))
+def spatial_commit(
+    pred: Prediction, canvas: jax.Array, valid: jax.Array, step: jax.Array, dcfg: DecodeConfig, values=None
+):
+    """The policy step shared by every decoder: (commit mask S0, canvas s0); ``values``: per-row
+    runtime values (``runtime.RowValues``), else the settings' own."""
+    return rules.spatial_commit(jnp, pred.conf, pred.token, canvas, valid, step, dcfg, count_table(dcfg), values)
 
 
 def zero_stats(decoder: Decoder, batch: int) -> dict[str, jax.Array]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +16,7 @@ from .base import Choice, Proposal
 @dataclasses.dataclass(frozen=True)
 class Plain:
     dcfg: DecodeConfig
+    values: Any = None  # runtime.RowValues (one value per row), or None: the settings' own
 
     @property
     def branches(self) -> int:

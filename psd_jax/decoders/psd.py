@@ -11,6 +11,7 @@ deepest level whose drafted tokens the verifier ``F(s_{j-1})`` reproduces (``tok
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +32,7 @@ class PSDState:
 @dataclasses.dataclass(frozen=True)
 class PSD:
     dcfg: DecodeConfig
+    values: Any = None  # runtime.RowValues (one value per row), or None: the settings' own
 
     @property
     def branches(self) -> int:
@@ -53,7 +55,7 @@ class PSD:
         levels = proposal.state.levels
         accepted = rules.psd_accepted(
             jnp, levels, proposal.candidates, proposal.valid, preds.token, preds.conf, live, step, dcfg,
-            count_table(dcfg), mask_id,
+            count_table(dcfg), mask_id, self.values,
         )  # fmt: skip
         hist = rules.one_hot(jnp, accepted, dcfg.depth + 1) * live[:, None]
         return Choice(accepted, 1 + accepted, {"accepted_depth": hist})

@@ -13,6 +13,7 @@ wins, ties to MASK. The rules are ``psd_jax.rules`` (``rps_candidates``, ``rps_w
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +38,7 @@ class RPSState:
 @dataclasses.dataclass(frozen=True)
 class RPS:
     dcfg: DecodeConfig
+    values: Any = None  # runtime.RowValues (one value per row), or None: the settings' own
 
     @property
     def branches(self) -> int:
@@ -54,12 +56,13 @@ class RPS:
         self, pred: Prediction, s0: jax.Array, chosen: jax.Array, valid: jax.Array, step: jax.Array
     ) -> Proposal:
         candidates, needed, state = rules.rps_candidates(
-            jnp, pred.topk_prob, pred.topk_id, s0, chosen, valid, self.dcfg
+            jnp, pred.topk_prob, pred.topk_id, s0, chosen, valid, self.dcfg, self.values
         )
         return Proposal(candidates, s0, valid, needed, RPSState(**state))
 
     def choose(self, proposal: Proposal, preds: Prediction, live: jax.Array, step: jax.Array, mask_id: int) -> Choice:
         s: RPSState = proposal.state
-        winner = rules.rps_winner(jnp, s.others, preds.entropy, s.log_p, s.branch_ok, live, self.dcfg.lam)
+        lam = (self.dcfg if self.values is None else self.values).lam
+        winner = rules.rps_winner(jnp, s.others, preds.entropy, s.log_p, s.branch_ok, live, lam)
         stats = rules.rps_stats(jnp, s.searched, s.found, winner, live, self.dcfg.k_max)
         return Choice(winner, jnp.ones_like(winner), stats)

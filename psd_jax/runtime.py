@@ -1,0 +1,90 @@
+"""Per-row runtime values of a decode: the settings that change no shape, as arrays.
+
+A compiled decode is selected by the settings that set shapes or code paths (lengths, block length,
+policy, decoder, cache, depth, k_max, confidence, steps, whether a row samples or is guided):
+``program_settings``. The values the rules compare against (threshold, factor, temperature, cfg
+scale, RPS's ratio, pivot_tau and lam), each row's own generation length within the canvas, and
+each row's PRNG key are arrays with one entry per row (``RowValues``, ``row_keys``), inputs of the
+compiled program. So rows with different thresholds or temperatures share one batch, a new value
+never compiles, and a row sharing a batch with longer requests decodes exactly its own length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from .config import DecodeConfig
+
+# DecodeConfig fields read at run time from ``RowValues`` instead of the compiled settings.
+RUNTIME_FIELDS = ("threshold", "factor", "temperature", "cfg_scale", "ratio", "pivot_tau", "lam")
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DecodeConfig)}
+
+
+def program_settings(settings: DecodeConfig, gen_length: int | None = None) -> DecodeConfig:
+    """The settings that select a compiled program for ``settings``: every runtime value at its
+    default, except that ``temperature`` and ``cfg_scale`` keep whether they are on (1.0: sampling,
+    guided; the code differs), and ``gen_length`` is the canvas's (``None``: the settings' own).
+    ``steps`` stays: it sets the schedule's count table, a constant of the program."""
+    changes = {name: _DEFAULTS[name] for name in RUNTIME_FIELDS}
+    changes["temperature"] = 1.0 if settings.temperature > 0 else 0.0
+    changes["cfg_scale"] = 1.0 if settings.cfg_scale > 0 else 0.0
+    if gen_length is not None and gen_length != settings.gen_length:
+        if gen_length % settings.block_length or gen_length < settings.gen_length:
+            raise ValueError(
+                f"canvas gen_length {gen_length} must be a multiple of block_length {settings.block_length} "
+                f">= the row's {settings.gen_length}"
+            )
+        changes["gen_length"] = gen_length
+        if settings.steps is not None and settings.policy in ("fixed", "dream"):
+            changes["steps"] = settings.steps_per_block * (gen_length // settings.block_length)
+    return dataclasses.replace(settings, **changes)
+
+
+@struct.dataclass
+class RowValues:
+    """One value per row [B] of each runtime setting, and each row's generation in blocks."""
+
+    threshold: jax.Array
+    factor: jax.Array
+    temperature: jax.Array
+    cfg_scale: jax.Array
+    ratio: jax.Array
+    pivot_tau: jax.Array
+    lam: jax.Array
+    num_blocks: jax.Array  # int32: the row's gen_length / block_length (its last block + 1)
+
+    @classmethod
+    def of(cls, settings: Sequence[DecodeConfig]) -> RowValues:
+        """Host arrays of the rows' settings (one ``DecodeConfig`` per row)."""
+        fields = {name: np.asarray([getattr(s, name) for s in settings], np.float32) for name in RUNTIME_FIELDS}
+        return cls(**fields, num_blocks=np.asarray([s.num_blocks for s in settings], np.int32))
+
+    def repeat(self, times: int) -> RowValues:
+        """Each row's values ``times`` times in a row ([B] -> [B * times])."""
+        return jax.tree.map(lambda a: jnp.repeat(a, times, axis=0), self)
+
+
+def row_keys(seeds: Sequence[int], rows: Sequence[int]) -> np.ndarray:
+    """Raw PRNG keys [B, 2] (uint32): row ``rows[i]`` of a batch drawn with seed ``seeds[i]``. A
+    row's draws depend only on its key, so ``generate(prompts, seed=s)``'s row r and a server row
+    with seed s at r = 0 draw the same, whatever shares their batch."""
+    base = jax.vmap(jax.random.PRNGKey)(jnp.asarray(np.asarray(seeds, np.uint32)))
+    return np.asarray(jax.vmap(jax.random.fold_in)(base, jnp.asarray(np.asarray(rows, np.int32))))
+
+
+def split_rows(keys: jax.Array, n: int) -> jax.Array:
+    """Each row's raw key [B, 2] split in ``n``: [n, B, 2] (the first is the row's next key)."""
+    return jnp.moveaxis(jax.vmap(lambda k: jax.random.split(k, n))(keys), 1, 0)
+
+
+def candidate_keys(keys: jax.Array, k: int) -> jax.Array:
+    """Raw keys [B * K, 2] of the K candidates of each row: the row's key folded with the candidate
+    index, so a candidate draws the same however many of a row's candidates a call forwards."""
+    folded = jax.vmap(lambda key: jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(k)))(keys)
+    return folded.reshape(-1, keys.shape[-1])
