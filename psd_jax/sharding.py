@@ -117,9 +117,10 @@ def param_shardings(cfg: ModelConfig | LLaDA2Config, mesh: Mesh) -> dict[str, Na
 
 
 def batch_sharding(mesh: Mesh, batch: int) -> NamedSharding:
-    """Rows [B, P] over ``row_axes``: ``data`` (and ``expert`` on an expert mesh) when it divides
-    the batch, else replicated."""
-    return NamedSharding(mesh, PartitionSpec(row_axes(dict(mesh.shape), batch), None))
+    """Row-major arrays [B, ...] of any rank (prompts, keys, per-row values) with rows over
+    ``row_axes``: ``data`` (and ``expert`` on an expert mesh) when it divides the batch, else
+    replicated; the other dimensions whole."""
+    return NamedSharding(mesh, PartitionSpec(row_axes(dict(mesh.shape), batch)))
 
 
 def bytes_per_device(cfg: ModelConfig | LLaDA2Config, mesh: Mesh, itemsize: int = 2) -> int:

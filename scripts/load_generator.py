@@ -1,15 +1,22 @@
-"""Load generator for ``python -m psd_jax.serve``: C concurrent clients send a fixed number of
-streamed completion requests and it reports requests/s, output tokens/s, p50/p95 latency and time
-to first chunk, next to the same prompts sent one at a time (C = 1).
+"""Load generator for ``python -m psd_jax.serve``: streamed completion requests, closed-loop
+(C concurrent clients) or open-loop (Poisson arrivals at R requests/s), reporting requests/s,
+output tokens/s, p50/p95 latency and time to first chunk, next to the same prompts sent one at a
+time (C = 1).
 
     python -m scripts.load_generator --url http://127.0.0.1:8000 --concurrency 1,4,16 --requests 64
-    python -m scripts.load_generator --serve "--policy threshold --max-batch 16" --concurrency 1,4,16
+    python -m scripts.load_generator --serve "--policy threshold --max-batch 16" --concurrency 1,4,16 \
+        --batching static,continuous --max-tokens-mix 16,32,48
+    python -m scripts.load_generator --serve "--policy threshold" --rate 20,40 --requests 64
 
 ``--serve ARGS`` starts the server itself (``python -m psd_jax.serve ARGS`` on a free 127.0.0.1
-port), waits for it and stops it at the end. Every level first sends one unmeasured round of C
-requests, so measurements see no compilation. Bounded: ``--requests`` per level, a timeout per
-request and ``--max-seconds`` per level. Prompts are the questions of a jsonl (default: the
-shipped model's held-out set), taken in order and repeated if needed.
+port), waits for it and stops it at the end; with ``--batching static,continuous`` it starts one
+server per batching mode (``--batching MODE`` added to ARGS) and runs the same load against each,
+one after the other, so the modes are compared in one run. ``--max-tokens-mix 16,32,48`` gives
+request i the i-th length of a seeded shuffle of the list repeated (the same for every mode).
+Every level first sends one unmeasured round, so measurements see no compilation. Bounded:
+``--requests`` per level, a timeout per request and ``--max-seconds`` per level. Prompts are the
+questions of a jsonl (default: the shipped model's held-out set), taken in order and repeated if
+needed.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import random
 import shlex
 import socket
 import subprocess
@@ -41,9 +49,19 @@ def build_parser() -> ArgumentParser:
     where.add_argument("--url", default="http://127.0.0.1:8000", help="a running server")
     where.add_argument("--serve", metavar="ARGS", help="start python -m psd_jax.serve ARGS and measure it")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts (1 is always run)")
+    p.add_argument(
+        "--rate",
+        help="comma-separated open-loop arrival rates in requests/s (Poisson arrivals), run after the client counts",
+    )
+    p.add_argument(
+        "--batching",
+        help="with --serve: comma-separated batching modes (static, continuous), one server each, the same load",
+    )
     p.add_argument("--requests", type=positive_int, default=64, help="measured requests per concurrency level")
     p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="jsonl with a question field per line")
     p.add_argument("--max-tokens", type=positive_int, help="max_tokens of every request (default: the server's)")
+    p.add_argument("--max-tokens-mix", help="comma-separated max_tokens values mixed over the requests (seeded)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the length mix and the arrival times")
     p.add_argument("--extra", default="{}", help='JSON object of extra body fields, e.g. \'{"decoder": "psd"}\'')
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     p.add_argument("--max-seconds", type=float, default=900.0, help="seconds per concurrency level")
@@ -56,8 +74,25 @@ def load_prompts(path: Path, n: int) -> list[str]:
     return [questions[i % len(questions)] for i in range(n)]
 
 
-def one_request(api: openai.OpenAI, model: str, prompt: str, body: dict) -> dict:
+def length_mix(lengths: list[int] | None, n: int, seed: int) -> list[int | None]:
+    """Request i's max_tokens: a seeded shuffle of ``lengths`` repeated to ``n`` (None: the server's)."""
+    if not lengths:
+        return [None] * n
+    mix = [lengths[i % len(lengths)] for i in range(n)]
+    random.Random(seed).shuffle(mix)
+    return mix
+
+
+def arrival_times(rate: float, n: int, seed: int) -> list[float]:
+    """Seconds from the start at which each of ``n`` open-loop requests is sent: a Poisson process."""
+    rng = np.random.default_rng(seed)
+    return np.cumsum(rng.exponential(1.0 / rate, n)).tolist()
+
+
+def one_request(api: openai.OpenAI, model: str, prompt: str, body: dict, max_tokens: int | None = None) -> dict:
     """One streamed completion: latency, time to first chunk, output tokens."""
+    if max_tokens is not None:
+        body = {**body, "max_tokens": max_tokens}
     start = time.perf_counter()
     first, usage = None, None
     stream = api.completions.create(
@@ -71,15 +106,27 @@ def one_request(api: openai.OpenAI, model: str, prompt: str, body: dict) -> dict
     return {"latency": time.perf_counter() - start, "first_chunk": first, "tokens": usage.completion_tokens}
 
 
-def run_level(url: str, model: str, prompts: list[str], clients: int, body: dict, args) -> dict:
-    """``clients`` threads share the requests; one unmeasured round first."""
+def run_level(
+    url: str, model: str, prompts: list[str], clients: int, body: dict, args, rate: float | None = None
+) -> dict:
+    """``clients`` threads share the requests (closed loop), or with ``rate`` every request is sent
+    at its Poisson arrival time (open loop, as many threads as requests in flight); one unmeasured
+    round first."""
     api = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=args.timeout)
-    send = lambda p: one_request(api, model, p, body)  # noqa: E731
-    with ThreadPoolExecutor(clients) as pool:
-        list(pool.map(send, prompts[:clients]))
+    lengths = length_mix(args.lengths, len(prompts), args.seed)
+    send = lambda p, n=None: one_request(api, model, p, body, n)  # noqa: E731
+    workers = clients if rate is None else len(prompts)
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(send, prompts[: min(clients, len(prompts))], lengths))
         before = httpx.get(f"{url}/health", timeout=args.timeout).json()
         start = time.perf_counter()
-        futures = [pool.submit(send, p) for p in prompts]
+        if rate is None:
+            futures = [pool.submit(send, p, n) for p, n in zip(prompts, lengths)]
+        else:
+            futures = []
+            for p, n, at in zip(prompts, lengths, arrival_times(rate, len(prompts), args.seed)):
+                time.sleep(max(0.0, at - (time.perf_counter() - start)))
+                futures.append(pool.submit(send, p, n))
         results = [f.result(timeout=max(args.max_seconds - (time.perf_counter() - start), 1)) for f in futures]
         wall = time.perf_counter() - start
     after = httpx.get(f"{url}/health", timeout=args.timeout).json()
@@ -87,7 +134,8 @@ def run_level(url: str, model: str, prompts: list[str], clients: int, body: dict
     first = np.array([r["first_chunk"] for r in results])
     batches = after["batches"] - before["batches"]
     return {
-        "concurrency": clients,
+        "concurrency": clients if rate is None else None,
+        "rate": rate,
         "requests": len(results),
         "seconds": wall,
         "requests_per_s": len(results) / wall,
@@ -102,16 +150,21 @@ def run_level(url: str, model: str, prompts: list[str], clients: int, body: dict
     }
 
 
+def level_name(row: dict) -> str:
+    return f"{row['concurrency']} clients" if row["rate"] is None else f"{row['rate']:g}/s arrivals"
+
+
 def table(rows: list[dict]) -> str:
-    base = rows[0]
+    """One line per (batching mode, level); "vs one at a time" against the mode's own 1-client level."""
     lines = [
-        "| clients | requests/s | output tokens/s | vs one at a time | p50 latency s | p95 latency s "
+        "| batching | load | requests/s | output tokens/s | vs one at a time | p50 latency s | p95 latency s "
         "| p50 first chunk s | p95 first chunk s | mean batch |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
+        base = next(b for b in rows if b["batching"] == r["batching"] and b["concurrency"] == 1)
         lines.append(
-            f"| {r['concurrency']} | {r['requests_per_s']:.2f} | {r['tokens_per_s']:.1f} "
+            f"| {r['batching']} | {level_name(r)} | {r['requests_per_s']:.2f} | {r['tokens_per_s']:.1f} "
             f"| {r['tokens_per_s'] / base['tokens_per_s']:.2f}x | {r['latency_p50']:.3f} | {r['latency_p95']:.3f} "
             f"| {r['first_chunk_p50']:.3f} | {r['first_chunk_p95']:.3f} | {r['mean_batch']:.1f} |"
         )
@@ -147,22 +200,38 @@ def started_server(serve_args: str):
             process.kill()
 
 
+def _numbers(text: str | None, kind) -> list:
+    return [kind(t) for t in (text or "").split(",") if t.strip()]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        levels = sorted({1, *(positive_int(c) for c in args.concurrency.split(",") if c.strip())})
+        levels = sorted({1, *_numbers(args.concurrency, positive_int)})
+        rates = _numbers(args.rate, float)
+        args.lengths = _numbers(args.max_tokens_mix, positive_int)
         body = json.loads(args.extra)
-    except (argparse.ArgumentTypeError, json.JSONDecodeError) as exc:
-        parser.error(f"--concurrency or --extra: {exc}")
+    except (argparse.ArgumentTypeError, ValueError) as exc:
+        parser.error(f"--concurrency, --rate, --max-tokens-mix or --extra: {exc}")
     if not isinstance(body, dict):
         parser.error("--extra must be a JSON object")
+    if any(not r > 0 for r in rates):
+        parser.error(f"--rate values must be positive, got {args.rate}")
+    modes = [m.strip() for m in (args.batching or "").split(",") if m.strip()] or [None]
+    if modes != [None] and args.serve is None:
+        parser.error("--batching needs --serve (it starts one server per mode)")
     if args.max_tokens is not None:
         body["max_tokens"] = args.max_tokens
     prompts = load_prompts(args.prompts, args.requests)
-    with started_server(args.serve) if args.serve is not None else contextlib.nullcontext(args.url) as url:
-        model = httpx.get(f"{url}/v1/models", timeout=args.timeout).json()["data"][0]["id"]
-        rows = [run_level(url, model, prompts, c, body, args) for c in levels]
+    rows = []
+    for mode in modes:
+        serve = None if args.serve is None else args.serve + ("" if mode is None else f" --batching {mode}")
+        with started_server(serve) if serve is not None else contextlib.nullcontext(args.url) as url:
+            model = httpx.get(f"{url}/v1/models", timeout=args.timeout).json()["data"][0]["id"]
+            measured = [run_level(url, model, prompts, c, body, args) for c in levels]
+            measured += [run_level(url, model, prompts, 1, body, args, rate) for rate in rates]
+        rows += [{"batching": mode or "server's", **row} for row in measured]
     print(table(rows))
     if args.json:
         args.json.write_text(json.dumps({"server": args.serve, "extra": body, "levels": rows}, indent=1))

@@ -187,7 +187,9 @@ def test_models_and_health(server):
     models = client(server).models.list()
     assert [m.id for m in models.data] == ["default"]
     state = health(server)
-    assert state["status"] == "ok" and state["compiles"] == len(SIZES)  # the defaults, compiled at start-up
+    assert state["status"] == "ok" and state["batching"] == "continuous"
+    # the defaults' programs, compiled at start-up: start, block call and join per size, the moves between sizes
+    assert state["compiles"] == state["compiled_programs"] == 3 * len(SIZES) + len(SIZES) * (len(SIZES) - 1)
 
 
 def test_greedy_completions_and_chat_equal_generate(server, lm, defaults):
@@ -225,6 +227,25 @@ def test_streamed_chunks_join_to_the_answer_one_per_block(server, lm, defaults):
             )
         ]
         assert deltas[0].role == "assistant" and "".join(d.content for d in deltas) == want.text
+
+
+def test_rows_of_other_lengths_and_thresholds_share_batches_and_equal_generate(server, lm, defaults):
+    """Continuous batching: concurrent requests with max_tokens 16/32/48 and three thresholds run in
+    the programs compiled at start-up (runtime values, one canvas of 48), each its own generate's."""
+    api = client(server)
+    asks = [
+        dict(prompt=q, max_tokens=(16, 32, 48)[i % 3], extra_body={"threshold": (0.9, 0.6, 0.75)[i % 4 % 3]})
+        for i, q in enumerate(QUESTIONS[:12])
+    ]
+    programs = health(server)["compiled_programs"]
+    ask = lambda kw: api.completions.create(model="default", **kw).choices[0]  # noqa: E731
+    with ThreadPoolExecutor(len(asks)) as pool:
+        got = list(pool.map(ask, asks))
+    assert health(server)["compiled_programs"] == programs
+    for kw, choice in zip(asks, got):
+        settings = defaults.replace(gen_length=kw["max_tokens"], **kw["extra_body"])
+        (want,) = lm.generate([kw["prompt"]], settings, prompt_bucket=BUCKET)
+        assert (choice.text, choice.token_ids) == (want.text, want.output_ids[: want.tokens]), kw
 
 
 def test_stop_strings_cut_the_text(server, lm, defaults):
@@ -310,13 +331,13 @@ def wait_for(url: str, **want) -> None:
 
 
 def test_full_queue_is_503(lm, defaults, monkeypatch):
-    gate, real = threading.Event(), lm.start_blocks
+    gate, real = threading.Event(), lm.start_rows
 
     def gated(*args, **kwargs):  # decodes wait until the test has filled the queue
         gate.wait(TIMEOUT_S)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(lm, "start_blocks", gated)
+    monkeypatch.setattr(lm, "start_rows", gated)
     app = build_app(lm, defaults, name="default", batch_sizes=SIZES, max_queue=1, max_wait_ms=0, prompt_bucket=BUCKET)
     with running(app) as url, ThreadPoolExecutor(2) as pool:
         try:
@@ -336,23 +357,24 @@ def test_full_queue_is_503(lm, defaults, monkeypatch):
 
 
 def test_a_failing_decode_fails_only_its_requests(server, lm, monkeypatch):
-    fail, real = [7, 8, 9], lm.start_blocks
+    fail, real = [7, 8, 9], lm.start_rows
 
     def failing(prompts, *args, **kwargs):
         if any(list(p) == fail for p in prompts):
             raise RuntimeError("injected failure")
         return real(prompts, *args, **kwargs)
 
-    monkeypatch.setattr(lm, "start_blocks", failing)
+    monkeypatch.setattr(lm, "start_rows", failing)
     api = client(server)
     failed = health(server)["failed_batches"]
     counted = sample(metrics(server), "psd_jax_requests_total", endpoint="/v1/completions", outcome="failed")
+    other_batch = list(range(3, 3 + BUCKET + 1))  # the next prompt bucket: another compiled program
     with ThreadPoolExecutor(2) as pool:
         bad = pool.submit(api.completions.create, model="default", prompt=fail)
-        good = pool.submit(api.completions.create, model="default", prompt=QUESTIONS[3], max_tokens=32)
+        good = pool.submit(api.completions.create, model="default", prompt=other_batch, max_tokens=32)
         with pytest.raises(openai.InternalServerError, match="injected failure"):
             bad.result()
-        assert good.result().choices[0].text  # another batch, at the same time
+        assert good.result().choices[0].finish_reason in ("stop", "length")  # another batch, answered
     assert health(server)["failed_batches"] == failed + 1
     assert sample(metrics(server), "psd_jax_requests_total", endpoint="/v1/completions", outcome="failed") == (
         counted + 1
@@ -556,7 +578,7 @@ def test_the_official_client_needs_the_key(guarded):
 def test_metrics_count_what_the_requests_got(guarded, lm):
     """After N answered requests the counters read N, and the tokens and calls are their usage's sums."""
     api = client(guarded, KEY)
-    before, batches = metrics(guarded), health(guarded)["batches"]
+    before, calls = metrics(guarded), health(guarded)["block_calls"]
     api.models.list()
     answers = [api.completions.create(model="default", prompt=q) for q in QUESTIONS[:3]]
     answers.append(api.chat.completions.create(model="default", messages=[{"role": "user", "content": QUESTIONS[4]}]))
@@ -587,8 +609,8 @@ def test_metrics_count_what_the_requests_got(guarded, lm):
     assert grew("psd_jax_request_latency_seconds_count", endpoint="/v1/completions") == 4
     assert grew("psd_jax_request_latency_seconds_count", endpoint="/v1/chat/completions") == 1
     assert grew("psd_jax_time_to_first_chunk_seconds_count", endpoint="/v1/completions") == 1
-    decoded = health(guarded)["batches"] - batches
-    assert decoded == 5 and grew("psd_jax_batch_occupancy_count") == decoded
+    decoded = health(guarded)["block_calls"] - calls  # one occupancy sample per block call
+    assert decoded >= 5 and grew("psd_jax_batch_occupancy_count") == decoded
     assert grew("psd_jax_batch_occupancy_sum") == decoded * 1.0, "one request alone in a batch of size 1"
     assert grew("psd_jax_batch_occupancy_bucket", le="0.875") == 0
     assert (sample(after, "psd_jax_queue_depth"), sample(after, "psd_jax_running_rows")) == (0, 0)
@@ -636,3 +658,80 @@ def test_the_api_key_flag_wins_over_the_environment(monkeypatch, capsys):
     assert capsys.readouterr().err.strip() == (
         "error: PSD_JAX_API_KEY is empty: give a key, or leave it unset for a server without one"
     )
+
+
+# --------------------------------------------------------------- static batching, timeout, drain
+def test_static_batching_answers_as_generate(lm, defaults):
+    """``--batching static`` (a batch decodes until its last row is done) answers as continuous does."""
+    app = build_app(
+        lm, defaults, name="default", batching="static", batch_sizes=(4,), max_wait_ms=200, prompt_bucket=BUCKET
+    )
+    with running(app) as url, ThreadPoolExecutor(4) as pool:
+        api = client(url)
+        asks = [dict(prompt=q, max_tokens=(32, 48)[i % 2]) for i, q in enumerate(QUESTIONS[:4])]
+        got = list(pool.map(lambda kw: api.completions.create(model="default", **kw).choices[0], asks))
+        assert health(url)["batching"] == "static" and health(url)["batches"] <= 2
+    for kw, choice in zip(asks, got):
+        (want,) = lm.generate([kw["prompt"]], defaults.replace(gen_length=kw["max_tokens"]), prompt_bucket=BUCKET)
+        assert choice.text == want.text
+
+
+def test_a_request_past_its_timeout_gets_504_and_frees_its_row(lm, defaults, monkeypatch):
+    real = BlockDecode.advance
+
+    def slow_advance(run):  # every block call takes longer than the timeout allows
+        time.sleep(0.4)
+        return real(run)
+
+    app = build_app(lm, defaults, name="default", batch_sizes=SIZES, prompt_bucket=BUCKET, request_timeout_s=0.3)
+    with running(app) as url:
+        api = client(url)
+        monkeypatch.setattr(BlockDecode, "advance", slow_advance)
+        with pytest.raises(openai.APIStatusError, match="did not finish within the server's timeout of 0.3 s") as err:
+            api.completions.create(model="default", prompt=QUESTIONS[0])
+        assert err.value.status_code == 504
+        wait_for(url, timed_out=1, running=0)
+        monkeypatch.undo()
+        assert sample(metrics(url), "psd_jax_requests_total", endpoint="/v1/completions", outcome="timed_out") == 1
+
+
+def test_sigterm_drains_and_exits_0(tmp_path):
+    """SIGTERM: a running request still gets its answer, a new one is refused, the process exits 0."""
+    import signal
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # One token per step over 384 positions: a request that runs long enough to be caught by the signal.
+    args = ["--port", str(port), "--warmup-lengths", "none", "--drain-seconds", "60", "--log-level", "warning"]
+    args += ["--gen-length", "384", "--block-length", "48", "--prompt-bucket", str(BUCKET)]
+    proc = subprocess.Popen([sys.executable, "-m", "psd_jax.serve", *args], stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.2)
+        body = {"model": "default", "prompt": QUESTIONS[0], "eos_early_stop": False}
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(httpx.post, f"{url}/v1/completions", json=body, timeout=120)
+            wait_for(url, running=1)
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.5)  # the signal handled: no new connection, or a 503 from the draining server
+            try:
+                refused = httpx.post(f"{url}/v1/completions", json=body, timeout=10).status_code == 503
+            except httpx.HTTPError:
+                refused = True
+            assert refused
+            reply = answer.result(timeout=120)
+        assert reply.status_code == 200 and reply.json()["usage"]["model_calls"] == 384  # decoded to the end
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

@@ -149,7 +149,7 @@ def test_rows_split_over_expert_devices_when_they_divide_the_batch():
     assert row_axes({"data": 2, "model": 4}, 8) == "data"
     assert kv_cache_spec(cfg, {"data": 1, "expert": 8, "model": 1}, 32) == P(None, ("data", "expert"), None, None, None)
     assert kv_cache_spec(cfg, {"data": 1, "expert": 4, "model": 2}, 1) == P(None, None, None, "model", None)
-    assert batch_sharding(make_mesh("expert=1"), 4).spec == P(None, None)  # one device: rows whole
+    assert batch_sharding(make_mesh("expert=1"), 4).spec == P(None)  # one device: rows whole
 
 
 def test_mesh_spec_parsing():

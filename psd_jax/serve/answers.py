@@ -12,7 +12,7 @@ import numpy as np
 
 from ..api import LoadedModel
 from .batcher import Failed, Ticket
-from .errors import DecodeFailed
+from .errors import DecodeFailed, RequestError
 from .text import TextStream
 
 
@@ -50,7 +50,7 @@ async def pieces(ticket: Ticket, lm: LoadedModel) -> AsyncIterator[Piece]:
     while True:
         event = await ticket.events.get()
         if isinstance(event, Failed):
-            raise DecodeFailed(event.error)
+            raise event.error if isinstance(event.error, RequestError) else DecodeFailed(event.error)
         for b in range(sent, event.final_blocks):
             final_ids = event.generated[: (b + 1) * block]
             last = event.done and b == event.final_blocks - 1

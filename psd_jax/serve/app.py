@@ -48,6 +48,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         loop = asyncio.get_running_loop()
+        batcher.loop = loop  # where a signal handler schedules the drain (cli.DrainingServer)
         if warmup_lengths:
             await loop.run_in_executor(None, batcher.warm_up, served.defaults, warmup_lengths)
         task = asyncio.create_task(batcher.run())
@@ -56,7 +57,7 @@ def create_app(
         batcher.close()
 
     app = FastAPI(title="psd-jax", lifespan=lifespan)
-    app.state.metrics = metrics
+    app.state.metrics, app.state.batcher = metrics, batcher
     app.add_exception_handler(RequestError, _request_error)
     app.add_exception_handler(HTTPException, _http_error)
 
@@ -192,6 +193,10 @@ def build_app(
     warmup_lengths: Sequence[int] = (),
     limits: ServerLimits | None = None,
     api_key: str | None = None,
+    batching: str = "continuous",
+    gen_bucket: int | None = None,
+    max_programs: int | None = None,
+    request_timeout_s: float | None = None,
 ) -> FastAPI:
     """The server of ``lm`` with default settings ``defaults`` (``python -m psd_jax.serve``'s flags);
     batches are padded to ``batch_sizes`` (default: powers of two up to ``max_batch``); ``limits``
@@ -203,5 +208,15 @@ def build_app(
         raise ValueError(f"the server's default settings exceed its limits: {problem[1]}")
     served = ServedModel(lm, name, settings, prompt_bucket, limits)
     sizes = tuple(sorted(set(batch_sizes))) if batch_sizes else default_batch_sizes(max_batch)
-    batcher = Batcher(lm, sizes=sizes, max_wait_s=max_wait_ms / 1000, max_queue=max_queue, prompt_bucket=prompt_bucket)
+    lm.max_programs = max_programs
+    batcher = Batcher(
+        lm,
+        sizes=sizes,
+        max_wait_s=max_wait_ms / 1000,
+        max_queue=max_queue,
+        prompt_bucket=prompt_bucket,
+        batching=batching,
+        gen_bucket=gen_bucket if gen_bucket is not None else settings.gen_length,
+        request_timeout_s=request_timeout_s,
+    )
     return create_app(served, batcher, warmup_lengths, api_key)

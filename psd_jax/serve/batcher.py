@@ -1,18 +1,26 @@
-"""Batching: requests that share compiled settings decode together, in a worker thread.
+"""Batching: requests that share a compiled program decode together, in one worker thread.
 
-Requests wait in an asyncio queue. The oldest one opens a batch; requests with the same settings
-and padded prompt length (the same compiled loop) that arrive within ``max_wait`` join it, up to
-``max_batch``. The batch is padded to the next of a few fixed sizes (powers of two up to
-``max_batch``) with rows that start done, so nothing compiles after warm-up. It decodes block by
-block (``LoadedModel.start_blocks``) in one worker thread (JAX releases the GIL, so the event
-loop keeps answering), and each request gets its rows' progress after every block. A request
-whose client left is stopped at the next block boundary; a decode that raises fails only its own
-batch's requests.
+A request's batch key is its compiled program (``runtime.program_settings``: the settings that set
+shapes, with the generation length rounded up to the server's generation bucket) and its padded
+prompt length. Runtime values (threshold, temperature, RPS's thresholds, ...), seeds and each
+row's own generation length are per row, so requests that differ only in them share a batch.
 
-Greedy rows decode exactly as alone. A sampled request with a ``seed`` decodes alone at the smallest
-compiled batch size, so its answer is ``generate``'s for that seed when that size is 1 (the
-sampling noise is drawn for the padded batch); sampled requests without one share a batch and a
-drawn seed.
+``continuous`` (the default): a running batch decodes block by block (``BlockDecode.advance``: one
+compiled call and one host round trip per block). Between two calls the scheduler retires rows
+that finished, were cancelled or timed out, writes queued requests of the batch's key into free
+rows (``BlockDecode.join``: each decodes from there exactly as a ``generate`` of its own), and
+moves the batch to another compiled size when its rows outgrow it or fit a smaller one
+(``BlockDecode.regroup``). A row never waits for a batch to finish, and a batch never waits for
+its slowest row. Several running batches (different keys) take turns, one block call each.
+
+``static``: the oldest request opens a batch; requests with its key that arrive within
+``max_wait`` join it, up to the largest size; the batch is padded to the next compiled size and
+decodes until its last row is done (the behaviour before continuous batching, for comparison).
+
+In both, a request whose client left is stopped at the next block boundary, a request past its
+deadline (``request_timeout_s``) is stopped there with a clear error, and a decode that raises
+fails only its own batch's requests. Greedy rows decode exactly as alone; a sampled row draws
+from its own seed's key, so with a seed it gets ``generate([prompt], seed=seed)``'s answer too.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import random
 import threading
 import time
@@ -29,13 +38,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..api import LoadedModel
+from ..api import BlockDecode, LoadedModel
 from ..config import DecodeConfig
 from ..lengths import padded_length
-from .errors import QueueFull
+from ..runtime import program_settings
+from .errors import QueueFull, RequestTimedOut, ShuttingDown
 from .requests import DecodeRequest
 
 log = logging.getLogger(__name__)
+BATCHING = ("continuous", "static")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,15 +67,20 @@ class Failed:
 class Ticket:
     """A queued or running request: the worker thread puts its updates on ``events``."""
 
-    def __init__(self, request: DecodeRequest, key: tuple, loop: asyncio.AbstractEventLoop):
+    def __init__(self, request: DecodeRequest, key: tuple, loop: asyncio.AbstractEventLoop, timeout_s=None):
         self.request, self.key, self._loop = request, key, loop
         self.events: asyncio.Queue = asyncio.Queue()
         self.arrived = time.monotonic()
+        self.deadline = None if timeout_s is None else self.arrived + timeout_s
         self.cancelled = False
+        self.seed = request.seed if request.seed is not None else random.randrange(2**32) if request.sampled else 0
 
     def cancel(self) -> None:
         """The answer is no longer wanted (client gone, stop string): free the row."""
         self.cancelled = True
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
 
     def put(self, event: RowUpdate | Failed) -> None:
         """Called from the worker thread."""
@@ -80,60 +96,148 @@ def default_batch_sizes(max_batch: int) -> tuple[int, ...]:
     return (*sizes, max_batch)
 
 
+@dataclasses.dataclass
+class Running:
+    """A batch in flight: its decode and, per row, the request it holds (None: free) and the
+    final blocks already sent."""
+
+    key: tuple
+    run: BlockDecode | None = None
+    tickets: list[Ticket | None] = dataclasses.field(default_factory=list)
+    sent: list[int] = dataclasses.field(default_factory=list)
+    joining: list[Ticket] = dataclasses.field(default_factory=list)  # admitted, written in next turn
+
+    @property
+    def live(self) -> int:
+        return sum(t is not None for t in self.tickets) + len(self.joining)
+
+
 class Batcher:
     """The queue, the batching rule and the worker thread; ``run`` is the dispatch loop."""
 
     def __init__(
-        self, lm: LoadedModel, *, sizes: Sequence[int], max_wait_s: float, max_queue: int, prompt_bucket: int
+        self,
+        lm: LoadedModel,
+        *,
+        sizes: Sequence[int],
+        max_wait_s: float,
+        max_queue: int,
+        prompt_bucket: int,
+        batching: str = "continuous",
+        gen_bucket: int | None = None,
+        request_timeout_s: float | None = None,
     ) -> None:
-        self.lm, self.sizes, self.max_batch = lm, tuple(sizes), max(sizes)
+        if batching not in BATCHING:
+            raise ValueError(f"unknown batching {batching!r}; choose one of {', '.join(BATCHING)}")
+        self.lm, self.sizes, self.max_batch = lm, tuple(sorted(sizes)), max(sizes)
         self.max_wait_s, self.max_queue, self.prompt_bucket = max_wait_s, max_queue, prompt_bucket
+        self.batching, self.gen_bucket, self.request_timeout_s = batching, gen_bucket, request_timeout_s
         self._pending: list[Ticket] = []
+        self._running: list[Running] = []
         self._arrival = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="psd-decode")
-        self.counts = {"requests": 0, "batches": 0, "rows": 0, "compiles": 0, "cancelled": 0, "failed_batches": 0}
+        self.counts = {
+            "requests": 0,
+            "batches": 0,
+            "rows": 0,
+            "compiles": 0,
+            "cancelled": 0,
+            "timed_out": 0,
+            "failed_batches": 0,
+            "block_calls": 0,
+        }
         self._lock = threading.Lock()  # counts change on the event loop and in the worker thread
         self.running = 0
-        self.on_batch: Callable[[int, int], None] | None = None  # (rows, compiled size) per batch, for /metrics
+        self.draining = False
+        self.loop: asyncio.AbstractEventLoop | None = None  # the app's event loop (set at start-up)
+        self.on_batch: Callable[[int, int], None] | None = None  # (rows, compiled size) per block call, for /metrics
 
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
             self.counts[name] += n
 
     def stats(self) -> dict[str, int]:
-        return {**self.counts, "queued": len(self._pending), "running": self.running}
+        return {
+            **self.counts,
+            "queued": len(self._pending),
+            "running": self.running,
+            "compiled_programs": self.lm.compiled_programs,
+            "batching": self.batching,
+        }
 
+    # ---------------------------------------------------------------------------- admission
     def submit(self, request: DecodeRequest) -> Ticket:
         """Queue a checked request (``QueueFull`` when ``max_queue`` are already waiting)."""
+        if self.draining:
+            raise ShuttingDown()
         if len(self._pending) >= self.max_queue:
             raise QueueFull(self.max_queue)
-        ticket = Ticket(request, self.batch_key(request), asyncio.get_running_loop())
+        ticket = Ticket(request, self.batch_key(request), asyncio.get_running_loop(), self.request_timeout_s)
         self._pending.append(ticket)
         self.count("requests")
         self._arrival.set()
         return ticket
 
+    def canvas_length(self, settings: DecodeConfig, prompt_length: int) -> int:
+        """The canvas's generation length for a request: its own rounded up to the generation
+        bucket (and a whole number of its blocks), if that still fits the context."""
+        if not self.gen_bucket:
+            return settings.gen_length
+        step = math.lcm(self.gen_bucket, settings.block_length)
+        canvas = -(-settings.gen_length // step) * step
+        return canvas if prompt_length + canvas <= self.lm.config.max_length else settings.gen_length
+
     def batch_key(self, request: DecodeRequest) -> tuple:
-        """Requests with equal keys run in one compiled loop and may share a batch."""
+        """Requests with equal keys run in one compiled program and may share a batch."""
         length = padded_length(len(request.prompt_ids), self.prompt_bucket)
-        alone = request.sampled and request.seed is not None
-        return request.settings, length, (object() if alone else request.sampled)
+        canvas = self.canvas_length(request.settings, length)
+        return program_settings(request.settings, canvas), length
 
     def size_for(self, rows: int) -> int:
-        return next(size for size in self.sizes if size >= rows)
+        return next((size for size in self.sizes if size >= rows), self.max_batch)
 
+    # ------------------------------------------------------------------------------- dispatch
     async def run(self) -> None:
-        """Form batches and decode them one after another, for as long as the server runs."""
+        """Form batches and decode them, for as long as the server runs."""
         loop = asyncio.get_running_loop()
+        turn = 0
         while True:
-            batch = await self._next_batch()
-            self.running = len(batch)
+            self._drop_cancelled()
+            if self.batching == "static":
+                batch = await self._next_static_batch()
+            else:
+                await self._work()
+                self._admit()
+                turn %= max(len(self._running), 1)
+                batch = self._running[turn]
+                turn += 1
+            self.running = batch.live if self.batching == "static" else sum(r.live for r in self._running)
             try:
                 await loop.run_in_executor(self._executor, self.decode, batch)
             finally:
-                self.running = 0
+                self._running = [r for r in self._running if r.live]
+                self.running = sum(r.live for r in self._running)
 
-    async def _next_batch(self) -> list[Ticket]:
+    async def _work(self) -> None:
+        """Wait until some batch runs or a request waits."""
+        while not self._running and not self._pending:
+            self._arrival.clear()
+            await self._arrival.wait()
+            self._drop_cancelled()
+
+    def _admit(self) -> None:
+        """Queued requests into the running batches of their key (a new batch for a key that has
+        none), as many as the largest compiled size holds."""
+        for ticket in list(self._pending):
+            batch = next((r for r in self._running if r.key == ticket.key), None)
+            if batch is None:
+                batch = Running(ticket.key)
+                self._running.append(batch)
+            if batch.live < self.max_batch:
+                batch.joining.append(ticket)
+                self._pending.remove(ticket)
+
+    async def _next_static_batch(self) -> Running:
         while True:
             self._drop_cancelled()
             if not self._pending:
@@ -145,7 +249,7 @@ class Batcher:
             wait = first.arrived + self.max_wait_s - time.monotonic()
             if len(same) == self.max_batch or wait <= 0:
                 self._pending = [t for t in self._pending if t not in same]
-                return same
+                return Running(first.key, joining=same)
             self._arrival.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._arrival.wait(), wait)
@@ -155,60 +259,171 @@ class Batcher:
         if gone:
             self.count("cancelled", len(gone))
             self._pending = [t for t in self._pending if not t.cancelled]
+        now = time.monotonic()
+        late = [t for t in self._pending if t.expired(now)]
+        for ticket in late:
+            ticket.put(Failed(RequestTimedOut(self.request_timeout_s)))
+        if late:
+            self.count("timed_out", len(late))
+            self._pending = [t for t in self._pending if t not in late]
 
-    def decode(self, tickets: Sequence[Ticket]) -> None:
-        """Decode one batch block by block (worker thread); every ticket hears how its row went."""
-        self.count("batches")
-        self.count("rows", len(tickets))
-        if self.on_batch is not None:
-            self.on_batch(len(tickets), self.size_for(len(tickets)))
+    # ---------------------------------------------------------------------------- worker side
+    def decode(self, batch: Running) -> None:
+        """One turn of a batch (worker thread): static, the whole batch; continuous, its joins,
+        one block call and what the rows got. A decode that raises fails the batch's requests."""
         try:
-            self._decode(tickets)
+            if self.batching == "static":
+                self._start(batch)
+                while batch.run is not None and not batch.run.done:
+                    self._block(batch)
+            else:
+                self._join(batch)
+                self._block(batch)
         except Exception as exc:  # a failing decode fails its own requests, never the server
-            log.exception("decode of a batch of %d failed", len(tickets))
+            log.exception("decode of a batch of %d requests failed", batch.live)
             self.count("failed_batches")
-            for ticket in tickets:
+            for ticket in [t for t in batch.tickets if t is not None] + batch.joining:
                 ticket.put(Failed(exc))
+            batch.tickets, batch.joining = [None] * len(batch.tickets), []
 
-    def _decode(self, tickets: Sequence[Ticket]) -> None:
-        request = tickets[0].request
-        seed = request.seed if request.seed is not None else random.randrange(2**32) if request.sampled else 0
-        run = self.lm.start_blocks(
+    def _start(self, batch: Running) -> None:
+        """A new decode of the batch's joining requests, at the smallest size that holds them: all
+        of them start together (their first forward is one call)."""
+        tickets = batch.joining
+        if not tickets:
+            return
+        size = self.size_for(len(tickets))
+        run = self.lm.start_rows(
             [t.request.prompt_ids for t in tickets],
-            request.settings,
-            seed=seed,
-            chat=False,
+            [t.request.settings for t in tickets],
+            [t.seed for t in tickets],
+            batch_size=size,
             prompt_bucket=self.prompt_bucket,
-            batch_size=self.size_for(len(tickets)),
+            gen_length=batch.key[0].gen_length,
         )
         self.count("compiles", int(run.compile_seconds > 0))
-        sent, stopped = [0] * len(tickets), set()
-        while not run.done:
-            gone = [i for i, t in enumerate(tickets) if t.cancelled and i not in stopped]
-            run.stop(gone)
-            stopped.update(gone)
-            self.count("cancelled", len(gone))
-            progress = run.advance()
-            for i, ticket in enumerate(tickets):
-                final, done = int(progress.final_blocks[i]), bool(progress.done[i])
-                if i in stopped or (final == sent[i] and not done):
-                    continue
-                ticket.put(RowUpdate(progress.generated[i], final, done, int(progress.nfe[i])))
-                sent[i] = final
-                if done:
-                    stopped.add(i)
+        batch.run, batch.tickets, batch.joining = run, [*tickets, *[None] * (size - len(tickets))], []
+        batch.sent = [0] * size
+        self.count("batches")
+        self.count("rows", len(tickets))
+
+    def _join(self, batch: Running) -> None:
+        """Admitted requests into the batch's free rows, the batch regrouped to the size its rows
+        need first (continuous batching)."""
+        if batch.run is None:
+            self._start(batch)
+            return
+        self._retire(batch)
+        need = self.size_for(batch.live)
+        if need != batch.run.size:
+            self._regroup(batch, need)
+        self._write(batch, batch.joining)
+        batch.joining = []
+
+    def _write(self, batch: Running, tickets: Sequence[Ticket]) -> None:
+        if not tickets:
+            return
+        free = [r for r, t in enumerate(batch.tickets) if t is None][: len(tickets)]
+        before = batch.run.compile_seconds
+        batch.run.join(
+            free,
+            [t.request.prompt_ids for t in tickets],
+            [t.request.settings for t in tickets],
+            [t.seed for t in tickets],
+        )
+        self.count("compiles", int(batch.run.compile_seconds > before))
+        for row, ticket in zip(free, tickets):
+            batch.tickets[row], batch.sent[row] = ticket, 0
+        self.count("rows", len(tickets))
+
+    def _regroup(self, batch: Running, size: int) -> None:
+        """Move the batch's live rows to a decode of ``size`` rows (first rows first)."""
+        rows = [r for r, t in enumerate(batch.tickets) if t is not None]
+        index = rows + [-1] * (size - len(rows))
+        before = batch.run.compile_seconds
+        batch.run.regroup(index)
+        self.count("compiles", int(batch.run.compile_seconds > before))
+        batch.tickets = [batch.tickets[r] for r in rows] + [None] * (size - len(rows))
+        batch.sent = [batch.sent[r] for r in rows] + [0] * (size - len(rows))
+
+    def _retire(self, batch: Running) -> None:
+        """Stop rows whose request was cancelled or is past its deadline; free them."""
+        now, gone = time.monotonic(), []
+        for row, ticket in enumerate(batch.tickets):
+            if ticket is None:
+                continue
+            if ticket.cancelled:
+                self.count("cancelled")
+            elif ticket.expired(now):
+                self.count("timed_out")
+                ticket.put(Failed(RequestTimedOut(self.request_timeout_s)))
+            else:
+                continue
+            gone.append(row)
+            batch.tickets[row] = None
+        batch.run.stop(gone)
+
+    def _block(self, batch: Running) -> None:
+        """One block call and every row's progress to its request."""
+        if self.batching == "static":
+            self._retire(batch)
+        if batch.run is None or all(t is None for t in batch.tickets):
+            return
+        if self.on_batch is not None:
+            self.on_batch(sum(t is not None for t in batch.tickets), batch.run.size)
+        progress = batch.run.advance()
+        self.count("block_calls")
+        for row, ticket in enumerate(batch.tickets):
+            if ticket is None:
+                continue
+            final, done = int(progress.final_blocks[row]), bool(progress.done[row])
+            if final == batch.sent[row] and not done:
+                continue
+            generated = progress.generated[row, : progress.gen_length[row]]
+            ticket.put(RowUpdate(generated, final, done, int(progress.nfe[row])))
+            batch.sent[row] = final
+            if done:
+                batch.tickets[row] = None
 
     def warm_up(self, settings: DecodeConfig, prompt_lengths: Sequence[int]) -> int:
-        """Compile ``settings`` for every batch size at each prompt length's bucket (before serving).
-        Returns the number of loops compiled."""
-        compiled = 0
+        """Compile ``settings``' programs for every batch size at each prompt length's bucket
+        (before serving): start, block call and, continuous, joining and regrouping between sizes.
+        Returns the number of programs compiled."""
+        before = self.lm.compiled_programs
         for length in prompt_lengths:
+            prompt = [self.lm.config.pad_id] * length
+            canvas = self.canvas_length(settings, padded_length(length, self.prompt_bucket))
+            runs = {}
             for size in self.sizes:
-                prompt = [self.lm.config.pad_id] * length
-                run = self.lm.start_blocks([prompt], settings, prompt_bucket=self.prompt_bucket, batch_size=size)
-                compiled += int(run.compile_seconds > 0)
+                run = self.lm.start_blocks(
+                    [prompt], settings, prompt_bucket=self.prompt_bucket, batch_size=size, gen_length=canvas
+                )
+                run.advance()
+                if self.batching == "continuous":
+                    run.join([size - 1], [prompt], [settings], [0])
+                runs[size] = run
+            if self.batching == "continuous":
+                for run in runs.values():
+                    for other in self.sizes:
+                        if other != run.size:
+                            run.prepare_regroup(other)
+        compiled = self.lm.compiled_programs - before
         self.count("compiles", compiled)
         return compiled
+
+    # ------------------------------------------------------------------------------- shutdown
+    def begin_drain(self, seconds: float) -> None:
+        """Stop taking requests (503), let what runs finish, and after ``seconds`` fail what is left
+        with a clear error (SIGTERM: ``cli``)."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        loop.call_later(seconds, self._fail_remaining)
+
+    def _fail_remaining(self) -> None:
+        for ticket in self._pending + [t for r in self._running for t in r.tickets + r.joining if t is not None]:
+            ticket.cancel()
+            ticket.put(Failed(ShuttingDown()))
+        self._pending = []
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -21,6 +21,7 @@ from ..config import MAX_BRANCHES, DecodeConfigError, check_for_model
 from ..flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, positive_int
 from ..sharding import MeshError
 from ..tokenizer import TokenizerError
+from .batcher import BATCHING
 from .limits import MAX_BODY_BYTES, LimitError, ServerLimits, overrides_from
 
 DEFAULT_PORT = 8000
@@ -36,6 +37,14 @@ def non_negative_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type for ``--request-timeout``."""
+    value = non_negative_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
     return value
 
 
@@ -99,7 +108,42 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--distributed", action="store_true", help="multi-host: call jax.distributed.initialize() first")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=port_number, default=DEFAULT_PORT, help=f"TCP port (default: {DEFAULT_PORT})")
+    p.add_argument(
+        "--batching",
+        choices=BATCHING,
+        default="continuous",
+        help="continuous: finished rows leave and queued requests join a running batch between block calls; "
+        "static: a batch decodes until its last row is done (default: continuous)",
+    )
     p.add_argument("--max-batch", type=positive_int, help=f"most requests decoded in one batch (default: {MAX_BATCH})")
+    p.add_argument(
+        "--gen-bucket",
+        type=positive_int,
+        metavar="N",
+        help="requests whose max_tokens round up to the same multiple of N positions share a compiled canvas; "
+        "each row decodes its own length (default: the server's gen_length)",
+    )
+    p.add_argument(
+        "--max-programs",
+        type=positive_int,
+        metavar="N",
+        help="compiled decode programs kept, the least recently used dropped beyond it (default: no limit)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=positive_float,
+        metavar="S",
+        help="seconds a request may take; past it its row stops at the next block boundary and the client gets "
+        "a 504 error (default: none)",
+    )
+    p.add_argument(
+        "--drain-seconds",
+        type=non_negative_float,
+        default=30.0,
+        metavar="S",
+        help="on SIGTERM: new requests get 503, running ones get S seconds to finish, then an error; "
+        "then the server exits 0 (default: 30)",
+    )
     p.add_argument(
         "--batch-sizes",
         type=length_list,
@@ -178,9 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--max-batch {args.max_batch} is not the largest of --batch-sizes {args.batch_sizes}")
     max_batch = max(args.batch_sizes) if args.batch_sizes else args.max_batch or MAX_BATCH
     try:
-        import uvicorn
-
         from .app import build_app
+        from .server import serve
     except ImportError as exc:
         print(
             f"error: the server needs the serve extra ({exc.name} is missing): pip install -e '.[serve]'",
@@ -227,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
         warmup_lengths=warmup,
         limits=limits,
         api_key=api_key,
+        batching=args.batching,
+        gen_bucket=args.gen_bucket,
+        max_programs=args.max_programs,
+        request_timeout_s=args.request_timeout,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    serve(app, host=args.host, port=args.port, log_level=args.log_level, drain_seconds=args.drain_seconds)
     return 0

@@ -50,6 +50,32 @@ class Unauthorized(RequestError):
         super().__init__(message, code="invalid_api_key", status=401, headers={"WWW-Authenticate": "Bearer"})
 
 
+class ShuttingDown(RequestError):
+    """The server is stopping (SIGTERM): it takes no new requests, and after ``--drain-seconds``
+    the ones still running end with this error."""
+
+    def __init__(self):
+        super().__init__(
+            "the server is shutting down; retry on another server",
+            code="server_shutting_down",
+            status=503,
+            kind="server_error",
+        )
+
+
+class RequestTimedOut(RequestError):
+    """The request ran past the server's ``--request-timeout``: its row was stopped at the next
+    block boundary."""
+
+    def __init__(self, seconds: float):
+        super().__init__(
+            f"the request did not finish within the server's timeout of {seconds:g} s (--request-timeout)",
+            code="timeout",
+            status=504,
+            kind="server_error",
+        )
+
+
 class QueueFull(RequestError):
     """More requests are waiting than the server queues (``--max-queue``): try again later."""
 

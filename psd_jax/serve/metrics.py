@@ -20,7 +20,7 @@ from ..api import LoadedModel
 from .batcher import Batcher
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-OUTCOMES = ("ok", "bad_request", "unauthorized", "busy", "failed", "cancelled")
+OUTCOMES = ("ok", "bad_request", "unauthorized", "busy", "timed_out", "failed", "cancelled")
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TPF_BUCKETS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0)
 OCCUPANCY_BUCKETS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
@@ -34,6 +34,8 @@ def outcome_of(status: int) -> str:
         return "busy"
     if status == 499:
         return "cancelled"
+    if status == 504:
+        return "timed_out"
     return "failed" if status >= 500 else "bad_request"
 
 
@@ -89,14 +91,14 @@ class ServerMetrics:
         )
         self.occupancy = Histogram(
             "psd_jax_batch_occupancy",
-            "decoded batches: requests in the batch over its compiled batch size",
+            "block calls: requests in the batch over its compiled batch size",
             buckets=OCCUPANCY_BUCKETS,
             registry=r,
         )
         r.register(_Live(batcher, lm))
 
     def batch(self, rows: int, size: int) -> None:
-        """A batch of ``rows`` requests padded to ``size`` is decoding (the batcher's thread)."""
+        """A block call of ``rows`` requests in a batch of ``size`` (the batcher's thread)."""
         self.occupancy.observe(rows / size)
 
     def render(self) -> bytes:
