@@ -74,8 +74,17 @@ def row_keys(seeds: Sequence[int], rows: Sequence[int]) -> np.ndarray:
     """Raw PRNG keys [B, 2] (uint32): row ``rows[i]`` of a batch drawn with seed ``seeds[i]``. A
     row's draws depend only on its key, so ``generate(prompts, seed=s)``'s row r and a server row
     with seed s at r = 0 draw the same, whatever shares their batch."""
-    base = jax.vmap(jax.random.PRNGKey)(jnp.asarray(np.asarray(seeds, np.uint32)))
-    return np.asarray(jax.vmap(jax.random.fold_in)(base, jnp.asarray(np.asarray(rows, np.int32))))
+    if len(seeds) != len(rows):
+        raise ValueError(f"{len(seeds)} seeds for {len(rows)} rows")
+    keys = [np.asarray(_row_key(np.uint32(s), np.int32(r))) for s, r in zip(seeds, rows)]
+    return np.stack(keys) if keys else np.zeros((0, 2), np.uint32)
+
+
+@jax.jit
+def _row_key(seed: jax.Array, row: jax.Array) -> jax.Array:
+    # One compiled program for every batch size (a server starts and joins any number of rows):
+    # traced eagerly, or compiled per batch size, every new count of rows would cost a lowering.
+    return jax.random.fold_in(jax.random.PRNGKey(seed), row)
 
 
 def split_rows(keys: jax.Array, n: int) -> jax.Array:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
 import shlex
 import socket
@@ -65,6 +66,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--extra", default="{}", help='JSON object of extra body fields, e.g. \'{"decoder": "psd"}\'')
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     p.add_argument("--max-seconds", type=float, default=900.0, help="seconds per concurrency level")
+    p.add_argument("--server-cpus", help="with --serve: comma-separated CPU ids the server runs on (default: all)")
+    p.add_argument("--client-cpus", help="comma-separated CPU ids the load generator's clients run on (default: all)")
     p.add_argument("--json", type=Path, help="also write the results here")
     return p
 
@@ -145,7 +148,9 @@ def run_level(
         "first_chunk_p50": float(np.percentile(first, 50)),
         "first_chunk_p95": float(np.percentile(first, 95)),
         "batches": batches,
-        "mean_batch": (after["rows"] - before["rows"]) / max(batches, 1),
+        "mean_batch": (after["block_rows"] - before["block_rows"])
+        / max(after["block_calls"] - before["block_calls"], 1),
+        "block_calls": after["block_calls"] - before["block_calls"],
         "compiles": after["compiles"] - before["compiles"],
     }
 
@@ -158,27 +163,30 @@ def table(rows: list[dict]) -> str:
     """One line per (batching mode, level); "vs one at a time" against the mode's own 1-client level."""
     lines = [
         "| batching | load | requests/s | output tokens/s | vs one at a time | p50 latency s | p95 latency s "
-        "| p50 first chunk s | p95 first chunk s | mean batch |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| p50 first chunk s | p95 first chunk s | mean batch | block calls per request |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         base = next(b for b in rows if b["batching"] == r["batching"] and b["concurrency"] == 1)
         lines.append(
             f"| {r['batching']} | {level_name(r)} | {r['requests_per_s']:.2f} | {r['tokens_per_s']:.1f} "
             f"| {r['tokens_per_s'] / base['tokens_per_s']:.2f}x | {r['latency_p50']:.3f} | {r['latency_p95']:.3f} "
-            f"| {r['first_chunk_p50']:.3f} | {r['first_chunk_p95']:.3f} | {r['mean_batch']:.1f} |"
+            f"| {r['first_chunk_p50']:.3f} | {r['first_chunk_p95']:.3f} | {r['mean_batch']:.1f} "
+            f"| {r['block_calls'] / r['requests']:.2f} |"
         )
     return "\n".join(lines)
 
 
 @contextlib.contextmanager
-def started_server(serve_args: str):
-    """``python -m psd_jax.serve`` on a free 127.0.0.1 port, until the block ends."""
+def started_server(serve_args: str, cpus: set[int] | None = None):
+    """``python -m psd_jax.serve`` on a free 127.0.0.1 port (on ``cpus`` only, if given), until the
+    block ends."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     command = [sys.executable, "-m", "psd_jax.serve", "--port", str(port), "--log-level", "warning"]
-    process = subprocess.Popen(command + shlex.split(serve_args))
+    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+    process = subprocess.Popen(command + shlex.split(serve_args), preexec_fn=pin)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -212,8 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         rates = _numbers(args.rate, float)
         args.lengths = _numbers(args.max_tokens_mix, positive_int)
         body = json.loads(args.extra)
+        server_cpus = set(_numbers(args.server_cpus, int)) or None
+        client_cpus = set(_numbers(args.client_cpus, int)) or None
     except (argparse.ArgumentTypeError, ValueError) as exc:
-        parser.error(f"--concurrency, --rate, --max-tokens-mix or --extra: {exc}")
+        parser.error(f"--concurrency, --rate, --max-tokens-mix, --extra or the CPU lists: {exc}")
     if not isinstance(body, dict):
         parser.error("--extra must be a JSON object")
     if any(not r > 0 for r in rates):
@@ -221,13 +231,23 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m.strip() for m in (args.batching or "").split(",") if m.strip()] or [None]
     if modes != [None] and args.serve is None:
         parser.error("--batching needs --serve (it starts one server per mode)")
+    if server_cpus is not None and args.serve is None:
+        parser.error("--server-cpus needs --serve")
+    available = os.sched_getaffinity(0)
+    for name, cpus in (("--server-cpus", server_cpus), ("--client-cpus", client_cpus)):
+        if cpus is not None and not cpus <= available:
+            parser.error(
+                f"{name}: CPUs {sorted(cpus - available)} are not available (this process may use {sorted(available)})"
+            )
     if args.max_tokens is not None:
         body["max_tokens"] = args.max_tokens
     prompts = load_prompts(args.prompts, args.requests)
+    if client_cpus is not None:
+        os.sched_setaffinity(0, client_cpus)
     rows = []
     for mode in modes:
         serve = None if args.serve is None else args.serve + ("" if mode is None else f" --batching {mode}")
-        with started_server(serve) if serve is not None else contextlib.nullcontext(args.url) as url:
+        with started_server(serve, server_cpus) if serve is not None else contextlib.nullcontext(args.url) as url:
             model = httpx.get(f"{url}/v1/models", timeout=args.timeout).json()["data"][0]["id"]
             measured = [run_level(url, model, prompts, c, body, args) for c in levels]
             measured += [run_level(url, model, prompts, 1, body, args, rate) for rate in rates]

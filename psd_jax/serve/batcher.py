@@ -145,6 +145,7 @@ class Batcher:
             "timed_out": 0,
             "failed_batches": 0,
             "block_calls": 0,
+            "block_rows": 0,  # rows decoding, summed over block calls: / block_calls = mean batch
         }
         self._lock = threading.Lock()  # counts change on the event loop and in the worker thread
         self.running = 0
@@ -369,10 +370,12 @@ class Batcher:
             self._retire(batch)
         if batch.run is None or all(t is None for t in batch.tickets):
             return
+        rows = sum(t is not None for t in batch.tickets)
         if self.on_batch is not None:
-            self.on_batch(sum(t is not None for t in batch.tickets), batch.run.size)
+            self.on_batch(rows, batch.run.size)
         progress = batch.run.advance()
         self.count("block_calls")
+        self.count("block_rows", rows)
         for row, ticket in enumerate(batch.tickets):
             if ticket is None:
                 continue
