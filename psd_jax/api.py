@@ -353,6 +353,13 @@ class LoadedModel(PromptIO):
         settings that select a program: ``runtime.program_settings``); at most ``max_programs``."""
         return len(self._compiled)
 
+    def clear_programs(self) -> None:
+        """Drop every compiled program. Each XLA:CPU program holds a few hundred memory mappings of
+        its code, freed once nothing holds the program; a process that compiles thousands (a test
+        suite, a notebook sweeping shapes) runs into the kernel's limit on mappings per process
+        (``vm.max_map_count``, often 65530) unless it drops them."""
+        self._compiled.clear()
+
     def _compile_with(self, fn, shapes: tuple, args: tuple, dcfg: DecodeConfig):
         """``fn`` compiled ahead of time for ``args`` (cached by name, input shapes and settings;
         the least recently used program is dropped beyond ``max_programs``)."""

@@ -21,6 +21,36 @@ FAST_COMPILE_FLAGS = (
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAGS}".strip()
 
 
+# Every XLA:CPU program keeps a few hundred memory mappings of its code, and this suite compiles
+# thousands: past the kernel's limit on mappings per process (vm.max_map_count, 65530 by default)
+# the next compile crashes the interpreter. Programs are shared between tests through the
+# session's models; when the mappings near the limit, every model drops its programs (the later
+# tests recompile what they need).
+MAX_MAPPINGS = 40_000
+
+
+def mappings() -> int:
+    with open("/proc/self/maps", "rb") as maps:
+        return maps.read().count(b"\n")
+
+
+@pytest.fixture(autouse=True)
+def _bounded_compiled_programs():
+    yield
+    if os.path.exists("/proc/self/maps") and mappings() > MAX_MAPPINGS:
+        import gc
+
+        import jax
+
+        from psd_jax.api import LoadedModel
+
+        for obj in gc.get_objects():
+            if isinstance(obj, LoadedModel):
+                obj.clear_programs()
+        jax.clear_caches()
+        gc.collect()
+
+
 def llada2_mini_config():
     """LLaDA2.0-mini's real config, with the special ids beside it (the real config.json names none)."""
     import json
