@@ -45,7 +45,7 @@ def _bounded_compiled_programs():
         from psd_jax.api import LoadedModel
 
         for obj in gc.get_objects():
-            if isinstance(obj, LoadedModel):
+            if issubclass(type(obj), LoadedModel):  # type(): isinstance reads __class__, which some modules warn on
                 obj.clear_programs()
         jax.clear_caches()
         gc.collect()
