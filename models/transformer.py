@@ -27,6 +27,7 @@ from flax import nnx
 
 from . import cpu_kernels
 from .config import ModelConfig
+from .quantize import is_quantized, quantized_matmul
 
 # Parameter names and the logical axes of each (used by the converter and for sharding).
 LAYER_PARAMS: dict[str, tuple[str, ...]] = {
@@ -166,6 +167,8 @@ def default_positions(cfg: ModelConfig, attention_mask: jax.Array | None, batch:
 def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
     """``x @ w`` in ``x``'s dtype: exact products accumulated in float32, rounded once (GPU/TPU
     bfloat16 GEMMs accumulate in float32)."""
+    if is_quantized(w):
+        return quantized_matmul(x, w)
     if on_cpu():
         return cpu_kernels.matmul(x, w)
     return x @ w

@@ -26,6 +26,7 @@ from convert.hf import load_hf_model
 from convert.orbax_io import is_orbax_dir, load_checkpoint
 from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE, CheckpointError
 from models import DiffusionLM, ModelConfig, load_config
+from models.quantize import check_quantize, quantize_model
 from models.transformer import default_unroll_layers
 
 from .config import DecodeConfig, DecodeConfigError, check_for_model, merged_fields, settings_from
@@ -525,8 +526,12 @@ def load_model(
     dtype: str = "float32",
     mesh: Mesh | str | None = None,
     unroll_layers: bool | None = None,
+    quantize: str | None = None,
 ) -> LoadedModel:
     """Load a Hugging Face directory or a converted (Orbax) checkpoint; ``None`` = the shipped model.
+
+    ``quantize="int8"`` or ``"int4"`` stores the layers' projection weights as integers with
+    scales (``models.quantize``: weight-only, through qwix); activations stay in ``dtype``.
 
     With ``mesh`` (a ``jax.sharding.Mesh`` or a spec like ``"data=2,model=4"``) each parameter is
     placed straight into its shards as it is read, so no device ever holds the whole model.
@@ -536,6 +541,9 @@ def load_model(
     """
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    check_quantize(quantize)
+    if quantize is not None and mesh is not None:
+        raise ValueError("quantize with a mesh is not supported yet: load on one device, or without quantize")
     path = model_directory(path)
     if isinstance(mesh, str):
         mesh = make_mesh(mesh)
@@ -548,5 +556,7 @@ def load_model(
         model = load_checkpoint(path, DTYPES[dtype], shardings, unroll_layers)
     else:
         model = load_hf_model(path, DTYPES[dtype], shardings, unroll_layers)
+    if quantize is not None:
+        quantize_model(model, quantize)
     tokenizer = load_tokenizer(path, model.config.family)
     return LoadedModel(model, tokenizer, path, mesh)

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from models import load_config
+from models.quantize import QUANTIZE
 
 from .api import DTYPES, LoadedModel, load_model, model_directory, model_settings
 from .config import DecodeConfig, check_for_model
@@ -250,6 +251,11 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument("--prompt-bucket", type=positive_int, default=32, help="pad prompt lengths up to a multiple of this")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    p.add_argument(
+        "--quantize",
+        choices=list(QUANTIZE),
+        help="store the layers' projection weights as int8 or int4 with scales (weight-only, through qwix)",
+    )
     p.add_argument("--out", default="bench_out", help="output directory for JSON, Markdown and PNG")
     return p
 
@@ -284,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         examples = load_jsonl(data)[: args.limit]
         if not examples:
             raise InputError(f"{data} holds no problems")
-        lm = load_model(model_dir, dtype=args.dtype)
+        lm = load_model(model_dir, dtype=args.dtype, quantize=args.quantize)
         check_prompts(lm, examples, base.gen_length, args.chat, args.prompt_bucket)
     except (FileNotFoundError, ValueError) as exc:  # InputError, DecodeConfigError, ConfigError, ...
         print(f"error: {exc}", file=sys.stderr)

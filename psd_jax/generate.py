@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from models import load_config
+from models.quantize import QUANTIZE
 
 from .api import DTYPES, Generation, LoadedModel, check_seed, load_model, model_directory, model_settings
 from .config import RECOMMENDED, DecodeConfig, check_for_model
@@ -47,6 +48,11 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="PRNG seed for sampling and random confidences, in [0, 2**32)")
     add_decode_flags(p)
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    p.add_argument(
+        "--quantize",
+        choices=list(QUANTIZE),
+        help="store the layers' projection weights as int8 or int4 with scales (weight-only, through qwix)",
+    )
     p.add_argument("--mesh", help='shard over devices, e.g. "data=2,model=4" (default: one device)')
     p.add_argument("--distributed", action="store_true", help="multi-host: call jax.distributed.initialize() first")
     p.add_argument("--prompt-bucket", type=positive_int, default=32, help="pad prompt lengths up to a multiple of this")
@@ -190,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             import jax
 
             jax.distributed.initialize()
-        lm = load_model(model_dir, dtype=args.dtype, mesh=args.mesh)
+        lm = load_model(model_dir, dtype=args.dtype, mesh=args.mesh, quantize=args.quantize)
         if examples:
             run_demo(lm, examples, settings, args.seed, args.chat, args.json, args.prompt_bucket)
             return 0

@@ -20,6 +20,7 @@ from typing import Any
 
 from convert.safetensors_dir import CheckpointError
 from models import ConfigError, load_config
+from models.quantize import QUANTIZE
 
 from ..api import DTYPES, model_directory, model_settings
 from ..config import (
@@ -42,6 +43,7 @@ HARNESS_ARGS = ("batch_size", "max_batch_size", "device", "trust_remote_code")
 EVAL_ARGS: dict[str, str] = {
     "pretrained": "model directory: Hugging Face LLaDA/Dream or converted (default: the shipped model)",
     "dtype": f"weight dtype: {', '.join(DTYPES)} (default float32)",
+    "quantize": f"weight-only quantization of the projections: {', '.join(QUANTIZE)} (default none)",
     "mesh": "device mesh, e.g. data=1,model=8 (or data=1;model=8); default: one device",
     "seed": "PRNG seed of sampling and of the likelihood estimator's masks (default 0)",
     "prompt_bucket": "pad prompt lengths to a multiple of this (default 32)",
@@ -69,6 +71,7 @@ class EvalArgs:
     settings: DecodeConfig
     decode_fields: dict[str, Any]  # the DecodeConfig fields the user set (gen_length explicit or not)
     dtype: str = "float32"
+    quantize: str | None = None
     mesh: str | None = None
     seed: int = 0
     prompt_bucket: int = 32
@@ -204,6 +207,10 @@ def parse_eval_args(raw: dict[str, Any]) -> EvalArgs:
     dtype = str(kwargs.get("dtype", "float32"))
     if dtype not in DTYPES:
         raise EvalArgsError(f"model argument dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    quantize = kwargs.get("quantize")
+    quantize = None if quantize in (None, "", "none") else str(quantize)
+    if quantize is not None and quantize not in QUANTIZE:
+        raise EvalArgsError(f"model argument quantize must be one of {', '.join(QUANTIZE)} or none, got {quantize!r}")
     pretrained = _pretrained(kwargs.get("pretrained"))
     fields = {k: decode_field(k, v) for k, v in kwargs.items() if k in FIELD_HELP}
     try:
@@ -219,6 +226,7 @@ def parse_eval_args(raw: dict[str, Any]) -> EvalArgs:
         settings=settings,
         decode_fields=fields,
         dtype=dtype,
+        quantize=quantize,
         mesh=mesh,
         seed=seed,
         prompt_bucket=_count("prompt_bucket", kwargs.get("prompt_bucket", 32)),

@@ -61,7 +61,9 @@ class PsdJaxLM(LM):
         super().__init__()
         self.args: EvalArgs = parse_eval_args(kwargs)  # checked against the model's config before loading
         settings = self.args.settings
-        self.lm: LoadedModel = load_model(self.args.pretrained, dtype=self.args.dtype, mesh=self.args.mesh)
+        self.lm: LoadedModel = load_model(
+            self.args.pretrained, dtype=self.args.dtype, mesh=self.args.mesh, quantize=self.args.quantize
+        )
         est = Estimator(
             mc_num=self.args.mc_num,
             mc_batch=self.args.mc_batch,

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Mapping
 
 from models import load_config
+from models.quantize import QUANTIZE
 
 from ..api import DTYPES, InputError, left_pad, load_model, model_directory, model_settings
 from ..config import MAX_BRANCHES, DecodeConfigError, check_for_model
@@ -104,6 +105,11 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--served-model-name", help="the model id clients send (default: the directory's name)")
     add_decode_flags(p)
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    p.add_argument(
+        "--quantize",
+        choices=list(QUANTIZE),
+        help="store the layers' projection weights as int8 or int4 with scales (weight-only, through qwix)",
+    )
     p.add_argument("--mesh", help='shard over devices, e.g. "data=2,model=4" (default: one device)')
     p.add_argument("--distributed", action="store_true", help="multi-host: call jax.distributed.initialize() first")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
@@ -251,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             import jax
 
             jax.distributed.initialize()
-        lm = load_model(model_dir, dtype=args.dtype, mesh=args.mesh)
+        lm = load_model(model_dir, dtype=args.dtype, mesh=args.mesh, quantize=args.quantize)
         defaults = lm.settings(defaults)
         for length in warmup:
             left_pad([[0] * length], lm.config, defaults.gen_length, args.prompt_bucket)

@@ -1,0 +1,74 @@
+"""Weight-only post-training quantization of the projection weights, through Google's ``qwix``.
+
+Decoding at small batch reads every weight once per forward, so its time and memory are the
+weights': int8 halves bfloat16's bytes, int4 quarters them. The projections of every layer
+(attention q/k/v/o and the MLP's gate/up/down) are stored as ``qwix.QArray`` (integer values and
+their scales) and multiplied through ``qwix.dot_general``, which dequantizes them inside the
+matmul; activations stay in the model dtype.
+
+- ``int8``: one scale per output channel (symmetric absmax over the contraction axis).
+- ``int4``: one scale per output channel and per group of ``INT4_GROUP`` contraction rows (a
+  per-channel int4 scale over a whole 4096-wide row loses too much).
+
+What stays in the model dtype: the embedding (a gather, not a matmul), the norms and biases (a
+few thousand values), and the output head (the logits every decoder's confidence is read from).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import qwix
+from flax import nnx
+
+QUANTIZE = ("int8", "int4")
+INT4_GROUP = 32  # contraction rows per int4 scale (smaller where the axis is not a multiple)
+QTYPES = {"int8": jnp.int8, "int4": jnp.int4}
+# Projection weights by family: [L, in, out] stacked (the contraction is axis 1).
+FAMILIES = ("llada", "dream")
+PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+def check_quantize(quantize: str | None) -> None:
+    if quantize is not None and quantize not in QUANTIZE:
+        raise ValueError(f"unknown quantize {quantize!r}; choose one of {', '.join(QUANTIZE)} (or none)")
+
+
+def quantize_weight(w: jax.Array, quantize: str, contraction_axis: int) -> qwix.QArray:
+    """``w`` as a ``QArray``: a scale per index of every other axis (per output channel, per layer
+    when stacked), and for int4 per group of contraction rows too; scales in ``w``'s dtype."""
+    others = [a for a in range(w.ndim) if a != contraction_axis]
+    tiled = {}
+    if quantize == "int4":
+        tiled = {contraction_axis: math.gcd(w.shape[contraction_axis], INT4_GROUP)}
+    return qwix.quantize(w, QTYPES[quantize], channelwise_axes=others, tiled_axes=tiled, scale_dtype=w.dtype)
+
+
+def quantized_matmul(x: jax.Array, w: qwix.QArray) -> jax.Array:
+    """``x @ w`` for a quantized ``w`` [in, out]: float32 accumulation, rounded once to ``x``'s dtype."""
+    dims = (((x.ndim - 1,), (0,)), ((), ()))
+    return qwix.dot_general(x, w, dims, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def is_quantized(w) -> bool:
+    return isinstance(w, qwix.QArray)
+
+
+def quantize_model(model: nnx.Module, quantize: str) -> None:
+    """Quantize ``model``'s projection weights in place (either layer layout)."""
+    check_quantize(quantize)
+    if model.config.family not in FAMILIES:
+        raise ValueError(
+            f"quantize is not supported for the {model.config.family} family yet (supported: {', '.join(FAMILIES)})"
+        )
+    names = [n for n in PROJECTIONS if n in model.layer_param_names()]
+    if model.unrolled:  # each layer's [in, out] in a Param of its own
+        for layer in model.layers:
+            for name in names:
+                layer[name].set_value(quantize_weight(layer[name].get_value(), quantize, 0))
+    else:
+        for name in names:
+            param = getattr(model, name)
+            param.set_value(quantize_weight(param.get_value(), quantize, 1))
