@@ -54,6 +54,9 @@ def import_transformers() -> ModuleType:
     return transformers
 
 
+NO_TOKENIZER_LIMIT = int(1e30)  # transformers' own value for "no limit" (VERY_LARGE_INTEGER)
+
+
 def load_tokenizer(model_dir: str | Path, family: str):
     """The directory's tokenizer, or ``None`` when it ships none."""
     if not has_tokenizer(model_dir):
@@ -66,14 +69,18 @@ def load_tokenizer(model_dir: str | Path, family: str):
     try:
         with warnings.catch_warnings():  # AutoTokenizer parses config.json: LLaDA2.0's rope_scaling warns
             warnings.simplefilter("ignore", FutureWarning)
-            return transformers.AutoTokenizer.from_pretrained(str(model_dir))
+            tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
     except Exception as exc:  # remote-code tokenizers (Dream's DreamTokenizer) land here
         if family != "dream":
             raise TokenizerError(f"{model_dir}: cannot load tokenizer: {exc}") from exc
         logging.getLogger(__name__).debug("AutoTokenizer failed (%s); using Qwen2Tokenizer", exc)
-        return transformers.Qwen2Tokenizer.from_pretrained(str(model_dir))
+        tokenizer = transformers.Qwen2Tokenizer.from_pretrained(str(model_dir))
     finally:
         transformers.logging.set_verbosity(verbosity)
+    # Prompt lengths are checked against the model's context by every front end (lengths.py), with
+    # one error line; the tokenizer's own limit would only add a warning (or truncate).
+    tokenizer.model_max_length = NO_TOKENIZER_LIMIT
+    return tokenizer
 
 
 def token_id(tokenizer, token: str) -> int | None:
