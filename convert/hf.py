@@ -27,6 +27,7 @@ from models import (
     param_dtype,
     param_shapes,
 )
+from models.quantize import check_family, quantized_param
 
 from .keys import Target, expected_keys
 from .safetensors_dir import CheckpointError, SafetensorsDir
@@ -121,10 +122,18 @@ def load_hf_model(
     dtype: str | jnp.dtype = jnp.float32,
     shardings: dict[str, jax.sharding.Sharding] | None = None,
     unroll_layers: bool = False,
+    quantize: str | None = None,
 ) -> DiffusionLM | LLaDA2MoE:
-    """Load a Hugging Face LLaDA/Dream/LLaDA2.0 directory straight into a Flax model (sharded if asked)."""
-    place = None if shardings is None else (lambda name, host: jax.device_put(host, shardings[name]))
+    """Load a Hugging Face LLaDA/Dream/LLaDA2.0 directory straight into a Flax model (sharded if
+    asked; with ``quantize``, each projection quantized as it arrives: ``models.quantize``)."""
     cfg = load_config(model_dir)
+    if quantize is not None:
+        check_family(cfg.family)
+
+    def place(name: str, host: np.ndarray) -> jax.Array:
+        target = None if shardings is None else shardings[name]
+        return quantized_param(name, host, quantize, lambda value: jax.device_put(value, target))
+
     with SafetensorsDir(model_dir) as reader:
         params = stream_params(reader, cfg, jnp.dtype(dtype), place)
     return model_from_params(cfg, params, jnp.dtype(dtype), unroll_layers)

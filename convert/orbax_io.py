@@ -12,6 +12,7 @@ requested dtype and each device reads only its shard.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -23,8 +24,10 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
+from jax.sharding import SingleDeviceSharding
 
 from models import DiffusionLM, LLaDA2MoE, load_config, param_dtype, param_shapes
+from models.quantize import check_family, host_device, is_projection, quantized_param
 
 from .hf import model_from_params
 from .safetensors_dir import CheckpointError
@@ -160,10 +163,14 @@ def load_checkpoint(
     dtype: str | jnp.dtype = jnp.float32,
     shardings: dict[str, jax.sharding.Sharding] | None = None,
     unroll_layers: bool = False,
+    quantize: str | None = None,
 ) -> DiffusionLM | LLaDA2MoE:
-    """Restore a converted directory into the family's module of ``dtype``, parameter by parameter."""
+    """Restore a converted directory into the family's module of ``dtype``, parameter by parameter
+    (with ``quantize``, each projection quantized as it is restored: ``models.quantize``)."""
     path = Path(path).resolve()
     cfg = load_config(path)
+    if quantize is not None:
+        check_family(cfg.family)
     fmt = json.loads((path / MARKER).read_text()).get("format")
     if fmt != FORMAT:
         raise CheckpointError(
@@ -182,6 +189,11 @@ def load_checkpoint(
             meta = ckpt.metadata(item).item_metadata.tree["value"]
             if tuple(meta.shape) != shape:
                 raise CheckpointError(f"{path}: parameter '{name}' has shape {tuple(meta.shape)}, expected {shape}")
-            target = jax.ShapeDtypeStruct(shape, param_dtype(cfg, name, dtype), sharding=(shardings or {}).get(name))
-            params[name] = ckpt.restore(item, {"value": target})["value"]
+            sharding = (shardings or {}).get(name)
+            on_host = quantize is not None and is_projection(name)  # quantized there, then placed
+            restore_to = SingleDeviceSharding(host_device()) if on_host else sharding
+            target = jax.ShapeDtypeStruct(shape, param_dtype(cfg, name, dtype), sharding=restore_to)
+            value = ckpt.restore(item, {"value": target})["value"]
+            place = functools.partial(jax.device_put, device=sharding)
+            params[name] = quantized_param(name, value, quantize, place) if on_host else value
     return model_from_params(cfg, params, dtype, unroll_layers)

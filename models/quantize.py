@@ -7,8 +7,8 @@ their scales) and multiplied through ``qwix.dot_general``, which dequantizes the
 matmul; activations stay in the model dtype.
 
 - ``int8``: one scale per output channel (symmetric absmax over the contraction axis).
-- ``int4``: one scale per output channel and per group of ``INT4_GROUP`` contraction rows (a
-  per-channel int4 scale over a whole 4096-wide row loses too much).
+- ``int4``: one scale per output channel and per group of ``INT4_GROUP`` contraction rows (one
+  scale per whole row loses much more: docs/quantization.md).
 
 What stays in the model dtype: the embedding (a gather, not a matmul), the norms and biases (a
 few thousand values), and the output head (the logits every decoder's confidence is read from).
@@ -16,12 +16,12 @@ few thousand values), and the output head (the logits every decoder's confidence
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import qwix
-from flax import nnx
 
 QUANTIZE = ("int8", "int4")
 INT4_GROUP = 32  # contraction rows per int4 scale (smaller where the axis is not a multiple)
@@ -36,9 +36,11 @@ def check_quantize(quantize: str | None) -> None:
         raise ValueError(f"unknown quantize {quantize!r}; choose one of {', '.join(QUANTIZE)} (or none)")
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2))
 def quantize_weight(w: jax.Array, quantize: str, contraction_axis: int) -> qwix.QArray:
     """``w`` as a ``QArray``: a scale per index of every other axis (per output channel, per layer
-    when stacked), and for int4 per group of contraction rows too; scales in ``w``'s dtype."""
+    when stacked), and for int4 per group of contraction rows too; scales in ``w``'s dtype (compiled
+    once per shape: the loaders call it for every parameter)."""
     others = [a for a in range(w.ndim) if a != contraction_axis]
     tiled = {}
     if quantize == "int4":
@@ -56,19 +58,24 @@ def is_quantized(w) -> bool:
     return isinstance(w, qwix.QArray)
 
 
-def quantize_model(model: nnx.Module, quantize: str) -> None:
-    """Quantize ``model``'s projection weights in place (either layer layout)."""
-    check_quantize(quantize)
-    if model.config.family not in FAMILIES:
-        raise ValueError(
-            f"quantize is not supported for the {model.config.family} family yet (supported: {', '.join(FAMILIES)})"
-        )
-    names = [n for n in PROJECTIONS if n in model.layer_param_names()]
-    if model.unrolled:  # each layer's [in, out] in a Param of its own
-        for layer in model.layers:
-            for name in names:
-                layer[name].set_value(quantize_weight(layer[name].get_value(), quantize, 0))
-    else:
-        for name in names:
-            param = getattr(model, name)
-            param.set_value(quantize_weight(param.get_value(), quantize, 1))
+def check_family(family: str) -> None:
+    if family not in FAMILIES:
+        raise ValueError(f"quantize is not supported for the {family} family yet (supported: {', '.join(FAMILIES)})")
+
+
+def host_device() -> jax.Device:
+    """Where loaders quantize: the host's CPU device (JAX always has one beside an accelerator)."""
+    return jax.devices("cpu")[0]
+
+
+def is_projection(name: str) -> bool:
+    return name in PROJECTIONS
+
+
+def quantized_param(name: str, value, quantize: str | None, place):
+    """A loaded parameter as the model stores it, put where it belongs by ``place(value)``: a
+    projection (stacked [L, in, out]) is quantized on the host first, so its device receives only
+    the integers and scales and never holds the float weight; anything else is placed as it is."""
+    if quantize is None or not is_projection(name):
+        return place(value)
+    return place(quantize_weight(jax.device_put(value, host_device()), quantize, 1))

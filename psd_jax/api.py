@@ -26,7 +26,7 @@ from convert.hf import load_hf_model
 from convert.orbax_io import is_orbax_dir, load_checkpoint
 from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE, CheckpointError
 from models import DiffusionLM, ModelConfig, load_config
-from models.quantize import check_quantize, quantize_model
+from models.quantize import check_quantize
 from models.transformer import default_unroll_layers
 
 from .config import DecodeConfig, DecodeConfigError, check_for_model, merged_fields, settings_from
@@ -553,10 +553,8 @@ def load_model(
     if unroll_layers is None:
         unroll_layers = default_unroll_layers()
     if is_orbax_dir(path):
-        model = load_checkpoint(path, DTYPES[dtype], shardings, unroll_layers)
+        model = load_checkpoint(path, DTYPES[dtype], shardings, unroll_layers, quantize)
     else:
-        model = load_hf_model(path, DTYPES[dtype], shardings, unroll_layers)
-    if quantize is not None:
-        quantize_model(model, quantize)
+        model = load_hf_model(path, DTYPES[dtype], shardings, unroll_layers, quantize)
     tokenizer = load_tokenizer(path, model.config.family)
     return LoadedModel(model, tokenizer, path, mesh)

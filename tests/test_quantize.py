@@ -65,6 +65,21 @@ def test_int8_logits_stay_near_float32(cases, name):
     assert (got.argmax(-1) == want.argmax(-1)).mean() >= INT8_TOP1
 
 
+def test_a_converted_checkpoint_quantizes_on_restore_as_the_hf_directory_does(tmp_path, cases):
+    from convert.__main__ import main as convert_main
+
+    out = tmp_path / "llada-tiny-orbax"
+    assert convert_main(["--hf-dir", str(GOLDENS / "llada-tiny"), "--out", str(out), "--dtype", "float32"]) == 0
+    ids = cases["llada-tiny.forward.input_ids"][:, :64]
+    from_hf = load_model(GOLDENS / "llada-tiny", quantize="int8", unroll_layers=False)
+    from_orbax = load_model(out, quantize="int8", unroll_layers=False)
+    for name in PROJECTIONS:
+        a, b = getattr(from_hf.model, name).get_value(), getattr(from_orbax.model, name).get_value()
+        np.testing.assert_array_equal(np.asarray(a.qvalue), np.asarray(b.qvalue))
+        np.testing.assert_array_equal(np.asarray(a.scale), np.asarray(b.scale))
+    np.testing.assert_array_equal(np.asarray(from_hf.logits(ids)), np.asarray(from_orbax.logits(ids)))
+
+
 def test_strict_psd_on_int8_is_lossless_against_its_int8_base(cases):
     lm = load_model(GOLDENS / "llada-tiny", quantize="int8")
     prompts = [cases[f"llada-tiny.threshold_0.9_row{r}.prompt"][0].tolist() for r in range(2)]
