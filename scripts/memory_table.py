@@ -32,8 +32,11 @@ separated by ``;``) replaces a target's mesh for the selected models. ``--models
 
 Runs itself in a subprocess. Prints Markdown, writes ``--json``.
 
+``--targets`` selects targets (default: the three above; ``TPU v5e-1`` is one v5e chip, 16 GiB),
+``--quantize int8|int4`` stores the projections as ``models.quantize`` does (one-device targets).
+
     python -m scripts.memory_table [--json PATH] [--decode] [--batches 1,8,32] [--gens 256,1024] [--compiler cpu|tpu]
-        [--models LLaDA-8B,Dream-7B,LLaDA2.0-mini] [--mesh "TARGET:SPEC;..."]
+        [--models LLaDA-8B,Dream-7B,LLaDA2.0-mini] [--mesh "TARGET:SPEC;..."] [--targets ...] [--quantize int8|int4]
 """
 
 from __future__ import annotations
@@ -61,16 +64,24 @@ TARGETS = {
     "TPU v5e-8": (8, 16 * GiB, "data=1,model=8"),
     "TPU v4-8": (4, 32 * GiB, "data=1,model=4"),
     "GPU 80GB": (1, 80 * GiB, "data=1,model=1"),
+    "TPU v5e-1": (1, 16 * GiB, "data=1,model=1"),
 }
+DEFAULT_TARGETS = ("TPU v5e-8", "TPU v4-8", "GPU 80GB")
 # --compiler tpu: the topology each target is compiled for (name, get_topology_desc options).
 TOPOLOGIES = {
     "TPU v5e-8": ("v5e:2x4", {}),
     "TPU v4-8": ("v4:2x2x1", {"chip_config_name": "megacore"}),
     "GPU 80GB": ("v5p:1x1x1", {"chips_per_host_bounds": (1, 1, 1)}),
+    "TPU v5e-1": ("v5e:1x1", {"chips_per_host_bounds": (1, 1, 1)}),
 }
 # The mixture-of-experts model's mesh per target (experts over ``expert``; the 4 KV heads and the
 # 512 expert hidden units split over ``model`` as well where it is given).
-MOE_MESHES = {"TPU v5e-8": "expert=8", "TPU v4-8": "expert=4", "GPU 80GB": "data=1,model=1"}
+MOE_MESHES = {
+    "TPU v5e-8": "expert=8",
+    "TPU v4-8": "expert=4",
+    "GPU 80GB": "data=1,model=1",
+    "TPU v5e-1": "data=1,model=1",
+}
 PROMPT = 128
 
 
@@ -95,15 +106,18 @@ def mesh_spec(cfg, target: str, overrides: dict[str, str]) -> str:
 def _leaf_bytes(shape, dtype, sharding) -> int:
     """Bytes of one array on one device under ``sharding`` (the largest shard)."""
     import jax
+    import jax.numpy as jnp
     import numpy as np
 
     shard = sharding.shard_shape(tuple(shape)) if sharding is not None else tuple(shape)
     if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):  # a PRNG key is its raw key data
         return math.prod(shard) * jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).size * 4
+    if np.dtype(dtype) in (np.dtype(jnp.int4), np.dtype(jnp.uint4)):  # two per byte on the device
+        return -(-math.prod(shard) // 2)
     return math.prod(shard) * np.dtype(dtype).itemsize
 
 
-def measure(cfg, mesh, batch: int, gen: int, full_decode: bool) -> dict:
+def measure(cfg, mesh, batch: int, gen: int, full_decode: bool, quantize: str | None = None) -> dict:
     """Compile ``init_state`` (and optionally ``decode``) on abstract inputs; bytes per device."""
     import jax
     import jax.numpy as jnp
@@ -116,7 +130,15 @@ def measure(cfg, mesh, batch: int, gen: int, full_decode: bool) -> dict:
     from psd_jax.sharding import batch_sharding, bytes_per_device, param_shardings
 
     dcfg = DecodeConfig(gen_length=gen, block_length=32, cache="dual")
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: model_class(cfg)(cfg, dtype=jnp.bfloat16)))
+    model = nnx.eval_shape(lambda: model_class(cfg)(cfg, dtype=jnp.bfloat16))
+    if quantize is not None:  # the projections as the loaders store them (models.quantize), abstractly
+        from models.quantize import PROJECTIONS, check_family, quantize_weight
+
+        check_family(cfg.family)
+        for name in PROJECTIONS:
+            weight = getattr(model, name).get_value()
+            model.set_param(name, jax.eval_shape(lambda w: quantize_weight(w, quantize, 1), weight))
+    graphdef, state = nnx.split(model)
     shardings = param_shardings(cfg, mesh)
     params = jax.tree_util.tree_map_with_path(
         lambda path, x: jax.ShapeDtypeStruct(
@@ -169,7 +191,13 @@ def measure(cfg, mesh, batch: int, gen: int, full_decode: bool) -> dict:
     }
     if full_decode:
         start = time.perf_counter()
-        whole = decode.lower(graphdef, params, ids, ids, key, mcfg=cfg, dcfg=dcfg).compile().memory_analysis()
+        try:
+            whole = decode.lower(graphdef, params, ids, ids, key, mcfg=cfg, dcfg=dcfg).compile().memory_analysis()
+        except jax.errors.JaxRuntimeError as exc:  # the compiler's own "does not fit"
+            if "RESOURCE_EXHAUSTED" not in str(exc):
+                raise
+            out["xla_decode"] = {"error": str(exc).splitlines()[0]}
+            return out
         out["xla_decode"] = {
             "argument": whole.argument_size_in_bytes,
             "output": whole.output_size_in_bytes,
@@ -193,7 +221,14 @@ def target_devices(target: str, compiler: str) -> list:
 
 
 def worker(
-    batches: list[int], gens: list[int], full_decode: bool, compiler: str, models: list[str], overrides: dict[str, str]
+    batches: list[int],
+    gens: list[int],
+    full_decode: bool,
+    compiler: str,
+    models: list[str],
+    overrides: dict[str, str],
+    targets: list[str],
+    quantize: str | None,
 ) -> list[dict]:
     import jax
 
@@ -203,7 +238,8 @@ def worker(
     rows = []
     for model in models:
         cfg = model_config(MODELS[model])
-        for target, (_, hbm, _) in TARGETS.items():
+        for target in targets:
+            hbm = TARGETS[target][1]
             spec = mesh_spec(cfg, target, overrides)
             mesh = make_mesh(spec, target_devices(target, compiler))
             for batch in batches:
@@ -218,9 +254,18 @@ def worker(
                         "prompt": PROMPT,
                         "gen": gen,
                         "compiler": compiler,
+                        "quantize": quantize,
                     }
-                    with compiling_for(compiler), jax.set_mesh(mesh):
-                        row.update(measure(cfg, mesh, batch, gen, full_decode and last))
+                    try:
+                        with compiling_for(compiler), jax.set_mesh(mesh):
+                            row.update(measure(cfg, mesh, batch, gen, full_decode and last, quantize))
+                    except jax.errors.JaxRuntimeError as exc:  # the compiler's own "does not fit"
+                        if "RESOURCE_EXHAUSTED" not in str(exc):
+                            raise
+                        row.update(compile_error=str(exc).splitlines()[0], fits=False)
+                        print(json.dumps(row), file=sys.stderr, flush=True)
+                        rows.append(row)
+                        continue
                     row["total"] = row["params"] + row["kv_cache"] + row["state"] + row["activations"]
                     row["fits"] = row["total"] <= hbm
                     print(json.dumps(row), file=sys.stderr, flush=True)
@@ -234,7 +279,8 @@ def gib(n: int) -> str:
 
 def markdown(rows: list[dict]) -> str:
     lines = [
-        f'Per-device memory, bfloat16 weights, prompt {PROMPT} tokens, `cache="dual"`, plain decoder (K = 1), GiB.',
+        f"Per-device memory, {rows[0]['quantize'] or 'bfloat16'} weights, prompt {PROMPT} tokens, "
+        '`cache="dual"`, plain decoder (K = 1), GiB.',
         "Params, KV cache and state: exact from shapes and shardings. Activations: "
         f"XLA:{rows[0]['compiler'].upper()} `temp_size_in_bytes` of the block-start full forward.",
         "",
@@ -242,6 +288,12 @@ def markdown(rows: list[dict]) -> str:
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in rows:
+        if "compile_error" in r:
+            lines.append(
+                f"| {r['model']} | {r['target']} | `{r['mesh']}` | {r['batch']} | {r['gen']} | "
+                f"{r['compile_error']} ||||| {gib(r['hbm'])} | **no** |"
+            )
+            continue
         lines.append(
             f"| {r['model']} | {r['target']} | `{r['mesh']}` | {r['batch']} | {r['gen']} | {gib(r['params'])} | {gib(r['kv_cache'])} | "
             f"{gib(r['state'])} | {gib(r['activations'])} | {gib(r['total'])} | {gib(r['hbm'])} | {'yes' if r['fits'] else '**no**'} |"
@@ -257,6 +309,11 @@ def markdown(rows: list[dict]) -> str:
         ]
         for r in whole:
             d = r["xla_decode"]
+            if "error" in d:
+                lines.append(
+                    f"| {r['model']} | {r['target']} | {r['batch']} | {r['gen']} | {d['error']} |||| {gib(r['total'])} |"
+                )
+                continue
             lines.append(
                 f"| {r['model']} | {r['target']} | {r['batch']} | {r['gen']} | {gib(d['argument'])} | {gib(d['temp'])} | "
                 f"{gib(d['output'])} | {gib(d['argument'] + d['temp'] + d['output'])} | {gib(r['total'])} |"
@@ -279,6 +336,12 @@ def main() -> int:
     parser.add_argument(
         "--mesh", default="", help='replace targets\' meshes: "TPU v5e-8:expert=4,model=2;TPU v4-8:expert=2,model=2"'
     )
+    parser.add_argument(
+        "--targets", default=",".join(DEFAULT_TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}"
+    )
+    parser.add_argument(
+        "--quantize", choices=("int8", "int4"), help="projections as models.quantize stores them (one-device targets)"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     batches, gens = [int(b) for b in args.batches.split(",")], [int(g) for g in args.gens.split(",")]
@@ -290,8 +353,15 @@ def main() -> int:
     overrides = {target.strip(): spec.strip() for target, spec in overrides.items()}
     if set(overrides) - set(TARGETS):
         parser.error(f"unknown target(s) in --mesh: {', '.join(set(overrides) - set(TARGETS))}")
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    if set(targets) - set(TARGETS):
+        parser.error(f"unknown target(s) {', '.join(set(targets) - set(TARGETS))}; choose from {', '.join(TARGETS)}")
+    if args.quantize and any(TARGETS[t][0] > 1 for t in targets):
+        parser.error(
+            "--quantize needs one-device targets (quantized weights are not sharded yet): --targets 'TPU v5e-1'"
+        )
     if args.worker:
-        print(json.dumps(worker(batches, gens, args.decode, args.compiler, models, overrides)))
+        print(json.dumps(worker(batches, gens, args.decode, args.compiler, models, overrides, targets, args.quantize)))
         return 0
     if args.compiler == "tpu" and importlib.util.find_spec("libtpu") is None:
         parser.error('--compiler tpu needs libtpu in this environment: pip install "jax[tpu]"')
@@ -302,6 +372,7 @@ def main() -> int:
         env.setdefault("TPU_ACCELERATOR_TYPE", "none")  # no local TPU to probe: compile only
     cmd = [sys.executable, __file__, "--worker", "--batches", args.batches, "--gens", args.gens]
     cmd += ["--compiler", args.compiler, "--models", ",".join(models), "--mesh", args.mesh]
+    cmd += ["--targets", ",".join(targets)] + (["--quantize", args.quantize] if args.quantize else [])
     cmd += ["--decode"] if args.decode else []
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
     if proc.returncode:
