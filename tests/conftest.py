@@ -24,7 +24,7 @@ os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAG
 # Every XLA:CPU program keeps a few hundred memory mappings of its code, and this suite compiles
 # thousands: past the kernel's limit on mappings per process (vm.max_map_count, 65530 by default)
 # the next compile crashes the interpreter. Programs are shared between tests through the
-# session's models; when the mappings near the limit, every model drops its programs (the later
+# shared fixtures' models; when the mappings near the limit, every model drops its programs (the later
 # tests recompile what they need).
 MAX_MAPPINGS = 40_000
 
