@@ -22,6 +22,7 @@ import math
 import jax
 import jax.numpy as jnp
 import qwix
+from jax.sharding import NamedSharding, PartitionSpec
 
 QUANTIZE = ("int8", "int4")
 INT4_GROUP = 32  # contraction rows per int4 scale (smaller where the axis is not a multiple)
@@ -70,6 +71,29 @@ def host_device() -> jax.Device:
 
 def is_projection(name: str) -> bool:
     return name in PROJECTIONS
+
+
+def fitted_sharding(sharding, shape: tuple[int, ...]):
+    """``sharding`` (of a weight) for an array of ``shape`` (its scales): the mesh axes of every
+    dimension that still divides, none where it does not (a per-channel scale's contraction
+    dimension is 1)."""
+    if not isinstance(sharding, NamedSharding):
+        return sharding
+    mesh, spec = sharding.mesh, tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
+
+    def size(axes) -> int:
+        return math.prod(mesh.shape[a] for a in (axes if isinstance(axes, tuple) else (axes,)))
+
+    fitted = [axes if axes is None or dim % size(axes) == 0 else None for axes, dim in zip(spec, shape)]
+    return NamedSharding(mesh, PartitionSpec(*fitted))
+
+
+def place_quantized(q: qwix.QArray, sharding) -> qwix.QArray:
+    """A quantized weight on the devices of its float weight's ``sharding`` (None: the default
+    device): the integers split as the weight, the scales as far as their shape allows."""
+    if sharding is None:
+        return jax.device_put(q)
+    return jax.device_put(q, jax.tree.map(lambda leaf: fitted_sharding(sharding, leaf.shape), q))
 
 
 def quantized_param(name: str, value, quantize: str | None, place):

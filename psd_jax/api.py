@@ -542,8 +542,8 @@ def load_model(
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     check_quantize(quantize)
-    if quantize is not None and mesh is not None:
-        raise ValueError("quantize with a mesh is not supported yet: load on one device, or without quantize")
+    if quantize == "int4" and mesh is not None:
+        raise ValueError("quantize='int4' with a mesh is not supported yet (int8 is): load int4 on one device")
     path = model_directory(path)
     if isinstance(mesh, str):
         mesh = make_mesh(mesh)

@@ -173,9 +173,38 @@ def main(ckpt: str, moe_ckpt: str | None = None) -> None:
                 [r.output_ids, r.nfe] for r in lm.generate(PROMPTS, settings, prompt_bucket=16)
             ]
             print(f"{mesh} {name}: {time.perf_counter() - start:.1f}s", file=sys.stderr)
+    out["int8"] = quantized_meshes(ckpt)
     if moe_ckpt is not None:
         out["moe"] = moe_meshes(moe_ckpt)
     print(json.dumps(out))
+
+
+def quantized_meshes(ckpt: str) -> dict:
+    """int8 on each mesh: its tokens, one device's, and whether the loader's quantize-on-the-host
+    then shard gives exactly the arrays of quantizing the sharded float weights where they lie."""
+    from models.quantize import PROJECTIONS, quantize_weight
+
+    settings = DecodeConfig(gen_length=32, block_length=16, policy="threshold")
+    one = load_model(ckpt, quantize="int8", unroll_layers=False)
+    out = {"reference": [r.output_ids for r in one.generate(PROMPTS, settings, prompt_bucket=16)]}
+    for mesh in MESHES:
+        lm = load_model(ckpt, quantize="int8", mesh=mesh, unroll_layers=False)
+        floats = load_model(ckpt, mesh=mesh, unroll_layers=False)
+        same = []
+        for name in PROJECTIONS:
+            loaded = getattr(lm.model, name).get_value()
+            in_place = quantize_weight(getattr(floats.model, name).get_value(), "int8", 1)
+            same.append(
+                bool((np.asarray(loaded.qvalue) == np.asarray(in_place.qvalue)).all())
+                and bool((np.asarray(loaded.scale) == np.asarray(in_place.scale)).all())
+            )
+        split = not lm.model.wq.get_value().qvalue.sharding.is_fully_replicated
+        out[mesh] = {
+            "tokens": [r.output_ids for r in lm.generate(PROMPTS, settings, prompt_bucket=16)],
+            "arrays_equal": all(same),
+            "qvalue_split": split,
+        }
+    return out
 
 
 if __name__ == "__main__":

@@ -94,8 +94,8 @@ def test_strict_psd_on_int8_is_lossless_against_its_int8_base(cases):
 def test_bad_quantize_values_are_one_clear_error(capsys):
     with pytest.raises(ValueError, match="unknown quantize 'int3'; choose one of int8, int4"):
         load_model(GOLDENS / "llada-tiny", quantize="int3")
-    with pytest.raises(ValueError, match="quantize with a mesh is not supported yet"):
-        load_model(GOLDENS / "llada-tiny", quantize="int8", mesh="data=1")
+    with pytest.raises(ValueError, match="quantize='int4' with a mesh is not supported yet"):
+        load_model(GOLDENS / "llada-tiny", quantize="int4", mesh="data=1")
     with pytest.raises(ValueError, match="not supported for the llada2_moe family yet"):
         load_model(GOLDENS / "llada2-tiny", quantize="int8")
     with pytest.raises(EvalArgsError, match="quantize must be one of int8, int4 or none, got 'int3'"):
@@ -104,8 +104,8 @@ def test_bad_quantize_values_are_one_clear_error(capsys):
         generate_main(["--model", str(GOLDENS / "llada-tiny"), "--quantize", "int3", "--prompt-ids", "5,6"])
     assert exit_info.value.code == 2
     assert "--quantize: invalid choice: 'int3'" in capsys.readouterr().err
-    args = ["--model", str(GOLDENS / "llada-tiny"), "--quantize", "int8", "--mesh", "data=1", "--prompt-ids", "5,6"]
+    args = ["--model", str(GOLDENS / "llada-tiny"), "--quantize", "int4", "--mesh", "data=1", "--prompt-ids", "5,6"]
     assert generate_main(args) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "error: quantize with a mesh is not supported yet: load on one device, or without quantize"
+        "error: quantize='int4' with a mesh is not supported yet (int8 is): load int4 on one device"
     ]

@@ -206,3 +206,14 @@ def test_logical_axes_map_to_mesh_axes():
     specs = {name: s.spec for name, s in param_shardings(cfg, mesh).items()}
     assert specs["embed"] == jax.sharding.PartitionSpec("model", None)
     assert specs["w_down"] == jax.sharding.PartitionSpec(None, "model", None)
+
+
+def test_int8_on_a_mesh_decodes_as_on_one_device(sharded_run):
+    """Quantized weights split with their float weights (scales as far as their shape allows):
+    quantize-then-shard (the loaders) equals shard-then-quantize, and the tokens one device's."""
+    int8 = sharded_run["int8"]
+    for mesh in MESHES:
+        assert int8[mesh]["arrays_equal"], mesh
+        tensor_parallel = parse_mesh(mesh, 8).get("model", 1) > 1
+        assert int8[mesh]["qvalue_split"] == tensor_parallel, mesh  # data-parallel meshes replicate weights
+        assert int8[mesh]["tokens"] == int8["reference"], mesh
