@@ -27,7 +27,7 @@ from models import (
     param_dtype,
     param_shapes,
 )
-from models.quantize import check_family, is_projection, place_quantized, quantized_param
+from models.quantize import check_family, is_projection, place_quantized, quantized_on_host
 
 from .keys import Target, expected_keys
 from .safetensors_dir import CheckpointError, SafetensorsDir
@@ -133,7 +133,7 @@ def load_hf_model(
     def place(name: str, host: np.ndarray) -> jax.Array:
         target = None if shardings is None else shardings[name]
         if quantize is not None and is_projection(name):
-            return quantized_param(name, host, quantize, lambda q: place_quantized(q, target))
+            return place_quantized(quantized_on_host(host, quantize), target)
         return jax.device_put(host, target)
 
     with SafetensorsDir(model_dir) as reader:

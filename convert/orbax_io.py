@@ -12,7 +12,6 @@ requested dtype and each device reads only its shard.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import re
@@ -27,7 +26,7 @@ import orbax.checkpoint as ocp
 from jax.sharding import SingleDeviceSharding
 
 from models import DiffusionLM, LLaDA2MoE, load_config, param_dtype, param_shapes
-from models.quantize import check_family, host_device, is_projection, place_quantized, quantized_param
+from models.quantize import check_family, host_device, is_projection, place_quantized, quantized_on_host
 
 from .hf import model_from_params
 from .safetensors_dir import CheckpointError
@@ -194,6 +193,5 @@ def load_checkpoint(
             restore_to = SingleDeviceSharding(host_device()) if on_host else sharding
             target = jax.ShapeDtypeStruct(shape, param_dtype(cfg, name, dtype), sharding=restore_to)
             value = ckpt.restore(item, {"value": target})["value"]
-            place = functools.partial(place_quantized, sharding=sharding)
-            params[name] = quantized_param(name, value, quantize, place) if on_host else value
+            params[name] = place_quantized(quantized_on_host(value, quantize), sharding) if on_host else value
     return model_from_params(cfg, params, dtype, unroll_layers)

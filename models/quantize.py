@@ -96,10 +96,7 @@ def place_quantized(q: qwix.QArray, sharding) -> qwix.QArray:
     return jax.device_put(q, jax.tree.map(lambda leaf: fitted_sharding(sharding, leaf.shape), q))
 
 
-def quantized_param(name: str, value, quantize: str | None, place):
-    """A loaded parameter as the model stores it, put where it belongs by ``place(value)``: a
-    projection (stacked [L, in, out]) is quantized on the host first, so its device receives only
-    the integers and scales and never holds the float weight; anything else is placed as it is."""
-    if quantize is None or not is_projection(name):
-        return place(value)
-    return place(quantize_weight(jax.device_put(value, host_device()), quantize, 1))
+def quantized_on_host(value, quantize: str) -> qwix.QArray:
+    """A loaded projection (stacked [L, in, out]) quantized on the host, so that its device
+    receives only the integers and scales (``place_quantized``) and never holds the float weight."""
+    return quantize_weight(jax.device_put(value, host_device()), quantize, 1)
