@@ -58,6 +58,14 @@ def check_key_set(
     return expected
 
 
+def param_sources(reader: SafetensorsDir, cfg: ModelConfig | LLaDA2Config) -> dict[str, list[tuple[str, Target]]]:
+    """Each parameter's source tensors and where each goes, after the key-set and shape check."""
+    by_param: dict[str, list[tuple[str, Target]]] = {}
+    for key, target in check_key_set(cfg, reader.shapes, str(reader.dir)).items():
+        by_param.setdefault(target.param, []).append((key, target))
+    return by_param
+
+
 def iter_params(
     reader: SafetensorsDir, cfg: ModelConfig | LLaDA2Config, dtype: jnp.dtype
 ) -> Iterator[tuple[str, np.ndarray]]:
@@ -67,10 +75,7 @@ def iter_params(
     drops each array before asking for the next holds one parameter (plus one source tensor)
     at a time: that is how the converter stays far below the model's size.
     """
-    expected = check_key_set(cfg, reader.shapes, str(reader.dir))  # now, before anything is written
-    by_param: dict[str, list[tuple[str, Target]]] = {}
-    for key, target in expected.items():
-        by_param.setdefault(target.param, []).append((key, target))
+    by_param = param_sources(reader, cfg)  # now, before anything is written
 
     def assemble() -> Iterator[tuple[str, np.ndarray]]:
         for name, shape in param_shapes(cfg).items():
@@ -101,6 +106,50 @@ def stream_params(
     (default: ``jnp.asarray``; with shardings, each device receives only its shard)."""
     place = place or (lambda name, host: jnp.asarray(host))
     return {name: place(name, host) for name, host in iter_params(reader, cfg, dtype)}
+
+
+def read_block(
+    reader: SafetensorsDir, sources: list[tuple[str, Target]], shape: tuple[int, ...], np_dtype, index: tuple
+) -> np.ndarray:
+    """The block ``index`` (a slice per dimension, as ``jax.make_array_from_callback`` asks) of a
+    stacked parameter of ``shape``, read from only the source tensors and the parts of them it
+    covers."""
+    bounds = [range(*s.indices(n)) for s, n in zip(index, shape)]
+    out = np.empty([len(b) for b in bounds], np_dtype)
+    for key, target in sources:
+        lead = target.index  # the stacked axes (layer, expert) the tensor sits at
+        if any(i not in b for i, b in zip(lead, bounds)):
+            continue
+        inner = tuple(slice(b.start, b.stop) for b in bounds[len(lead) :])
+        block = reader.get_slice(key, inner[::-1] if target.transpose else inner)
+        out[tuple(i - b.start for i, b in zip(lead, bounds))] = (block.T if target.transpose else block).astype(
+            np_dtype, copy=False
+        )
+    return out
+
+
+def sharded_params(
+    reader: SafetensorsDir,
+    cfg: ModelConfig | LLaDA2Config,
+    dtype: jnp.dtype,
+    shardings: dict[str, jax.sharding.Sharding],
+) -> dict[str, jax.Array]:
+    """Every parameter straight into its shards: each process reads from the files only the blocks
+    its own devices hold (on several hosts, no host reads the whole model), each block once
+    however many of its devices hold it."""
+    by_param = param_sources(reader, cfg)
+    params = {}
+    for name, shape in param_shapes(cfg).items():
+        np_dtype, blocks = param_dtype(cfg, name, dtype), {}
+
+        def block(index: tuple, name=name, shape=shape, np_dtype=np_dtype, blocks=blocks) -> np.ndarray:
+            key = tuple(s.indices(n) for s, n in zip(index, shape))
+            if key not in blocks:
+                blocks[key] = read_block(reader, by_param[name], shape, np_dtype, index)
+            return blocks[key]
+
+        params[name] = jax.make_array_from_callback(shape, shardings[name], block)
+    return params
 
 
 def model_from_params(
@@ -137,5 +186,8 @@ def load_hf_model(
         return jax.device_put(host, target)
 
     with SafetensorsDir(model_dir) as reader:
-        params = stream_params(reader, cfg, jnp.dtype(dtype), place)
+        if shardings is not None and quantize is None:
+            params = sharded_params(reader, cfg, jnp.dtype(dtype), shardings)
+        else:  # quantizing needs a projection's whole rows (a scale per output channel)
+            params = stream_params(reader, cfg, jnp.dtype(dtype), place)
     return model_from_params(cfg, params, jnp.dtype(dtype), unroll_layers)

@@ -112,6 +112,21 @@ class SafetensorsDir:
     def __exit__(self, *exc) -> None:
         self._stack.close()
 
+    def get_slice(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        """The block ``index`` of tensor ``name`` as a new array, reading only the pages it covers
+        (through a map of the tensor's bytes, dropped before returning: only the block stays)."""
+        path, info = self.location[name], self._info[name]
+        if info["dtype"] not in _NUMPY_DTYPES:
+            raise CheckpointError(f"{path}: tensor '{name}' has unsupported dtype {info['dtype']}")
+        shape = self.shapes[name]
+        if not shape:
+            return self.get(name)
+        mapped = np.memmap(path, _NUMPY_DTYPES[info["dtype"]], mode="r", offset=info["file_offset"], shape=shape)
+        try:
+            return np.array(mapped[index])
+        finally:
+            del mapped
+
     def get(self, name: str) -> np.ndarray:
         """The tensor ``name`` as a new numpy array (bf16 as ``ml_dtypes.bfloat16``)."""
         path, info = self.location[name], self._info[name]

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from convert.hf import load_hf_model
 from convert.orbax_io import is_orbax_dir, load_checkpoint
@@ -33,6 +33,7 @@ from .config import DecodeConfig, DecodeConfigError, check_for_model, merged_fie
 from .engine import decode, decode_blocks, decode_join, decode_regroup, decode_start, finish, streamed
 from .errors import InputError
 from .lengths import check_context
+from .multihost import process_count, to_host
 from .records import DecodeOutput, Generation, generations
 from .runtime import RowValues, program_settings, row_keys
 from .sharding import batch_sharding, make_mesh, param_shardings
@@ -235,7 +236,8 @@ class LoadedModel(PromptIO):
 
     # ------------------------------------------------------------------------------ logits
     def logits(self, input_ids, attention_mask=None) -> jax.Array:
-        """Raw (unshifted) model outputs [B, N, V] in float32."""
+        """Raw (unshifted) model outputs [B, N, V] in float32 (on several processes an array over
+        all of their devices: ``psd_jax.multihost.to_host`` brings it to each)."""
         ids = jnp.asarray(input_ids, jnp.int32)
         if ids.ndim != 2:
             raise InputError(f"input_ids must be [batch, length], got shape {ids.shape}")
@@ -348,6 +350,11 @@ class LoadedModel(PromptIO):
         rows = batch_sharding(self.mesh, arrays[0].shape[0])
         return tuple(None if a is None else jax.tree.map(lambda x: jax.device_put(x, rows), a) for a in arrays)
 
+    def _replicated(self, array: Any) -> jax.Array:
+        """A small array every device holds whole (on a mesh: every process's devices)."""
+        array = jnp.asarray(array)
+        return array if self.mesh is None else jax.device_put(array, NamedSharding(self.mesh, PartitionSpec()))
+
     @property
     def compiled_programs(self) -> int:
         """How many decode programs this model holds compiled (one per name, input shapes and the
@@ -378,6 +385,7 @@ class LoadedModel(PromptIO):
         return compiled, time.perf_counter() - began
 
     def _results(self, out: DecodeOutput, prompt_length: int, seconds: float, compile_seconds: float):
+        out = to_host(out)  # rows split over several processes' devices come back whole on every process
         return generations(out, prompt_length, self.config.stop_ids, self.decode_text, seconds, compile_seconds)
 
 
@@ -423,8 +431,8 @@ class BlockDecode:
 
     def start(self, keys: np.ndarray, live: np.ndarray) -> None:
         """The first state: the first forward of the ``live`` rows (the others start done)."""
-        ids, mask, keys, values = self.lm._on_devices(self._ids, self._mask, keys, self._values)
-        args = (self.lm.params, ids, mask, keys, values, jnp.asarray(live))
+        ids, mask, keys, values, live_rows = self.lm._on_devices(self._ids, self._mask, keys, self._values, live)
+        args = (self.lm.params, ids, mask, keys, values, live_rows)
         start = self._compiled(decode_start, "start", args)
         began = time.perf_counter()
         self._state = start(*args)
@@ -468,7 +476,7 @@ class BlockDecode:
         canvas, final = streamed(
             state.canvas, state.block, state.done, mask, num_blocks, mcfg=self.lm.config, dcfg=self.program
         )
-        done, canvas, final, nfe, num_blocks = jax.device_get((state.done, canvas, final, state.row_nfe, num_blocks))
+        done, canvas, final, nfe, num_blocks = to_host((state.done, canvas, final, state.row_nfe, num_blocks))
         self.seconds += time.perf_counter() - began
         self.done = bool(done.all())
         gen = num_blocks * self.program.block_length
@@ -477,7 +485,8 @@ class BlockDecode:
     def regroup(self, index: Sequence[int]) -> None:
         """Move to a decode of ``len(index)`` rows: new row i is row ``index[i]`` as it is (-1: an
         empty row, done), so a running batch changes compiled size without touching its rows."""
-        self._state = self.prepare_regroup(len(index))(self.lm.params, self._state, jnp.asarray(index, jnp.int32))
+        index_array = self.lm._replicated(np.asarray(index, np.int32))
+        self._state = self.prepare_regroup(len(index))(self.lm.params, self._state, index_array)
         picked = np.maximum(np.asarray(index), 0)
         self._ids, self._mask = self._ids[picked], self._mask[picked]
         self._values = jax.tree.map(lambda a: a[picked], self._values)
@@ -497,7 +506,9 @@ class BlockDecode:
         rows from the next ``advance`` on, and no longer hold the batch back."""
         if not len(rows):
             return
-        done = self._state.done.at[jnp.asarray(list(rows))].set(True)
+        stopped = np.zeros(self.size, bool)
+        stopped[list(rows)] = True
+        done = jnp.logical_or(self._state.done, self.lm._on_devices(stopped)[0])
         self._state = self._state.replace(done=jax.device_put(done, self._state.done.sharding))
 
     def results(self) -> list[Generation]:
@@ -508,7 +519,7 @@ class BlockDecode:
         canvas, _ = streamed(
             state.canvas, state.block, state.done, mask, state.values.num_blocks, mcfg=self.lm.config, dcfg=self.program
         )
-        out = jax.device_get(finish(state, canvas))
+        out = to_host(finish(state, canvas))
         n, end = self.rows, self.prompt_length + int(self._values.num_blocks[0]) * self.program.block_length
         rows = DecodeOutput(out.canvas[:n, :end], out.row_nfe[:n], out.nfe, out.sequence_forwards, out.iterations, {})
         rows = rows._replace(stats={k: v[:n] for k, v in out.stats.items()})
@@ -542,11 +553,11 @@ def load_model(
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     check_quantize(quantize)
+    path = model_directory(path)
+    if isinstance(mesh, str) or (mesh is None and process_count() > 1):
+        mesh = make_mesh(mesh)  # several processes: by default one mesh over all of their devices
     if quantize == "int4" and mesh is not None:
         raise ValueError("quantize='int4' with a mesh is not supported yet (int8 is): load int4 on one device")
-    path = model_directory(path)
-    if isinstance(mesh, str):
-        mesh = make_mesh(mesh)
     shardings = None
     if mesh is not None:
         shardings = param_shardings(load_config(path), mesh)

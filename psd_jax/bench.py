@@ -22,6 +22,7 @@ import numpy as np
 from models import load_config
 from models.quantize import QUANTIZE
 
+from . import multihost
 from .api import DTYPES, LoadedModel, load_model, model_directory, model_settings
 from .config import DecodeConfig, check_for_model
 from .errors import InputError
@@ -256,7 +257,9 @@ def build_parser() -> ArgumentParser:
         choices=list(QUANTIZE),
         help="store the layers' projection weights as int8 or int4 with scales (weight-only, through qwix)",
     )
+    p.add_argument("--mesh", help='shard over devices, e.g. "data=2,model=4" (default: one device)')
     p.add_argument("--out", default="bench_out", help="output directory for JSON, Markdown and PNG")
+    multihost.add_flags(p)
     return p
 
 
@@ -273,6 +276,7 @@ def selected_names(args, known: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        cluster = multihost.cluster_from(args)
         model_dir = model_directory(args.model)
         # The fast mode the documentation's tables use, unless asked otherwise.
         base = model_settings(model_dir, {"cache": "dual", **decode_fields(args)})
@@ -290,12 +294,15 @@ def main(argv: list[str] | None = None) -> int:
         examples = load_jsonl(data)[: args.limit]
         if not examples:
             raise InputError(f"{data} holds no problems")
-        lm = load_model(model_dir, dtype=args.dtype, quantize=args.quantize)
+        multihost.start(cluster)
+        lm = load_model(model_dir, dtype=args.dtype, mesh=args.mesh, quantize=args.quantize)
         check_prompts(lm, examples, base.gen_length, args.chat, args.prompt_bucket)
     except (FileNotFoundError, ValueError) as exc:  # InputError, DecodeConfigError, ConfigError, ...
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     summaries = run_matrix(lm, matrix, examples, args)
+    if not multihost.is_main():
+        return 0  # every process decodes; process 0 writes the report
     meta = {
         "model": str(model_dir),
         "data": str(data),
@@ -306,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         "cache": base.cache,
         "backend": jax.default_backend(),
         "devices": str(jax.devices()),
+        "processes": jax.process_count(),
+        "mesh": args.mesh,
         "time": time.strftime("%Y-%m-%d %H:%M"),
     }
     write_report(
@@ -329,7 +338,8 @@ def run_matrix(lm: LoadedModel, matrix: dict[str, DecodeConfig], examples: list[
     from tqdm import tqdm
 
     rows = []
-    with tqdm(total=len(matrix) * len(examples), desc="bench", unit="prompt", file=sys.stderr) as bar:
+    total = len(matrix) * len(examples)
+    with tqdm(total=total, desc="bench", unit="prompt", file=sys.stderr, disable=not multihost.is_main()) as bar:
         for name, settings in matrix.items():
             bar.set_postfix_str(name)
             rows.append(

@@ -61,7 +61,7 @@ from .predict import (
 )
 from .records import DecodeOutput
 from .runtime import RowValues, split_rows
-from .sharding import constrain_kv_cache
+from .sharding import constrain_kv_cache, constrain_rows
 
 
 @struct.dataclass
@@ -83,6 +83,23 @@ class DecodeState:
     # row's last full forward, and rows whose block changed since (they need that full forward).
     cache: tuple | None = None
     stale: jax.Array | None = None
+
+
+ROW_FIELDS = ("canvas", "pred", "block", "step", "done", "row_nfe", "keys", "values", "fresh", "stats", "stale")
+COUNTERS = ("nfe", "sequence_forwards", "iteration")
+
+
+def constrain_state(state: DecodeState, mcfg: ModelConfig) -> DecodeState:
+    """``state`` in the one layout every program of a block-by-block decode (``decode_start``,
+    ``decode_blocks``, ``decode_join``, ``decode_regroup``) takes and returns under a mesh: per-row
+    arrays split by rows (``sharding.batch_sharding``), the counters whole on every device, the KV
+    cache as ``sharding.kv_cache_spec``. Each program is compiled for the state the previous one
+    returned; left to the partitioner, one program's output layout need not be the next one's input."""
+    batch = state.done.shape[0]
+    rows = {name: constrain_rows(getattr(state, name), batch) for name in ROW_FIELDS}
+    counters = {name: constrain_rows(getattr(state, name), batch, replicated=True) for name in COUNTERS}
+    cache = None if state.cache is None else constrain_kv_cache(state.cache, mcfg)
+    return state.replace(**rows, **counters, cache=cache)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -666,7 +683,7 @@ def decode_start(
     model = nnx.merge(graphdef, params)
     loop, attention_mask = loop_and_mask(model, prompt_mask, mcfg, dcfg, values)
     state = init_state(loop, prompt_ids, attention_mask, keys, values)
-    return state.replace(done=~live)
+    return constrain_state(state.replace(done=~live), mcfg)
 
 
 @partial(jax.jit, static_argnames=("graphdef", "mcfg", "dcfg"), donate_argnames=("state",))
@@ -674,7 +691,7 @@ def decode_blocks(graphdef, params, prompt_mask, state: DecodeState, *, mcfg: Mo
     """Advance ``state`` until every row that was decoding has left its block or finished."""
     model = nnx.merge(graphdef, params)
     loop, attention_mask = loop_and_mask(model, prompt_mask, mcfg, dcfg, state.values)
-    return run_until_block_ends(loop, attention_mask, state)
+    return constrain_state(run_until_block_ends(loop, attention_mask, state), mcfg)
 
 
 @partial(jax.jit, static_argnames=("graphdef", "mcfg", "dcfg"), donate_argnames=("state",))
@@ -704,7 +721,7 @@ def decode_join(
     if dcfg.cache != "none":
         fresh["stale"] = jnp.ones(batch, bool)
     current = {name: getattr(state, name) for name in fresh}
-    return state.replace(**_where_rows(join, fresh, current))
+    return constrain_state(state.replace(**_where_rows(join, fresh, current)), mcfg)
 
 
 def run_until_block_ends(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeState:
@@ -737,7 +754,7 @@ def decode_regroup(graphdef, params, state: DecodeState, index, *, mcfg: ModelCo
     if state.cache is not None:
         moved["cache"] = constrain_kv_cache(tuple(jnp.take(c, rows, axis=1) for c in state.cache), mcfg)
         moved["stale"] = jnp.take(state.stale, rows) & ~empty
-    return state.replace(**moved)
+    return constrain_state(state.replace(**moved), mcfg)
 
 
 @partial(jax.jit, static_argnames=("mcfg", "dcfg"))

@@ -15,6 +15,7 @@ from pathlib import Path
 from models import load_config
 from models.quantize import QUANTIZE
 
+from . import multihost
 from .api import DTYPES, Generation, LoadedModel, check_seed, load_model, model_directory, model_settings
 from .config import RECOMMENDED, DecodeConfig, check_for_model
 from .errors import InputError
@@ -54,9 +55,9 @@ def build_parser() -> ArgumentParser:
         help="store the layers' projection weights as int8 or int4 with scales (weight-only, through qwix)",
     )
     p.add_argument("--mesh", help='shard over devices, e.g. "data=2,model=4" (default: one device)')
-    p.add_argument("--distributed", action="store_true", help="multi-host: call jax.distributed.initialize() first")
     p.add_argument("--prompt-bucket", type=positive_int, default=32, help="pad prompt lengths up to a multiple of this")
     p.add_argument("--json", action="store_true", help="one JSON object per prompt")
+    multihost.add_flags(p)
     return p
 
 
@@ -180,6 +181,7 @@ def print_results(prompts: list, results: list[Generation], as_json: bool) -> No
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        cluster = multihost.cluster_from(args)
         check_seed(args.seed)
         model_dir = model_directory(args.model)
         fields = decode_fields(args)
@@ -192,19 +194,17 @@ def main(argv: list[str] | None = None) -> int:
         # The demo runs the recommended setting, with the flags given on top of it.
         settings = model_settings(model_dir, fields, RECOMMENDED if examples else None)
         check_for_model(settings, load_config(model_dir))  # before the weights load
-        if args.distributed:
-            import jax
-
-            jax.distributed.initialize()
+        multihost.start(cluster)
         lm = load_model(model_dir, dtype=args.dtype, mesh=args.mesh, quantize=args.quantize)
-        if examples:
-            run_demo(lm, examples, settings, args.seed, args.chat, args.json, args.prompt_bucket)
-            return 0
-        results = lm.generate(prompts, settings, seed=args.seed, chat=args.chat, prompt_bucket=args.prompt_bucket)
-    except (FileNotFoundError, ValueError) as exc:  # InputError, DecodeConfigError, MeshError, ConfigError, ...
+        with multihost.quiet_unless_main():  # every process decodes; process 0 prints
+            if examples:
+                run_demo(lm, examples, settings, args.seed, args.chat, args.json, args.prompt_bucket)
+                return 0
+            results = lm.generate(prompts, settings, seed=args.seed, chat=args.chat, prompt_bucket=args.prompt_bucket)
+            print_results(prompts, results, args.json)
+    except (FileNotFoundError, ValueError) as exc:  # InputError, DecodeConfigError, MeshError, ClusterError, ...
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print_results(prompts, results, args.json)
     return 0
 
 

@@ -157,6 +157,16 @@ def constrain_kv_cache(cache: tuple[jax.Array, jax.Array], cfg: ModelConfig) -> 
     return tuple(jax.lax.with_sharding_constraint(a, spec) for a in cache)
 
 
+def constrain_rows(tree, batch: int, replicated: bool = False):
+    """``tree``'s arrays split by rows as ``batch_sharding`` splits a batch of ``batch``
+    (``replicated``: whole on every device), when traced under a mesh; as they are otherwise."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not set(AXES) <= set(mesh.axis_names):
+        return tree
+    spec = PartitionSpec() if replicated else PartitionSpec(row_axes(dict(mesh.shape), batch))
+    return jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, spec), tree)
+
+
 _COLLECTIVE = re.compile(
     r"= \(?((?:[a-z0-9]+\[[0-9,]*\][^ ]*,? ?)+)\)? (all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)[-a-z]*\("
 )

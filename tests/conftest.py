@@ -89,6 +89,42 @@ def llada2_lm():
     return load_model(GOLDENS / "llada2-tiny")
 
 
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@pytest.fixture(scope="session")
+def word_model(tmp_path_factory) -> Path:
+    """llada-tiny with a word-level tokenizer, problems and a harness task (tests/word_model.py)."""
+    from word_model import with_tokenizer
+
+    return with_tokenizer(tmp_path_factory.mktemp("word-model") / "llada-tiny-words")
+
+
+@pytest.fixture(scope="session")
+def sharded_run(word_model, tmp_path_factory) -> dict:
+    """tests/sharded_decode.py's record: decodes on meshes of 8 simulated devices in one process
+    (llada-tiny, llada2-tiny's expert meshes) and the command-line front ends there as one process
+    (the multi-process tests' reference). One subprocess, shared by the tests that read it."""
+    import json
+    import subprocess
+    import sys
+
+    env = dict(
+        os.environ,
+        XLA_FLAGS=f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count=8",
+        JAX_PLATFORMS="cpu",
+        **OFFLINE,
+    )
+    script = Path(__file__).with_name("sharded_decode.py")
+    out = tmp_path_factory.mktemp("one-process")
+    models = [GOLDENS / "llada-tiny", GOLDENS / "llada2-tiny", word_model, out]
+    proc = subprocess.run(
+        [sys.executable, str(script), *map(str, models)], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "out": str(out)}
+
+
 @pytest.fixture(scope="session")
 def torch_lms() -> dict:
     """The three tiny golden checkpoints in the PyTorch backend (float32, CPU), loaded once."""

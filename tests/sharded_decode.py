@@ -1,9 +1,10 @@
 """Run in a subprocess with 8 simulated CPU devices: decode on several meshes, print JSON.
 
-Usage: XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharded_decode.py CKPT [MOE_CKPT]
+Usage: XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharded_decode.py CKPT [MOE_CKPT [WORD_MODEL OUT]]
 
 With MOE_CKPT (llada2-tiny: 8 experts, top-2) it also runs LLaDA2.0's forward and one block
-diffusion decode per expert mesh.
+diffusion decode per expert mesh; with WORD_MODEL (tests/word_model.py) and OUT, the command-line
+front ends as one process, for the multi-process tests (tests/multihost_driver.py).
 """
 
 from __future__ import annotations
@@ -43,6 +44,14 @@ MESHES = {
     "data=2,model=4": ["threshold", "rps", "threshold+dual", "psd+dual"],
     "data=8,model=1": ["fixed", "psd+dual"],
 }
+
+
+def same_params(lm, single) -> bool:
+    """Whether a mesh load's parameters (each device's blocks read from the files) hold exactly the
+    one-device load's values."""
+    flat = lambda m: {path: np.asarray(p[...]) for path, p in m.params.flat_state()}  # noqa: E731
+    mine, theirs = flat(lm), flat(single)
+    return mine.keys() == theirs.keys() and all(np.array_equal(mine[k], theirs[k]) for k in mine)
 
 
 def kv_cache_sharding(lm) -> list:
@@ -122,6 +131,7 @@ def moe_meshes(ckpt: str) -> dict:
         lm = load_model(ckpt, mesh=mesh)
         params = {path[-1]: param[...] for path, param in lm.params.flat_state()}
         split = sorted(name for name, a in params.items() if not a.sharding.is_fully_replicated)
+        params_equal = same_params(lm, single)
         expert_shards = {
             name: list(params[name].sharding.shard_shape(params[name].shape)) for name in split if "expert" in name
         }
@@ -137,6 +147,7 @@ def moe_meshes(ckpt: str) -> dict:
         )
         out[mesh] = {
             "split_params": split,
+            "params_equal": params_equal,
             "expert_shards": expert_shards,
             "rows_per_device": per_device,
             "logit_rows_per_device": sharded.sharding.shard_shape(sharded.shape)[0],
@@ -153,7 +164,25 @@ def moe_meshes(ckpt: str) -> dict:
     return out
 
 
-def main(ckpt: str, moe_ckpt: str | None = None) -> None:
+def front_end_references(word_model: str, out: str) -> dict:
+    """What one process on the 8 devices prints and writes for the multi-process front ends
+    (tests/multihost_driver.py, run here without multi-process flags), and the server's answers:
+    each served prompt decoded alone."""
+    from pathlib import Path
+
+    from psd_jax.api import model_settings
+
+    from multihost_driver import PROMPT_BUCKET, SERVE_MESH, SERVE_PROMPTS, run_front_ends
+
+    runs = run_front_ends(Path(word_model), Path(out), [])
+    lm = load_model(word_model, mesh=SERVE_MESH)
+    settings = model_settings(word_model, {"policy": "threshold", "threshold": 0.7})
+    served = [lm.generate([prompt], settings, prompt_bucket=int(PROMPT_BUCKET))[0] for prompt in SERVE_PROMPTS]
+    answers = [{"text": g.text, "token_ids": g.output_ids[: g.tokens], "model_calls": g.nfe} for g in served]
+    return {"runs": runs, "served": answers}
+
+
+def main(ckpt: str, moe_ckpt: str | None = None, word_model: str | None = None, out_dir: str | None = None) -> None:
     assert jax.device_count() == 8, jax.devices()
     out = {"reference": {}, "meshes": {}}
     single = load_model(ckpt)
@@ -165,7 +194,11 @@ def main(ckpt: str, moe_ckpt: str | None = None) -> None:
         split = sorted(
             {path[-1] for path, param in lm.params.flat_state() if not param[...].sharding.is_fully_replicated}
         )
-        out["meshes"][mesh] = {"split_params": split, "kv_cache_spec": kv_cache_sharding(lm)}
+        out["meshes"][mesh] = {
+            "split_params": split,
+            "kv_cache_spec": kv_cache_sharding(lm),
+            "params_equal": same_params(lm, single),
+        }
         for name in names:
             settings = {**DECODERS, **CACHED}[name]
             start = time.perf_counter()
@@ -176,6 +209,8 @@ def main(ckpt: str, moe_ckpt: str | None = None) -> None:
     out["int8"] = quantized_meshes(ckpt)
     if moe_ckpt is not None:
         out["moe"] = moe_meshes(moe_ckpt)
+    if word_model is not None:
+        out["front_ends"] = front_end_references(word_model, out_dir)
     print(json.dumps(out))
 
 
@@ -208,4 +243,4 @@ def quantized_meshes(ckpt: str) -> dict:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:5])

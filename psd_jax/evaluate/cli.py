@@ -14,6 +14,11 @@ seconds) is printed and, with ``--output_path``, written as ``efficiency_<date>.
 the harness's ``results_<date>.json``. Bad model arguments, generation kwargs or requests print one
 ``error:`` line and exit with code 2, as does a missing or too old harness. docs/evaluation.md has
 the papers' protocols as commands.
+
+On several processes (``jax.distributed``) every process runs the same command with psd-jax's
+multi-process flags added (``--coordinator HOST:PORT --num-processes N --process-id I``, or
+``--distributed``): every process feeds the harness's requests, in the same order, to the same
+global batches; only process 0 prints and writes results, samples and the efficiency record.
 """
 
 from __future__ import annotations
@@ -22,11 +27,55 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from ..flags import EXIT_BAD_INPUT
+from .. import multihost
+from ..flags import EXIT_BAD_INPUT, ArgumentParser
 
 MODEL_NAME = "psd_jax"
 SUBCOMMANDS = ("run", "ls", "validate")
 MIN_LM_EVAL = "0.4.10"  # the first lm-eval with lm_eval._cli.HarnessCLI (pyproject.toml's eval extra)
+
+
+# The harness's flags that write files, log elsewhere or print per-sample output (with whether each
+# takes a value): only process 0 of several passes them on.
+REPORTING_FLAGS = {
+    "--output_path": True,
+    "-o": True,
+    "--log_samples": False,
+    "-s": False,
+    "--use_cache": True,
+    "-c": True,
+    "--wandb_args": True,
+    "--wandb_config_args": True,
+    "--hf_hub_log_args": True,
+    "--trackio_args": True,
+    "--write_out": False,
+    "-w": False,
+    "--show_config": False,
+}
+
+
+def split_cluster_flags(argv: list[str]) -> tuple[multihost.Cluster | None, list[str]]:
+    """psd-jax's multi-process flags (``multihost.add_flags``) out of ``argv``: (the cluster they
+    ask for, the harness's arguments)."""
+    parser = ArgumentParser(prog="python -m psd_jax.evaluate", add_help=False, allow_abbrev=False)
+    multihost.add_flags(parser)
+    args, rest = parser.parse_known_args(argv)
+    return multihost.cluster_from(args), rest
+
+
+def without_reporting(argv: list[str]) -> list[str]:
+    """``argv`` without ``REPORTING_FLAGS`` (and their values): what a process other than 0 runs."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in REPORTING_FLAGS:
+            skip = REPORTING_FLAGS[name] and "=" not in arg
+            continue
+        out.append(arg)
+    return out
 
 
 def with_default_model(argv: list[str]) -> list[str]:
@@ -108,7 +157,12 @@ def report(argv: list[str], models: list) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = with_default_model(list(sys.argv[1:] if argv is None else argv))
+    try:
+        cluster, argv = split_cluster_flags(list(sys.argv[1:] if argv is None else argv))
+    except multihost.ClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    argv = with_default_model(argv)
     try:
         from lm_eval.__main__ import cli_evaluate
         from lm_eval._cli import HarnessCLI
@@ -121,11 +175,16 @@ def main(argv: list[str] | None = None) -> int:
     saved, sys.argv = sys.argv, [f"{Path(sys.executable).name} -m psd_jax.evaluate", *argv]
     try:
         precheck(argv, HarnessCLI)
-        cli_evaluate()
+        multihost.start(cluster)
+        if not multihost.is_main():  # the same requests in the same order; process 0 reports
+            sys.argv = [sys.argv[0], *without_reporting(argv)]
+        with multihost.quiet_unless_main():
+            cli_evaluate()
     except _bad_input_errors() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     finally:
         sys.argv = saved
-    report(argv, CREATED[first:])
+    if multihost.is_main():
+        report(argv, CREATED[first:])
     return 0

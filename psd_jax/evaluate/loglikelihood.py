@@ -37,6 +37,7 @@ from ..api import LoadedModel
 from ..config import DecodeConfig
 from ..errors import InputError
 from ..lengths import padded_length
+from ..multihost import to_host
 
 MAX_EXACT_TOKENS = 10  # exact_nll forwards 2**T - 1 subsets
 
@@ -184,7 +185,16 @@ class LikelihoodScorer:
         rep = partial(np.repeat, repeats=rows_each, axis=0)
         return rep(ids), rep(attn), rep(prompt), rep(target)
 
+    def _placed(self, args: tuple) -> tuple:
+        """The call's arrays on the model's devices: per-row arrays split by rows as decoding
+        splits a batch, the rest whole on every device (on several processes: every process's)."""
+        rows = args[0].shape[0]
+        per_row = [i for i, a in enumerate(args) if np.ndim(a) and a.shape[0] == rows]
+        placed = dict(zip(per_row, self.lm._on_devices(*(args[i] for i in per_row))))
+        return tuple(placed[i] if i in placed else self.lm._replicated(a) for i, a in enumerate(args))
+
     def _call(self, name: str, impl, static: tuple, args: tuple) -> np.ndarray:
+        args = self._placed(args)
         key = (name, static, *(a.shape for a in args))
         if key not in self._compiled:
             start = time.perf_counter()
@@ -192,7 +202,7 @@ class LikelihoodScorer:
             self._compiled[key] = fn.lower(self.lm.params, *args).compile()
             self.compile_seconds += time.perf_counter() - start
         start = time.perf_counter()
-        out = np.asarray(jax.block_until_ready(self._compiled[key](self.lm.params, *args)))
+        out = to_host(jax.block_until_ready(self._compiled[key](self.lm.params, *args)))
         self.seconds += time.perf_counter() - start
         self.calls += 1
         self.rows += args[0].shape[0] * (2 if self.est.cfg > 0 else 1)

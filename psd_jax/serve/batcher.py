@@ -42,7 +42,7 @@ from ..api import BlockDecode, LoadedModel
 from ..config import DecodeConfig
 from ..lengths import padded_length
 from ..runtime import program_settings
-from .errors import QueueFull, RequestTimedOut, ShuttingDown
+from .errors import QueueFull, RequestError, RequestTimedOut, ShuttingDown
 from .requests import DecodeRequest
 
 log = logging.getLogger(__name__)
@@ -150,6 +150,7 @@ class Batcher:
         self._lock = threading.Lock()  # counts change on the event loop and in the worker thread
         self.running = 0
         self.draining = False
+        self.failure: RequestError | None = None  # set when the server can no longer decode: every request gets it
         self.loop: asyncio.AbstractEventLoop | None = None  # the app's event loop (set at start-up)
         self.on_batch: Callable[[int, int], None] | None = None  # (rows, compiled size) per block call, for /metrics
 
@@ -169,6 +170,8 @@ class Batcher:
     # ---------------------------------------------------------------------------- admission
     def submit(self, request: DecodeRequest) -> Ticket:
         """Queue a checked request (``QueueFull`` when ``max_queue`` are already waiting)."""
+        if self.failure is not None:
+            raise self.failure
         if self.draining:
             raise ShuttingDown()
         if len(self._pending) >= self.max_queue:
@@ -422,11 +425,19 @@ class Batcher:
         loop = asyncio.get_running_loop()
         loop.call_later(seconds, self._fail_remaining)
 
-    def _fail_remaining(self) -> None:
+    def _fail_remaining(self, error: RequestError | None = None) -> None:
         for ticket in self._pending + [t for r in self._running for t in r.tickets + r.joining if t is not None]:
             ticket.cancel()
-            ticket.put(Failed(ShuttingDown()))
+            ticket.put(Failed(error or ShuttingDown()))
         self._pending = []
 
+    def fail(self, error: RequestError) -> None:
+        """The server can no longer decode (another serving process is lost): every queued and
+        running request, and every later one, gets ``error``. Call on the event loop."""
+        self.failure = error
+        self._fail_remaining(error)
+
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        """Drop queued work and wait for the call in flight (one block call at most): on several
+        processes the others are told to stop only after it, since they make it too."""
+        self._executor.shutdown(wait=True, cancel_futures=True)

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Mapping
+from typing import NoReturn
 
 from models import load_config
 from models.quantize import QUANTIZE
 
+from .. import multihost
 from ..api import DTYPES, InputError, left_pad, load_model, model_directory, model_settings
 from ..config import MAX_BRANCHES, DecodeConfigError, check_for_model
 from ..flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, positive_int
@@ -111,7 +114,6 @@ def build_parser() -> ArgumentParser:
         help="store the layers' projection weights as int8 or int4 with scales (weight-only, through qwix)",
     )
     p.add_argument("--mesh", help='shard over devices, e.g. "data=2,model=4" (default: one device)')
-    p.add_argument("--distributed", action="store_true", help="multi-host: call jax.distributed.initialize() first")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=port_number, default=DEFAULT_PORT, help=f"TCP port (default: {DEFAULT_PORT})")
     p.add_argument(
@@ -215,6 +217,7 @@ def build_parser() -> ArgumentParser:
         "/health and /metrics stay open)",
     )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    multihost.add_flags(p)
     return p
 
 
@@ -229,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     max_batch = max(args.batch_sizes) if args.batch_sizes else args.max_batch or MAX_BATCH
     try:
         from .app import build_app
+        from .lockstep import LockstepModel
         from .server import serve
     except ImportError as exc:
         print(
@@ -237,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_BAD_INPUT
     try:
+        cluster = multihost.cluster_from(args)
         api_key = api_key_from(args.api_key, os.environ)
         model_dir = model_directory(args.model)
         defaults = model_settings(model_dir, decode_fields(args))
@@ -253,10 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             max_body_bytes=args.max_body_bytes,
             overrides=args.allow_overrides,
         )
-        if args.distributed:
-            import jax
-
-            jax.distributed.initialize()
+        multihost.start(cluster)
         lm = load_model(model_dir, dtype=args.dtype, mesh=args.mesh, quantize=args.quantize)
         defaults = lm.settings(defaults)
         for length in warmup:
@@ -264,6 +266,13 @@ def main(argv: list[str] | None = None) -> int:
     except (InputError, DecodeConfigError, TokenizerError, MeshError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if cluster is not None and multihost.process_count() > 1:
+        from .lockstep import Channel
+
+        channel = Channel(jax_process_index(), multihost.process_count(), cluster.heartbeat_timeout_s / 2)
+        if not multihost.is_main():
+            return follow_process_zero(lm, channel, args.max_programs)
+        lm = LockstepModel(lm, channel)
     app = build_app(
         lm,
         defaults,
@@ -281,5 +290,47 @@ def main(argv: list[str] | None = None) -> int:
         max_programs=args.max_programs,
         request_timeout_s=args.request_timeout,
     )
-    serve(app, host=args.host, port=args.port, log_level=args.log_level, drain_seconds=args.drain_seconds)
+    lost = serve(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        drain_seconds=args.drain_seconds,
+        lockstep=lm if isinstance(lm, LockstepModel) else None,
+    )
+    if lost is not None:
+        exit_now(f"error: {lost.message}")
     return 0
+
+
+def jax_process_index() -> int:
+    import jax
+
+    return jax.process_index()
+
+
+def exit_now(message: str) -> NoReturn:
+    """Print ``message`` and end the process with code 1 at once: a normal exit would first wait
+    at ``jax.distributed``'s shutdown barrier for a process that is gone."""
+    print(message, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)
+
+
+def follow_process_zero(lm, channel, max_programs: int | None) -> int:
+    """A process other than 0: no HTTP; make process 0's calls until it stops the server (exit 0)
+    or is gone (an error, exit 1). A signal here does not stop it: process 0 drains and stops
+    every process."""
+    from .lockstep import follow
+
+    lm.max_programs = max_programs  # the same programs kept as process 0 keeps
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: print(FOLLOWER_SIGNAL, file=sys.stderr, flush=True))
+    try:
+        follow(lm, channel)
+    except Exception as exc:
+        exit_now(f"error: process 0 of the serving processes is gone ({type(exc).__name__}: {exc})")
+    return 0
+
+
+FOLLOWER_SIGNAL = "this process makes process 0's calls; stop the server on process 0, which stops every process"

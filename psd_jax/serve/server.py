@@ -13,6 +13,8 @@ import signal
 import uvicorn
 from fastapi import FastAPI
 
+from .lockstep import LockstepModel, PeerLost
+
 SHUTDOWN_SLACK_S = 5.0  # after the drain, for the failed requests' responses to go out
 
 
@@ -33,9 +35,29 @@ class DrainingServer(uvicorn.Server):
         self._captured_signals = [s for s in self._captured_signals if s not in (signal.SIGTERM, signal.SIGINT)]
 
 
-def serve(app: FastAPI, *, host: str, port: int, log_level: str, drain_seconds: float) -> None:
-    """Serve ``app`` until a signal, then drain for at most ``drain_seconds``."""
+def serve(
+    app: FastAPI, *, host: str, port: int, log_level: str, drain_seconds: float, lockstep: LockstepModel | None = None
+) -> PeerLost | None:
+    """Serve ``app`` until a signal, then drain for at most ``drain_seconds``. With ``lockstep``
+    (process 0 of several), the other processes are told to stop when the server does; if one of
+    them is lost, every request fails with that error, the server stops, and the error is returned."""
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=drain_seconds + SHUTDOWN_SLACK_S
     )
-    DrainingServer(config, drain_seconds).run()
+    server = DrainingServer(config, drain_seconds)
+    if lockstep is not None:
+        batcher = app.state.batcher
+
+        def lost(error: PeerLost) -> None:
+            if batcher.loop is not None:
+                batcher.loop.call_soon_threadsafe(batcher.fail, error)
+            server.should_exit = True
+
+        lockstep.channel.on_lost = lost
+        lockstep.channel.keep_alive()
+    server.run()
+    if lockstep is not None:
+        if lockstep.channel.lost is not None:
+            return lockstep.channel.lost
+        lockstep.close()
+    return None

@@ -1,0 +1,235 @@
+"""Every front end on two processes under jax.distributed (four simulated CPU devices each, one
+mesh over all eight) gives what one process on the same eight devices gives.
+
+One cluster runs for the module: two processes of tests/multihost_driver.py, each running
+``generate`` (a text and a token-id prompt; plain, PSD and RPS; no cache and the dual cache; rows
+over ``data`` and ``model`` across the processes), ``bench`` and ``evaluate`` through their
+command-line entry points, then ``serve`` (process 0 answers HTTP). The one-process reference is
+the same driver run in conftest's ``sharded_run`` subprocess. The last test kills process 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from psd_jax import multihost
+
+from conftest import OFFLINE
+from multihost_driver import CONVERTED, GENERATE, SERVE_PROMPTS, SERVED_NAME
+
+DRIVER = Path(__file__).with_name("multihost_driver.py")
+HEARTBEAT_S = 10  # the serving processes wait half of it for each other's confirmation
+START_TIMEOUT_S = 600
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Cluster:
+    def __init__(self, procs: list[subprocess.Popen], out: Path, url: str, logs: list[Path]):
+        self.procs, self.out, self.url, self.logs = procs, out, url, logs
+
+    def log(self, i: int) -> str:
+        lines = self.logs[i].read_text().splitlines()
+        return "\n".join(line for line in lines if not line.startswith("[Gloo]"))[-3000:]
+
+    def run(self, i: int) -> dict:
+        return json.loads((self.out / f"run-{i}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def cluster(word_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("two-processes")
+    port, coordinator = free_port(), f"127.0.0.1:{free_port()}"
+    env = dict(
+        os.environ,
+        XLA_FLAGS=f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count=4",
+        JAX_PLATFORMS="cpu",
+        **OFFLINE,
+    )
+    procs, logs = [], []
+    for i in range(2):
+        logs.append(out / f"log-{i}.txt")
+        flags = ["--coordinator", coordinator, "--num-processes", "2", "--process-id", str(i)]
+        command = [sys.executable, str(DRIVER), str(word_model), str(out), "--serve", str(port), *flags]
+        command += ["--heartbeat-timeout", str(HEARTBEAT_S)]
+        procs.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=logs[-1].open("w")))
+    running = Cluster(procs, out, f"http://127.0.0.1:{port}", logs)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not _healthy(running.url):
+            for i, proc in enumerate(procs):
+                assert proc.poll() is None, f"process {i} ended with {proc.returncode}:\n{running.log(i)}"
+            assert time.monotonic() < deadline, f"no server after {START_TIMEOUT_S} s:\n{running.log(0)}"
+            time.sleep(0.5)
+        yield running
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def generated(stdout: str) -> list[list]:
+    return [[g["output_ids"], g["nfe"]] for g in map(json.loads, stdout.splitlines())]
+
+
+@pytest.mark.parametrize("setting", list(GENERATE))
+def test_generate_equals_one_process(cluster, sharded_run, setting):
+    """Text and token ids in one batch: process 0 prints exactly the one process's JSON lines (ids,
+    text, model calls), which are the tokens of sharded_decode's direct decode on that mesh."""
+    run, reference = cluster.run(0)[f"generate {setting}"], sharded_run["front_ends"]["runs"][f"generate {setting}"]
+    assert run["code"] == reference["code"] == 0
+    got, want = generated(run["stdout"]), generated(reference["stdout"])
+    assert got == want
+    assert want == sharded_run["meshes"][GENERATE[setting]][setting]
+    assert [json.loads(line)["text"] for line in run["stdout"].splitlines()] == [
+        json.loads(line)["text"] for line in reference["stdout"].splitlines()
+    ]
+
+
+def test_converted_checkpoint_restores_each_process_blocks(cluster, sharded_run):
+    """The float32 Orbax conversion, restored by every process with the mesh's sharding, decodes as
+    the safetensors directory does, and as one process does."""
+    run = cluster.run(0)
+    got, want = (
+        run[f"generate {CONVERTED} converted"],
+        sharded_run["front_ends"]["runs"][f"generate {CONVERTED} converted"],
+    )
+    assert got["code"] == want["code"] == 0
+    assert generated(got["stdout"]) == generated(want["stdout"]) == generated(run[f"generate {CONVERTED}"]["stdout"])
+
+
+def test_only_process_zero_prints_and_writes(cluster):
+    runs = cluster.run(1)
+    assert set(runs) == set(cluster.run(0))
+    assert all(r["code"] == 0 and r["stdout"] == "" for r in runs.values()), runs
+    assert not (cluster.out / "bench-1").exists() and not (cluster.out / "eval-1").exists()
+
+
+TIMING = {"seconds", "tokens_per_second", "compile_seconds", "speedup_tokens_per_second"}
+
+
+def test_bench_writes_one_result_equal_to_one_process(cluster, sharded_run):
+    got = json.loads((cluster.out / "bench-0" / "bench.json").read_text())
+    want = json.loads((Path(sharded_run["out"]) / "bench-0" / "bench.json").read_text())
+    assert [{k: v for k, v in r.items() if k not in TIMING} for r in got["results"]] == [
+        {k: v for k, v in r.items() if k not in TIMING} for r in want["results"]
+    ]
+    assert (got["meta"]["processes"], want["meta"]["processes"]) == (2, 1)
+    assert cluster.run(0)["bench"]["code"] == 0
+
+
+def _harness_files(root: Path) -> tuple[dict, dict]:
+    (results,) = root.rglob("results_*.json")
+    (efficiency,) = root.rglob("efficiency_*.json")
+    return json.loads(results.read_text()), json.loads(efficiency.read_text())
+
+
+def test_evaluate_writes_one_result_equal_to_one_process(cluster, sharded_run):
+    (results, efficiency), (want_results, want_efficiency) = (
+        _harness_files(cluster.out / "eval-0"),
+        _harness_files(Path(sharded_run["out"]) / "eval-0"),
+    )
+    assert results["results"] == want_results["results"]
+    counts = ("requests", "nfe", "tokens", "sequence_forwards")
+    for task, record in efficiency["tasks"].items():
+        assert {k: record[k] for k in counts} == {k: want_efficiency["tasks"][task][k] for k in counts}
+    assert cluster.run(0)["evaluate"]["code"] == 0
+
+
+def test_server_answers_concurrent_clients_as_one_process(cluster, sharded_run):
+    """Three clients at once through process 0: two start a batch of two rows, the third joins a row
+    when one finishes; process 1 makes every call with it."""
+
+    def complete(prompt: str) -> dict:
+        body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 32}
+        return httpx.post(f"{cluster.url}/v1/completions", json=body, timeout=300).json()
+
+    with ThreadPoolExecutor(len(SERVE_PROMPTS)) as pool:
+        answers = list(pool.map(complete, SERVE_PROMPTS))
+    got = [
+        {
+            "text": a["choices"][0]["text"],
+            "token_ids": a["choices"][0]["token_ids"],
+            "model_calls": a["usage"]["model_calls"],
+        }
+        for a in answers
+    ]
+    assert got == sharded_run["front_ends"]["served"]
+    health = httpx.get(f"{cluster.url}/health", timeout=5).json()
+    assert health["requests"] == len(SERVE_PROMPTS) and health["failed_batches"] == 0
+
+
+def test_losing_a_process_fails_requests_and_stops_the_server(cluster):
+    """Process 1 killed: the next request gets a 503 naming it (process 0 waits half the heartbeat
+    timeout for its confirmation), and process 0 exits with an error well within the heartbeat."""
+    cluster.procs[1].send_signal(signal.SIGKILL)
+    cluster.procs[1].wait()
+    began = time.monotonic()
+    response = httpx.post(f"{cluster.url}/v1/completions", json={"model": SERVED_NAME, "prompt": "w5 w6"}, timeout=60)
+    assert response.status_code == 503
+    assert response.json()["error"]["message"].startswith("process 1 of the 2 serving processes did not answer")
+    code = cluster.procs[0].wait(timeout=HEARTBEAT_S)
+    assert code == 1 and time.monotonic() - began < HEARTBEAT_S
+    assert "error: process 1 of the 2 serving processes did not answer" in cluster.log(0)
+
+
+def cluster_of(*argv: str):
+    parser = argparse.ArgumentParser()
+    multihost.add_flags(parser)
+    return multihost.cluster_from(parser.parse_args(argv))
+
+
+def test_cluster_flags_are_all_three_or_none():
+    assert cluster_of() is None
+    assert cluster_of("--distributed").detected
+    explicit = cluster_of("--coordinator", "node0:1234", "--num-processes", "2", "--process-id", "1")
+    assert (explicit.coordinator, explicit.num_processes, explicit.process_id) == ("node0:1234", 2, 1)
+    assert not explicit.detected and explicit.heartbeat_timeout_s == multihost.DEFAULT_HEARTBEAT_S
+    refused = {
+        ("--coordinator", "node0:1"): "--coordinator needs --num-processes and --process-id too",
+        ("--num-processes", "2", "--process-id", "0"): "--num-processes, --process-id needs --coordinator too",
+        ("--coordinator", "node0", "--num-processes", "2", "--process-id", "0"): "--coordinator must be HOST:PORT",
+        ("--coordinator", "node0:70000", "--num-processes", "2", "--process-id", "0"): "a port from 1 to 65535",
+        ("--coordinator", "node0:1", "--num-processes", "2", "--process-id", "2"): "--process-id must be from 0 to 1",
+        ("--coordinator", "node0:1", "--num-processes", "0", "--process-id", "0"): "--num-processes must be at least 1",
+        ("--distributed", "--heartbeat-timeout", "0"): "--heartbeat-timeout must be at least 1 second",
+    }
+    for argv, message in refused.items():
+        with pytest.raises(multihost.ClusterError, match=re.escape(message)):
+            cluster_of(*argv)
+
+
+@pytest.mark.parametrize("front_end", ["generate", "bench", "evaluate", "serve"])
+def test_front_ends_refuse_incomplete_cluster_flags_in_one_line(front_end, capsys):
+    from psd_jax import bench, evaluate, generate
+    from psd_jax.serve import cli
+
+    main = {"generate": generate.main, "bench": bench.main, "evaluate": evaluate.main, "serve": cli.main}[front_end]
+    assert main(["--coordinator", "127.0.0.1:1234"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: --coordinator needs --num-processes and --process-id too: give all three or none"
