@@ -21,6 +21,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import qwix
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -66,7 +67,7 @@ def check_family(family: str) -> None:
 
 def host_device() -> jax.Device:
     """Where loaders quantize: the host's CPU device (JAX always has one beside an accelerator)."""
-    return jax.devices("cpu")[0]
+    return jax.local_devices(backend="cpu")[0]
 
 
 def is_projection(name: str) -> bool:
@@ -93,6 +94,8 @@ def place_quantized(q: qwix.QArray, sharding) -> qwix.QArray:
     device): the integers split as the weight, the scales as far as their shape allows."""
     if sharding is None:
         return jax.device_put(q)
+    if not sharding.is_fully_addressable:  # several processes: each puts its devices' blocks from the host
+        q = jax.tree.map(np.asarray, q)
     return jax.device_put(q, jax.tree.map(lambda leaf: fitted_sharding(sharding, leaf.shape), q))
 
 
