@@ -76,6 +76,9 @@ def precheck(argv: list[str], harness_cli: type) -> None:
     indexes every task first): the same parse the harness does (its own parser, ``harness_cli``),
     then ``parse_eval_args`` (the model directory and the settings against its config) and the
     generation kwargs' mapping."""
+    from models import load_config
+
+    from ..config import check_for_model
     from .args import parse_eval_args
     from .gen_kwargs import parse_gen_kwargs, request_settings
 
@@ -91,7 +94,8 @@ def precheck(argv: list[str], harness_cli: type) -> None:
     parsed = parse_eval_args(raw)
     if getattr(args, "gen_kwargs", None):
         gen = parse_gen_kwargs(args.gen_kwargs)
-        request_settings(parsed.settings, gen, "temperature" in parsed.decode_fields, "--gen_kwargs")
+        settings = request_settings(parsed.settings, gen, parsed.decode_fields, "--gen_kwargs")
+        check_for_model(settings, load_config(parsed.pretrained))
 
 
 def report(argv: list[str], models: list) -> None:
