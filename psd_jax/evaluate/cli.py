@@ -12,17 +12,22 @@ arguments named after the ``DecodeConfig`` fields, over the checkpoint's decode 
 After the harness's table, a per-task efficiency table (NFE, TPF, tokens, tokens/s, compile
 seconds) is printed and, with ``--output_path``, written as ``efficiency_<date>.json`` beside
 the harness's ``results_<date>.json``. Bad model arguments, generation kwargs or requests print one
-``error:`` line and exit with code 2, as does a missing or too old harness. docs/evaluation.md has
-the papers' protocols as commands.
+``error:`` line and exit with code 2, as does a missing or too old harness.
+
+The papers' protocols run by name (``protocols``, ``protocol_cli``): ``--list-protocols`` lists
+them, ``--protocol NAME`` runs one (the user's flags override its own), ``--dry-run`` prints the
+harness command instead of running it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from importlib import metadata
 from pathlib import Path
 
 from ..flags import EXIT_BAD_INPUT
+from . import protocol_cli
 
 MODEL_NAME = "psd_jax"
 SUBCOMMANDS = ("run", "ls", "validate")
@@ -112,7 +117,10 @@ def report(argv: list[str], models: list) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = with_default_model(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if protocol_cli.LIST in argv:
+        print(protocol_cli.listing())
+        return 0
     try:
         from lm_eval.__main__ import cli_evaluate
         from lm_eval._cli import HarnessCLI
@@ -121,6 +129,15 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         print(f"error: {_harness_missing(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    try:
+        run = protocol_cli.resolve(argv, HarnessCLI)  # --protocol NAME: its flags under the user's
+    except protocol_cli.ProtocolError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    argv = with_default_model(run.argv)
+    if run.dry_run:
+        print(protocol_cli.command(dataclasses.replace(run, argv=argv)))
+        return 0
     first = len(CREATED)
     saved, sys.argv = sys.argv, [f"{Path(sys.executable).name} -m psd_jax.evaluate", *argv]
     try:
