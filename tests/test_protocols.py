@@ -383,3 +383,58 @@ def test_llada2_prompt_ids(llada2_tokenizer, gsm8k_like):
         )
         upstream.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     assert run.ids == upstream and upstream[0][0] != llada2_tokenizer.bos_token_id
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture
+def harness_in_process(monkeypatch):
+    """``psd_jax.evaluate.main`` here, with the harness's built-in task index off and offline datasets."""
+    original = lm_eval.tasks.TaskManager
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", lambda *a, **k: original(*a, **{**k, "include_defaults": False}))
+    for key, value in {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
+        monkeypatch.setenv(key, value)
+    return cli.main
+
+
+def test_a_protocol_runs_end_to_end_on_the_shipped_model(tmp_path, harness_in_process):
+    """Fast-dLLM's "+Parallel" GSM8K protocol on the shipped model and its held-out task: the
+    harness model decodes with the protocol's settings (the shipped model's lengths and float32 on
+    top: it was trained for 48 tokens), prompts as upstream encodes them (one chat turn,
+    tokenizer(text)), and logs exactly what the library decodes from those ids in one batch."""
+    from psd_jax.evaluate.harness import CREATED
+    from psd_jax.scoring import extract_answer, load_jsonl
+
+    overrides = f"pretrained={DEFAULT_MODEL_DIR},dtype=float32,gen_length=48,block_length=16"
+    code = harness_in_process(
+        [
+            "--protocol",
+            "fastdllm-llada-gsm8k-parallel",
+            "--tasks",
+            "heldout",
+            "--include_path",
+            str(ROOT / "tests/data/tasks"),
+        ]
+        + ["--num_fewshot", "0", "--limit", "8", "--batch_size", "8", "--log_samples", "--output_path", str(tmp_path)]
+        + ["--model_args", overrides]
+    )
+    assert code == 0
+    model = CREATED[-1]
+    protocol = PROTOCOLS["fastdllm-llada-gsm8k-parallel"]
+    assert model.args.settings == DecodeConfig(**{**protocol.decode, "gen_length": 48, "block_length": 16})
+    assert model.args.add_special_tokens and model.args.batch_size == 8 and model.args.dtype == "float32"
+    (path,) = tmp_path.rglob("samples_heldout_*.jsonl")
+    logged = sorted((json.loads(line) for line in path.read_text().splitlines()), key=lambda s: s["doc_id"])
+    logged = [s for s in logged if s["filter"] == "psd-scoring"]
+    contexts = [s["arguments"]["gen_args_0"]["arg_0"] for s in logged]
+    examples = load_jsonl(HELD_OUT)[:8]
+    tokenizer = model.lm.tokenizer
+    turns = [[{"role": "user", "content": ex["question"]}] for ex in examples]
+    assert contexts == [tokenizer.apply_chat_template(t, add_generation_prompt=True, tokenize=False) for t in turns]
+    ids = [model._encode(c) for c in contexts]
+    assert ids == [model.lm.tokenizer(c)["input_ids"] for c in contexts]  # as eval_llada.py encodes
+    texts = [g.text for g in model.lm.generate(ids, model.args.settings, seed=model.args.seed)]
+    assert [s["resps"][0][0] for s in logged] == texts
+    right = [int(extract_answer(t) == extract_answer(ex["answer"])) for t, ex in zip(texts, examples)]
+    assert [int(s["exact_match"]) for s in logged] == right and sum(right) >= 4
