@@ -10,11 +10,12 @@ own command line.
   length is ``gen_length`` capped by the request's ``max_gen_toks`` rounded up to whole blocks
   (the rounding is logged and recorded); the text is cut to ``max_gen_toks`` tokens, at the first
   EOS/EOT, then at the first ``until`` string, and special tokens are removed. The request's
-  ``do_sample``/``temperature`` set its temperature; other generation kwargs are refused
-  (``psd_jax.evaluate.gen_kwargs``).
+  ``do_sample``/``temperature``/``top_p``/``top_k`` set its sampling; other generation kwargs are
+  refused (``psd_jax.evaluate.gen_kwargs``).
 - Prompts are encoded as the harness renders them (no special tokens added, unless
-  ``add_special_tokens`` or ``add_bos_token``); chat templates come through the harness's ``--apply_chat_template``, which calls
-  ``apply_chat_template`` here with the checkpoint's tokenizer.
+  ``add_special_tokens`` or ``add_bos_token``); chat templates come through the harness's
+  ``--apply_chat_template``, which calls ``apply_chat_template`` here with the checkpoint's
+  tokenizer.
 - ``loglikelihood``: LLaDA's Monte Carlo estimator (``psd_jax.evaluate.loglikelihood``);
   ``loglikelihood_rolling``: the same bound over the whole text after one BOS/EOS token.
 
