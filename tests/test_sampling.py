@@ -140,7 +140,7 @@ def kept(logits: np.ndarray, top_p: float, top_k: int, order) -> np.ndarray:
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
-@pytest.mark.parametrize(("top_p", "top_k"), [(0.9, 0), (0.5, 0), (0.99, 0), (1.0, 5), (1.0, 1), (0.9, 3), (0.95, 40)])
+@pytest.mark.parametrize(("top_p", "top_k"), [(0.9, 0), (0.99, 0), (1.0, 5), (0.9, 3), (0.95, 40)])
 def test_filters_keep_what_dream_and_llada2_keep(dream_logits, temperature, top_p, top_k):
     """The kept set of Dream's order (top-p, then top-k, lowest value filled) and LLaDA2.0's (top-k,
     then top-p, -inf filled) on the tempered logits of 200 positions, token for token, except where a
