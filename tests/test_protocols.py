@@ -5,8 +5,8 @@ protocol feeds the model against what the upstream evaluation code feeds it.
 The prompt checks run the harness itself (``lm_eval.simple_evaluate`` over local data) with the
 harness model's own prompt handling (``PsdJaxLM.apply_chat_template`` and ``_encode``) and a
 tokenizer per family: Dream's real one (../shared/hf-configs), and byte-level stand-ins for LLaDA
-and LLaDA2.0 (Dream's BPE with their special tokens and their real chat templates) whose
-post-processor adds BOS, so that "does the tokenizer add special tokens" matters.
+and LLaDA2.0 (their special tokens and real chat templates) whose post-processor adds BOS, so that
+"does the tokenizer add special tokens" matters.
 """
 
 from __future__ import annotations
@@ -219,18 +219,21 @@ def dream_tokenizer():
     return load_tokenizer(DREAM_DIR, "dream")
 
 
-def stand_in(dream_tokenizer, specials: list[str], added: list[str], template: str, bos: str, eos: str):
-    """Dream's byte-level BPE with another family's special tokens, chat template and a
-    post-processor that prepends its BOS (so tokenizer(text) and the raw text's ids differ)."""
+def stand_in(specials: list[str], added: list[str], template: str, bos: str, eos: str):
+    """A byte-level tokenizer (one token per byte, so whitespace counts as in a real BPE) with a
+    family's special tokens, its chat template and a post-processor that prepends its BOS (so
+    tokenizer(text) and the rendered text's own ids differ)."""
     import transformers
-    from tokenizers import AddedToken, Tokenizer, processors
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
-    backend = Tokenizer.from_str(dream_tokenizer.backend_tokenizer.to_str())
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    backend = Tokenizer(models.BPE({char: i for i, char in enumerate(sorted(alphabet))}, []))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
     backend.add_tokens([AddedToken(t, special=False) for t in added])
     backend.add_special_tokens([AddedToken(t, special=True) for t in specials])
-    bos_id = backend.token_to_id(bos)
     backend.post_processor = processors.TemplateProcessing(
-        single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, bos_id)]
+        single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, backend.token_to_id(bos))]
     )
     tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=bos, eos_token=eos)
     tokenizer.chat_template = template
@@ -238,19 +241,17 @@ def stand_in(dream_tokenizer, specials: list[str], added: list[str], template: s
 
 
 @pytest.fixture(scope="module")
-def llada_tokenizer(dream_tokenizer):
+def llada_tokenizer():
     real = json.loads((LLADA_DIR / "tokenizer_config.json").read_text())
     specials = ["<|startoftext|>", "<|endoftext|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
-    return stand_in(dream_tokenizer, specials, [], real["chat_template"], "<|startoftext|>", "<|endoftext|>")
+    return stand_in(specials, [], real["chat_template"], "<|startoftext|>", "<|endoftext|>")
 
 
 @pytest.fixture(scope="module")
-def llada2_tokenizer(dream_tokenizer):
+def llada2_tokenizer():
     real = json.loads((HF_CONFIGS / "LLaDA2.0-mini" / "tokenizer_config.json").read_text())
     specials = ["<|startoftext|>", "<|endoftext|>", "<|role_end|>"]
-    return stand_in(
-        dream_tokenizer, specials, ["<role>", "</role>"], real["chat_template"], "<|startoftext|>", "<|endoftext|>"
-    )
+    return stand_in(specials, ["<role>", "</role>"], real["chat_template"], "<|startoftext|>", "<|endoftext|>")
 
 
 @pytest.fixture(scope="module")
@@ -316,29 +317,36 @@ def render_field(template: str, doc: dict) -> str:
     return jinja2.Environment(keep_trailing_newline=True).from_string(template).render(**doc)
 
 
-def test_fast_dllm_llada_prompt_ids(llada_tokenizer, gsm8k_like):
-    """eval_llada.py (is_instruct): the plain 5-shot prompt as one user turn of the chat template,
-    then tokenizer(text) (whose BOS this stand-in adds on top of the template's own)."""
+@pytest.fixture(scope="module")
+def llada_base_run(llada_tokenizer, gsm8k_like) -> Recorder:
+    """llada-base-gsm8k's harness run: the plain 5-shot prompt, tokenizer(text)."""
+    p = PROTOCOLS["llada-base-gsm8k"]
+    return harness_prompts(llada_tokenizer, p, gsm8k_like, chat=p.chat)
+
+
+def test_llada_base_prompt_ids(llada_tokenizer, llada_base_run):
+    """LLaDA's eval_llada.py on the base model: tokenizer(plain prompt)."""
+    run = llada_base_run
+    assert run.ids == [llada_tokenizer(c)["input_ids"] for c in run.contexts]
+    assert run.ids[0][0] == llada_tokenizer.bos_token_id and run.contexts[0].count("Question:") == 6
+
+
+def test_fast_dllm_llada_prompt_ids(llada_tokenizer, gsm8k_like, llada_base_run):
+    """eval_llada.py (is_instruct): the plain 5-shot prompt (the base run's: the same rendering) as
+    one user turn of the chat template, then tokenizer(text) (whose BOS this stand-in adds on top of
+    the template's own)."""
     p = PROTOCOLS["fastdllm-llada-gsm8k-dual-parallel"]
-    plain = harness_prompts(llada_tokenizer, p, gsm8k_like, chat=False)
+    assert p.shots == PROTOCOLS["llada-base-gsm8k"].shots and not PROTOCOLS["llada-base-gsm8k"].chat
     chat = harness_prompts(llada_tokenizer, p, gsm8k_like, chat=p.chat)
     upstream = []
-    for context in plain.contexts:
+    for context in llada_base_run.contexts:
         text = llada_tokenizer.apply_chat_template(
             [{"role": "user", "content": context}], add_generation_prompt=True, tokenize=False
         )
         upstream.append(llada_tokenizer(text)["input_ids"])
-    assert chat.ids == upstream and len(upstream) == 2 and plain.contexts[0].count("Question:") == 6
+    assert chat.ids == upstream and len(upstream) == 2
     bos = llada_tokenizer.bos_token_id
     assert upstream[0][:2] == [bos, bos]  # the stand-in's BOS, then the template's
-
-
-def test_llada_base_prompt_ids(llada_tokenizer, gsm8k_like):
-    """LLaDA's eval_llada.py on the base model: tokenizer(plain prompt)."""
-    p = PROTOCOLS["llada-base-gsm8k"]
-    run = harness_prompts(llada_tokenizer, p, gsm8k_like, chat=p.chat)
-    assert run.ids == [llada_tokenizer(c)["input_ids"] for c in run.contexts]
-    assert run.ids[0][0] == llada_tokenizer.bos_token_id
 
 
 def test_fast_dllm_dream_prompt_ids(dream_tokenizer, gsm8k_like):
