@@ -61,6 +61,8 @@ class DecodeConfig:
     threshold: float = 0.9
     factor: float = 1.0
     temperature: float = 0.0
+    top_p: float = 1.0  # nucleus filter before sampling (1: off); psd_jax.sampling
+    top_k: int = 0  # top-k filter before sampling (0: off); psd_jax.sampling
     cfg_scale: float = 0.0
     logits_eos_inf: bool = False
     confidence_eos_eot_inf: bool = False
@@ -127,6 +129,9 @@ FIELD_HELP: dict[str, str] = {
     "threshold_schedule: those with confidence > this if at least the schedule's count, else the top count",
     "factor": "factor policy: Fast-dLLM's dynamic rule, commit the leading k with confidence >= 1 - factor / (k + 2)",
     "temperature": "0: greedy; > 0: Gumbel-max sampling at this temperature",
+    "top_p": "keep the most probable tokens whose probabilities add up to top_p before the token is drawn, "
+    "as Dream's top_p_logits (1: off; the family's sampler decides where it applies: docs/algorithms.md)",
+    "top_k": "keep the top_k most probable tokens before the token is drawn, as Dream's top_k_logits (0: off)",
     "cfg_scale": "classifier-free guidance scale (0: off; not with a KV cache)",
     "logits_eos_inf": "never predict EOS (LLaDA's generate.py option)",
     "confidence_eos_eot_inf": "remove EOT before the confidence softmax (LLaDA's generate.py option)",
@@ -143,8 +148,8 @@ FIELD_HELP: dict[str, str] = {
     "cache": "block KV cache (Fast-dLLM): none, prefix or dual",
 }
 
-INT_FIELDS = ("gen_length", "block_length", "steps", "depth", "draft_rate", "k_max")
-FLOAT_FIELDS = ("threshold", "factor", "temperature", "cfg_scale", "dream_eps", "ratio", "pivot_tau", "lam")
+INT_FIELDS = ("gen_length", "block_length", "steps", "top_k", "depth", "draft_rate", "k_max")
+FLOAT_FIELDS = ("threshold", "factor", "temperature", "top_p", "cfg_scale", "dream_eps", "ratio", "pivot_tau", "lam")
 BOOL_FIELDS = ("logits_eos_inf", "confidence_eos_eot_inf", "eos_early_stop")
 _OPTIONAL = ("steps", "draft_rate")
 
@@ -183,6 +188,8 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "threshold": (lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"),
     "factor": (lambda v: v > 0, "must be positive"),
     "temperature": (lambda v: v >= 0, "must be >= 0"),
+    "top_p": (lambda v: 0.0 < v <= 1.0, "must be in (0, 1] (1: off)"),
+    "top_k": (lambda v: v >= 0, "must be >= 0 (0: off)"),
     "cfg_scale": (lambda v: v >= 0, "must be >= 0"),
     "dream_eps": (lambda v: 0.0 < v < 1.0, "must be in (0, 1)"),
     "depth": (lambda v: v >= 0, "(PSD) must be >= 0"),
@@ -246,6 +253,13 @@ def check_for_model(c: DecodeConfig, mcfg: ModelConfig) -> None:
         _fail(f"k_max {c.k_max} exceeds the vocabulary of {mcfg.vocab_size}")
     if mcfg.block_causal and c.cfg_scale > 0:
         _fail(f"classifier-free guidance (cfg_scale > 0) is not supported for the block-causal {mcfg.family}")
+    if c.top_k > mcfg.vocab_size:
+        _fail(f"top_k {c.top_k} exceeds the vocabulary of {mcfg.vocab_size}")
+    from .sampling import sampler_for  # here: config stays importable without loading JAX
+
+    ignored = sampler_for(mcfg.family).ignored(c)
+    if ignored:
+        _fail(ignored)
 
 
 # Settings read only under some policy or decoder: (condition, what it needs). Setting one of them

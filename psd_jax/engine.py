@@ -406,7 +406,7 @@ def _block_window_refresh(loop: Loop, attention_mask: jax.Array, state: DecodeSt
         earlier = attention_mask.astype(bool) & (jnp.arange(n)[None, :] < previous[:, None])
         window = jnp.ones((batch, 2 * b), bool)
         logits, k, v = loop.window(tokens, positions, *state.cache, earlier, window, 2 * b, return_kv=True)
-        pred = logits_to_prediction(logits[:, 0, b:], keys, state.values.temperature, loop.mcfg, loop.dcfg)
+        pred = logits_to_prediction(logits[:, 0, b:], keys, state.values.sampling(), loop.mcfg, loop.dcfg)
         pred = on_canvas(pred, state.canvas, loop.prompt_length, LogitWindow(start, b))
         write = jax.vmap(lambda c, new, at: jax.lax.dynamic_update_slice_in_dim(c, new, at, axis=1), (1, 1, 0), 1)
         cache = tuple(

@@ -26,7 +26,8 @@ from models import ModelConfig
 
 from . import rules
 from .config import DecodeConfig
-from .runtime import RowValues, candidate_keys
+from .runtime import RowSampling, RowValues, candidate_keys
+from .sampling import filtered, filters_set, sampler_for
 
 ENTROPY_EPS = 1e-10  # Dream's epsilon inside log for the entropy confidence
 
@@ -116,23 +117,35 @@ def needs_rps_fields(dcfg: DecodeConfig) -> bool:
 
 
 def logits_to_prediction(
-    logits: jax.Array, keys: jax.Array, temperature: jax.Array, mcfg: ModelConfig, dcfg: DecodeConfig
+    logits: jax.Array, keys: jax.Array, sampling: RowSampling, mcfg: ModelConfig, dcfg: DecodeConfig
 ) -> Prediction:
     """Token choice and confidence from logits [M, N, V] (already shifted); ``keys`` [M, 2] and
-    ``temperature`` [M] are each row's own (``runtime``): a row's draws do not depend on the others."""
+    ``sampling`` (temperature, top-p, top-k [M]) are each row's own (``runtime``): a row's draws do
+    not depend on the others. Temperature and filters follow the family's upstream sampler
+    (``sampling.SAMPLERS``): which logits the token is drawn from and which softmax its confidence
+    is scored on."""
     logits = logits.at[..., mcfg.mask_id].set(-jnp.inf)  # never predict [MASK]
     if dcfg.logits_eos_inf:
         logits = logits.at[..., mcfg.eos_id].set(-jnp.inf)
     draws = jax.vmap(jax.random.split)(keys)
     sample_keys, conf_keys = draws[:, 0], draws[:, 1]
-    token = jnp.argmax(logits, axis=-1)
+    sampler = sampler_for(mcfg.family)
+    hot = sampling.temperature > 0  # [M]
+    drawn = logits  # what the token is drawn from
     if dcfg.temperature > 0:  # a sampling program: rows at temperature 0 stay greedy
+        t = sampling.temperature[:, None, None]
+        drawn = logits / jnp.where(t > 0, t, 1.0)
+    if filters_set(dcfg):  # a filtering program: each row's own top-p / top-k
+        active = hot if not sampler.filters_at_greedy else jnp.ones_like(hot)
+        drawn = jnp.where(active[:, None, None], filtered(drawn, sampling.top_p, sampling.top_k, sampler.order), drawn)
+    token = jnp.argmax(logits, axis=-1)
+    if dcfg.temperature > 0:
         # Gumbel-max: argmax(l/T + G) samples softmax(l/T), as LLaDA's add_gumbel_noise does.
         gumbel = jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[1:], jnp.float32))(sample_keys)
-        t = temperature[:, None, None]
-        sampled = jnp.argmax(logits / jnp.where(t > 0, t, 1.0) + gumbel, axis=-1)
-        token = jnp.where(temperature[:, None] > 0, sampled, token)
+        token = jnp.where(hot[:, None], jnp.argmax(drawn + gumbel, axis=-1), token)
     token = token.astype(jnp.int32)
+    if sampler.confidence == "sampled":
+        logits = drawn
     if dcfg.confidence_eos_eot_inf and mcfg.eot_id is not None:
         # As LLaDA's generate.py: the EOT logit is removed before the confidence softmax.
         logits = logits.at[..., mcfg.eot_id].set(-jnp.inf)
@@ -192,8 +205,7 @@ def predict(
         logits = uncond_logits + (scale + 1.0) * (cond_logits - uncond_logits)
     else:
         logits, _ = model_logits(forward, flat, mask, prompt_length, shift, window)
-    temperature = jnp.repeat(values.temperature, k)
-    pred = logits_to_prediction(logits, candidate_keys(keys, k), temperature, mcfg, dcfg)
+    pred = logits_to_prediction(logits, candidate_keys(keys, k), values.sampling(k), mcfg, dcfg)
     pred = on_canvas(pred, flat, prompt_length, window)
     return jax.tree.map(lambda a: a.reshape(batch, k, *a.shape[1:]), pred)
 
@@ -221,7 +233,7 @@ def predict_prefill(
     """Full-canvas call [B, N] that also returns the KV cache: (Prediction [B, N], cached keys,
     cached values); ``keys`` [B, 2] are the rows' PRNG keys."""
     logits, (k, v) = model_logits(prefill, canvas, attention_mask, prompt_length, mcfg.logit_shift, window)
-    pred = logits_to_prediction(logits, keys, values.temperature, mcfg, dcfg)
+    pred = logits_to_prediction(logits, keys, values.sampling(), mcfg, dcfg)
     return on_canvas(pred, canvas, prompt_length, window), k, v
 
 
@@ -242,8 +254,7 @@ def predict_window(
     window's first ``out_length`` positions (unshifted: the engine places them)."""
     logits = window(tokens, positions, cache[0], cache[1], cache_mask, window_mask, out_length)
     batch, m = tokens.shape[:2]
-    temperature = jnp.repeat(values.temperature, m)
     pred = logits_to_prediction(
-        logits.reshape(batch * m, out_length, -1), candidate_keys(keys, m), temperature, mcfg, dcfg
+        logits.reshape(batch * m, out_length, -1), candidate_keys(keys, m), values.sampling(m), mcfg, dcfg
     )
     return jax.tree.map(lambda a: a.reshape(batch, m, *a.shape[1:]), pred)

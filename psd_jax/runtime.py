@@ -1,9 +1,10 @@
 """Per-row runtime values of a decode: the settings that change no shape, as arrays.
 
 A compiled decode is selected by the settings that set shapes or code paths (lengths, block length,
-policy, decoder, cache, depth, k_max, confidence, steps, whether a row samples or is guided):
-``program_settings``. The values the rules compare against (threshold, factor, temperature, cfg
-scale, RPS's ratio, pivot_tau and lam), each row's own generation length within the canvas, and
+policy, decoder, cache, depth, k_max, confidence, steps, whether a row samples, is filtered by
+top-p/top-k or is guided): ``program_settings``. The values the rules compare against (threshold,
+factor, temperature, top_p, top_k, cfg scale, RPS's ratio, pivot_tau and lam), each row's own
+generation length within the canvas, and
 each row's PRNG key are arrays with one entry per row (``RowValues``, ``row_keys``), inputs of the
 compiled program. So rows with different thresholds or temperatures share one batch, a new value
 never compiles, and a row sharing a batch with longer requests decodes exactly its own length.
@@ -20,20 +21,28 @@ import numpy as np
 from flax import struct
 
 from .config import DecodeConfig
+from .sampling import filters_set
 
 # DecodeConfig fields read at run time from ``RowValues`` instead of the compiled settings.
-RUNTIME_FIELDS = ("threshold", "factor", "temperature", "cfg_scale", "ratio", "pivot_tau", "lam")
+RUNTIME_FIELDS = ("threshold", "factor", "temperature", "top_p", "top_k", "cfg_scale", "ratio", "pivot_tau", "lam")
+_INT_FIELDS = ("top_k",)
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(DecodeConfig)}
+# A program that filters (some row has top_p < 1 or top_k > 0): any top_p below 1 marks it; the
+# rows' own values are inputs.
+_FILTERING = {"top_p": 0.5, "top_k": 0}
 
 
 def program_settings(settings: DecodeConfig, gen_length: int | None = None) -> DecodeConfig:
     """The settings that select a compiled program for ``settings``: every runtime value at its
-    default, except that ``temperature`` and ``cfg_scale`` keep whether they are on (1.0: sampling,
-    guided; the code differs), and ``gen_length`` is the canvas's (``None``: the settings' own).
-    ``steps`` stays: it sets the schedule's count table, a constant of the program."""
+    default, except that ``temperature``, ``cfg_scale`` and the top-p/top-k filters keep whether
+    they are on (1.0: sampling, guided; ``top_p`` 0.5: filtering; the code differs), and
+    ``gen_length`` is the canvas's (``None``: the settings' own). ``steps`` stays: it sets the
+    schedule's count table, a constant of the program."""
     changes = {name: _DEFAULTS[name] for name in RUNTIME_FIELDS}
     changes["temperature"] = 1.0 if settings.temperature > 0 else 0.0
     changes["cfg_scale"] = 1.0 if settings.cfg_scale > 0 else 0.0
+    if filters_set(settings):
+        changes.update(_FILTERING)
     if gen_length is not None and gen_length != settings.gen_length:
         if gen_length % settings.block_length or gen_length < settings.gen_length:
             raise ValueError(
@@ -53,6 +62,8 @@ class RowValues:
     threshold: jax.Array
     factor: jax.Array
     temperature: jax.Array
+    top_p: jax.Array
+    top_k: jax.Array  # int32 (0: off)
     cfg_scale: jax.Array
     ratio: jax.Array
     pivot_tau: jax.Array
@@ -62,12 +73,29 @@ class RowValues:
     @classmethod
     def of(cls, settings: Sequence[DecodeConfig]) -> RowValues:
         """Host arrays of the rows' settings (one ``DecodeConfig`` per row)."""
-        fields = {name: np.asarray([getattr(s, name) for s in settings], np.float32) for name in RUNTIME_FIELDS}
+        fields = {
+            name: np.asarray([getattr(s, name) for s in settings], np.int32 if name in _INT_FIELDS else np.float32)
+            for name in RUNTIME_FIELDS
+        }
         return cls(**fields, num_blocks=np.asarray([s.num_blocks for s in settings], np.int32))
 
     def repeat(self, times: int) -> RowValues:
         """Each row's values ``times`` times in a row ([B] -> [B * times])."""
         return jax.tree.map(lambda a: jnp.repeat(a, times, axis=0), self)
+
+    def sampling(self, times: int = 1) -> RowSampling:
+        """The values the token draw reads, each row's ``times`` times in a row (its candidates)."""
+        rows = (lambda a: a) if times == 1 else (lambda a: jnp.repeat(a, times, axis=0))
+        return RowSampling(rows(self.temperature), rows(self.top_p), rows(self.top_k))
+
+
+@struct.dataclass
+class RowSampling:
+    """One value per row [M] of what the token draw reads (``sampling``, ``predict``)."""
+
+    temperature: jax.Array
+    top_p: jax.Array
+    top_k: jax.Array
 
 
 def row_keys(seeds: Sequence[int], rows: Sequence[int]) -> np.ndarray:

@@ -8,6 +8,7 @@ config's mask token, and the end-of-turn token (``<|eot_id|>`` / ``<|im_end|>`` 
 
 from __future__ import annotations
 
+import json
 import logging
 import warnings
 from pathlib import Path
@@ -57,6 +58,15 @@ def import_transformers() -> ModuleType:
 NO_TOKENIZER_LIMIT = int(1e30)  # transformers' own value for "no limit" (VERY_LARGE_INTEGER)
 
 
+def remote_code_tokenizer(model_dir: str | Path) -> bool:
+    """Whether the directory's tokenizer_config.json maps AutoTokenizer to remote code (Dream's)."""
+    path = Path(model_dir) / "tokenizer_config.json"
+    try:
+        return "AutoTokenizer" in json.loads(path.read_text()).get("auto_map", {})
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def load_tokenizer(model_dir: str | Path, family: str):
     """The directory's tokenizer, or ``None`` when it ships none."""
     if not has_tokenizer(model_dir):
@@ -67,14 +77,16 @@ def load_tokenizer(model_dir: str | Path, family: str):
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()
     try:
-        with warnings.catch_warnings():  # AutoTokenizer parses config.json: LLaDA2.0's rope_scaling warns
-            warnings.simplefilter("ignore", FutureWarning)
-            tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
-    except Exception as exc:  # remote-code tokenizers (Dream's DreamTokenizer) land here
-        if family != "dream":
-            raise TokenizerError(f"{model_dir}: cannot load tokenizer: {exc}") from exc
-        logging.getLogger(__name__).debug("AutoTokenizer failed (%s); using Qwen2Tokenizer", exc)
-        tokenizer = transformers.Qwen2Tokenizer.from_pretrained(str(model_dir))
+        if family == "dream" and remote_code_tokenizer(model_dir):
+            # Dream's DreamTokenizer is Qwen2's; asking AutoTokenizer first would cost transformers'
+            # remote-code prompt (and its timeout) or a refusal after it parses the whole config.
+            tokenizer = transformers.Qwen2Tokenizer.from_pretrained(str(model_dir))
+        else:
+            with warnings.catch_warnings():  # AutoTokenizer parses config.json: LLaDA2.0's rope_scaling warns
+                warnings.simplefilter("ignore", FutureWarning)
+                tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
+    except Exception as exc:
+        raise TokenizerError(f"{model_dir}: cannot load tokenizer: {exc}") from exc
     finally:
         transformers.logging.set_verbosity(verbosity)
     # Prompt lengths are checked against the model's context by every front end (lengths.py), with

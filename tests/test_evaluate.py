@@ -368,7 +368,8 @@ def bad_run_dirs(root: Path) -> dict[str, Path]:
             ["--model_args", "gen_length=512"],
             "gen_length 512 leaves no room for a prompt in the model's context of 512",
         ),
-        (["--gen_kwargs", "top_p=0.9"], "generation kwarg(s) top_p=0.9 cannot be honoured"),
+        (["--gen_kwargs", "num_beams=4"], "generation kwarg(s) num_beams=4 cannot be honoured"),
+        (["--gen_kwargs", "do_sample=true,top_p=0.9"], "top_p=0.9 would be ignored: at temperature 0 this family"),
         (
             ["--model_args", "temperature=0.5", "--gen_kwargs", "do_sample=false"],
             "--gen_kwargs ask for temperature 0 (do_sample=false), but the model argument temperature=0.5 was set",
@@ -439,7 +440,7 @@ CONTEXT = (
 @pytest.mark.parametrize(
     ("generation_kwargs", "message"),
     [
-        ({"until": [], "top_p": 0.9}, "error: generation kwarg(s) top_p=0.9 cannot be honoured"),
+        ({"until": [], "repetition_penalty": 1.2}, "error: generation kwarg(s) repetition_penalty=1.2 cannot be"),
         ({"until": [], "num_beams": 4}, "error: generation kwarg(s) num_beams=4 cannot be honoured"),
         (None, CONTEXT),
     ],
@@ -500,14 +501,14 @@ def test_gen_kwargs_temperature_and_do_sample_reach_the_decode(tmp_path, harness
 @pytest.mark.parametrize(
     ("gen_kwargs", "explicit", "temperature"),
     [
-        ({"until": ["\n"], "do_sample": False, "temperature": 0.0, "max_gen_toks": 20}, False, 0.0),  # a usual task
-        ({"do_sample": False, "temperature": 0.7}, False, 0.0),  # do_sample=False: greedy
-        ({"do_sample": "false"}, True, 0.0),  # as text; equal to the model argument: no conflict
-        ({"temperature": 0.7}, False, 0.7),
-        ({"do_sample": True, "temperature": 0.7}, False, 0.7),
-        ({"do_sample": True}, True, 0.0),  # no temperature: the model argument's
-        ({"until": []}, True, 0.0),
-        ({"num_beams": 1, "top_p": 1.0, "max_new_tokens": 16}, False, 0.0),  # neutral values, an alias
+        ({"until": ["\n"], "do_sample": False, "temperature": 0.0, "max_gen_toks": 20}, (), 0.0),  # a usual task
+        ({"do_sample": False, "temperature": 0.7}, (), 0.0),  # do_sample=False: greedy
+        ({"do_sample": "false"}, {"temperature"}, 0.0),  # as text; equal to the model argument: no conflict
+        ({"temperature": 0.7}, (), 0.7),
+        ({"do_sample": True, "temperature": 0.7}, (), 0.7),
+        ({"do_sample": True}, {"temperature"}, 0.0),  # no temperature: the model argument's
+        ({"until": []}, {"temperature"}, 0.0),
+        ({"num_beams": 1, "top_p": 1.0, "max_new_tokens": 16}, (), 0.0),  # neutral values, an alias
     ],
 )
 def test_generation_kwargs_map_onto_the_temperature(gen_kwargs, explicit, temperature):
@@ -520,13 +521,15 @@ def test_generation_kwargs_map_onto_the_temperature(gen_kwargs, explicit, temper
     assert gen.max_tokens == gen_kwargs.get("max_gen_toks", gen_kwargs.get("max_new_tokens"))
     if gen_kwargs.get("temperature") is None and gen_kwargs.get("do_sample") in (None, True):
         at_04 = DecodeConfig(gen_length=32, block_length=16, temperature=0.4)
-        assert request_settings(at_04, gen, True, "t").temperature == 0.4  # the model argument's, kept
+        assert request_settings(at_04, gen, {"temperature"}, "t").temperature == 0.4  # the model argument's, kept
 
 
 @pytest.mark.parametrize(
     ("gen_kwargs", "message"),
     [
-        ({"top_p": 0.9, "top_k": 5}, "generation kwarg(s) top_k=5, top_p=0.9 cannot be honoured"),
+        ({"min_p": 0.1, "num_beams": 5}, "generation kwarg(s) min_p=0.1, num_beams=5 cannot be honoured"),
+        ({"top_p": 0}, "generation kwarg top_p must be in (0, 1] (1: no filter), got 0"),
+        ({"top_k": -2}, "generation kwarg top_k must be an integer >= 0 (0: no filter), got -2"),
         ({"temperature": -1}, "generation kwarg temperature must be a finite number >= 0, got -1"),
         ({"do_sample": "maybe"}, "generation kwarg do_sample must be true or false, got 'maybe'"),
         ({"max_gen_toks": 0}, "generation kwarg max_gen_toks must be positive, got 0"),
@@ -551,8 +554,8 @@ def test_a_temperature_set_as_model_argument_is_not_overridden_silently():
         InputError,
         match=r"^task gsm8k's generation kwargs ask for temperature 0 \(do_sample=false\), but the model argument temperature=0.5 was set; ",
     ):
-        request_settings(settings, greedy, True, "task gsm8k's generation kwargs")
-    assert request_settings(settings, greedy, False, "t").temperature == 0.0  # a default, not the user's
+        request_settings(settings, greedy, {"temperature"}, "task gsm8k's generation kwargs")
+    assert request_settings(settings, greedy, (), "t").temperature == 0.0  # a default, not the user's
 
 
 @pytest.mark.parametrize(

@@ -48,6 +48,8 @@ EVAL_ARGS: dict[str, str] = {
     "seed": "PRNG seed of sampling and of the likelihood estimator's masks (default 0)",
     "prompt_bucket": "pad prompt lengths to a multiple of this (default 32)",
     "add_bos_token": "prepend the tokenizer's BOS to prompts that do not start with it (default false)",
+    "add_special_tokens": "encode text as tokenizer(text) does, with the special tokens the tokenizer adds itself "
+    "(the upstream evaluation scripts' call; default false: exactly the text the harness renders)",
     "mc_num": "loglikelihood: Monte Carlo samples per request (default 128, as LLaDA)",
     "mc_batch": "loglikelihood: samples per stratified draw, must divide mc_num (LLaDA's batch_size; default min(32, mc_num))",
     "cfg": "loglikelihood: classifier-free guidance scale of the estimator (default 0; generation uses cfg_scale)",
@@ -76,6 +78,7 @@ class EvalArgs:
     seed: int = 0
     prompt_bucket: int = 32
     add_bos_token: bool = False
+    add_special_tokens: bool = False
     mc_num: int = 128
     mc_batch: int = 32
     cfg: float = 0.0
@@ -231,6 +234,7 @@ def parse_eval_args(raw: dict[str, Any]) -> EvalArgs:
         seed=seed,
         prompt_bucket=_count("prompt_bucket", kwargs.get("prompt_bucket", 32)),
         add_bos_token=as_bool("add_bos_token", kwargs.get("add_bos_token", False)),
+        add_special_tokens=as_bool("add_special_tokens", kwargs.get("add_special_tokens", False)),
         batch_size=_batch_size(kwargs.get("batch_size")),
         **_estimator_args(kwargs),
     )

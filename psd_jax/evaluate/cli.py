@@ -12,8 +12,11 @@ arguments named after the ``DecodeConfig`` fields, over the checkpoint's decode 
 After the harness's table, a per-task efficiency table (NFE, TPF, tokens, tokens/s, compile
 seconds) is printed and, with ``--output_path``, written as ``efficiency_<date>.json`` beside
 the harness's ``results_<date>.json``. Bad model arguments, generation kwargs or requests print one
-``error:`` line and exit with code 2, as does a missing or too old harness. docs/evaluation.md has
-the papers' protocols as commands.
+``error:`` line and exit with code 2, as does a missing or too old harness.
+
+The papers' protocols run by name (``protocols``, ``protocol_cli``): ``--list-protocols`` lists
+them, ``--protocol NAME`` runs one (the user's flags override its own), ``--dry-run`` prints the
+harness command instead of running it.
 
 On several processes (``jax.distributed``) every process runs the same command with psd-jax's
 multi-process flags added (``--coordinator HOST:PORT --num-processes N --process-id I``, or
@@ -23,12 +26,14 @@ global batches; only process 0 prints and writes results, samples and the effici
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from importlib import metadata
 from pathlib import Path
 
 from .. import multihost
 from ..flags import EXIT_BAD_INPUT, ArgumentParser
+from . import protocol_cli
 
 MODEL_NAME = "psd_jax"
 SUBCOMMANDS = ("run", "ls", "validate")
@@ -125,6 +130,9 @@ def precheck(argv: list[str], harness_cli: type) -> None:
     indexes every task first): the same parse the harness does (its own parser, ``harness_cli``),
     then ``parse_eval_args`` (the model directory and the settings against its config) and the
     generation kwargs' mapping."""
+    from models import load_config
+
+    from ..config import check_for_model
     from .args import parse_eval_args
     from .gen_kwargs import parse_gen_kwargs, request_settings
 
@@ -140,7 +148,8 @@ def precheck(argv: list[str], harness_cli: type) -> None:
     parsed = parse_eval_args(raw)
     if getattr(args, "gen_kwargs", None):
         gen = parse_gen_kwargs(args.gen_kwargs)
-        request_settings(parsed.settings, gen, "temperature" in parsed.decode_fields, "--gen_kwargs")
+        settings = request_settings(parsed.settings, gen, parsed.decode_fields, "--gen_kwargs")
+        check_for_model(settings, load_config(parsed.pretrained))
 
 
 def report(argv: list[str], models: list) -> None:
@@ -162,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     except multihost.ClusterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    argv = with_default_model(argv)
+    if protocol_cli.LIST in argv:
+        print(protocol_cli.listing())
+        return 0
     try:
         from lm_eval.__main__ import cli_evaluate
         from lm_eval._cli import HarnessCLI
@@ -171,6 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         print(f"error: {_harness_missing(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    try:
+        run = protocol_cli.resolve(argv, HarnessCLI)  # --protocol NAME: its flags under the user's
+    except protocol_cli.ProtocolError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    argv = with_default_model(run.argv)
+    if run.dry_run:
+        print(protocol_cli.command(dataclasses.replace(run, argv=argv)))
+        return 0
     first = len(CREATED)
     saved, sys.argv = sys.argv, [f"{Path(sys.executable).name} -m psd_jax.evaluate", *argv]
     try:

@@ -3,23 +3,28 @@
 The harness hands each request its task's ``generation_kwargs`` with ``--gen_kwargs`` merged over
 them (the harness's rule: the command line overrides the task). psd-jax honours what it can
 decode: ``until`` (stop strings), ``max_gen_toks`` (or the harness's aliases ``max_new_tokens``,
-``max_tokens``, ``max_completion_tokens``, in that priority), and ``do_sample``/``temperature``,
-read as the harness's own ``normalize_gen_kwargs`` reads them:
+``max_tokens``, ``max_completion_tokens``, in that priority), and ``do_sample``/``temperature``/
+``top_p``/``top_k``, read as the harness's own ``normalize_gen_kwargs`` reads them:
 
-- ``do_sample=False``: greedy (temperature 0), whatever ``temperature`` says;
-- ``temperature=T`` with ``do_sample`` true or absent: sampling at ``T`` (0: greedy);
-- ``do_sample=True`` without a temperature, or neither key: the model argument's temperature.
+- ``do_sample=False``: greedy (temperature 0) and unfiltered (top_p 1, top_k 0), whatever
+  ``temperature``, ``top_p`` and ``top_k`` say;
+- ``temperature=T`` / ``top_p=p`` / ``top_k=k`` with ``do_sample`` true or absent: that value
+  (temperature 0: greedy; top_p 1, top_k 0: no filter; where the filters apply is the family's
+  sampler's rule, ``psd_jax.sampling``);
+- a key left out (``do_sample`` true or absent): the model argument's value.
 
-A model argument ``temperature`` the user set is a setting of the run; a request that asks for
-another temperature is refused (``InputError``) rather than either value being silently dropped.
-Any other key (``top_p``, ``top_k``, ``num_beams``, ...) is refused by name too, except at the
-values that change nothing (``NEUTRAL``: ``num_beams=1``, ``top_p=1``), which some tasks spell out.
+A model argument ``temperature``, ``top_p`` or ``top_k`` the user set is a setting of the run; a
+request that asks for another value is refused (``InputError``) rather than either value being
+silently dropped. Any other key (``num_beams``, ``repetition_penalty``, ...) is refused by name
+too, except at the values that change nothing (``NEUTRAL``: ``num_beams=1``), which some tasks
+spell out.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Collection
 from typing import Any
 
 from ..config import DecodeConfig
@@ -27,8 +32,10 @@ from ..errors import InputError
 from .args import as_bool, as_float, as_int
 
 MAX_TOKEN_KEYS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")  # harness priority
-HONOURED = ("until", *MAX_TOKEN_KEYS, "do_sample", "temperature")
-NEUTRAL: dict[str, float] = {"num_beams": 1, "top_p": 1.0}
+SAMPLING_KEYS = ("temperature", "top_p", "top_k")  # DecodeConfig fields of the same names
+HONOURED = ("until", *MAX_TOKEN_KEYS, "do_sample", *SAMPLING_KEYS)
+NEUTRAL: dict[str, float] = {"num_beams": 1}
+GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}  # what do_sample=False asks for
 WHAT = "generation kwarg"
 
 
@@ -41,6 +48,12 @@ class GenKwargs:
     temperature: float | None = None  # None: the model argument's
     do_sample: bool | None = None
     overridden: float | None = None  # a temperature that do_sample=False turned into greedy
+    top_p: float | None = None  # None: the model argument's
+    top_k: int | None = None  # None: the model argument's
+
+    def asked(self) -> dict[str, float | int]:
+        """The sampling fields this request sets (``SAMPLING_KEYS``), by name."""
+        return {name: getattr(self, name) for name in SAMPLING_KEYS if getattr(self, name) is not None}
 
 
 def _until(value: Any) -> tuple[str, ...]:
@@ -59,13 +72,27 @@ def _temperature(value: Any) -> float:
     return t
 
 
+def _top_p(value: Any) -> float:
+    p = as_float("top_p", value, what=WHAT)
+    if not 0.0 < p <= 1.0:
+        raise InputError(f"{WHAT} top_p must be in (0, 1] (1: no filter), got {value!r}")
+    return p
+
+
+def _top_k(value: Any) -> int:
+    k = as_int("top_k", value, what=WHAT)
+    if k is None or k < 0:
+        raise InputError(f"{WHAT} top_k must be an integer >= 0 (0: no filter), got {value!r}")
+    return k
+
+
 def _refuse_unknown(kwargs: dict[str, Any]) -> None:
     refused = {k: v for k, v in kwargs.items() if k not in HONOURED and not (k in NEUTRAL and v == NEUTRAL[k])}
     if refused:
         named = ", ".join(f"{k}={v!r}" for k, v in sorted(refused.items()))
         raise InputError(
             f"{WHAT}(s) {named} cannot be honoured: psd_jax decodes greedily or by temperature sampling "
-            f"and takes only {', '.join(HONOURED)}"
+            f"(with top-p/top-k filters) and takes only {', '.join(HONOURED)}"
         )
 
 
@@ -80,25 +107,27 @@ def parse_gen_kwargs(kwargs: dict[str, Any] | None) -> GenKwargs:
     do_sample = kwargs.get("do_sample")
     do_sample = None if do_sample is None else as_bool("do_sample", do_sample, what=WHAT)
     asked = None if kwargs.get("temperature") is None else _temperature(kwargs["temperature"])
+    top_p = None if kwargs.get("top_p") is None else _top_p(kwargs["top_p"])
+    top_k = None if kwargs.get("top_k") is None else _top_k(kwargs["top_k"])
     if do_sample is False:
         temperature, overridden = 0.0, asked if asked else None
+        top_p, top_k = GREEDY["top_p"], GREEDY["top_k"]
     else:
         temperature, overridden = asked, None
-    return GenKwargs(_until(kwargs.get("until")), max_tokens, temperature, do_sample, overridden)
+    return GenKwargs(_until(kwargs.get("until")), max_tokens, temperature, do_sample, overridden, top_p, top_k)
 
 
-def request_settings(settings: DecodeConfig, gen: GenKwargs, explicit: bool, source: str) -> DecodeConfig:
-    """``settings`` at the request's temperature. ``explicit``: the model arguments set
-    ``temperature``, so generation kwargs asking for another one (``source`` names them: a task's,
-    or ``--gen_kwargs``) are refused, naming both values."""
-    if gen.temperature is None or gen.temperature == settings.temperature:
-        return settings
-    if explicit:
+def request_settings(settings: DecodeConfig, gen: GenKwargs, explicit: Collection[str], source: str) -> DecodeConfig:
+    """``settings`` at the request's temperature, top_p and top_k. ``explicit``: the fields the
+    model arguments set; generation kwargs asking for another value of one of them (``source``
+    names them: a task's, or ``--gen_kwargs``) are refused, naming both values."""
+    changes = {name: value for name, value in gen.asked().items() if value != getattr(settings, name)}
+    for name in sorted(changes.keys() & set(explicit), key=SAMPLING_KEYS.index):
         why = " (do_sample=false)" if gen.do_sample is False else ""
-        mine = f"{settings.temperature:g}"
+        mine = f"{getattr(settings, name):g}"
         raise InputError(
-            f"{source} ask for temperature {gen.temperature:g}{why}, but the model argument temperature={mine} was "
+            f"{source} ask for {name} {changes[name]:g}{why}, but the model argument {name}={mine} was "
             f"set; sampling is a generation kwarg in the harness: drop the model argument and pass --gen_kwargs "
-            f"do_sample=true,temperature={mine}"
+            f"do_sample=true,{name}={mine}"
         )
-    return settings.replace(temperature=gen.temperature)
+    return settings.replace(**changes) if changes else settings

@@ -10,11 +10,12 @@ own command line.
   length is ``gen_length`` capped by the request's ``max_gen_toks`` rounded up to whole blocks
   (the rounding is logged and recorded); the text is cut to ``max_gen_toks`` tokens, at the first
   EOS/EOT, then at the first ``until`` string, and special tokens are removed. The request's
-  ``do_sample``/``temperature`` set its temperature; other generation kwargs are refused
-  (``psd_jax.evaluate.gen_kwargs``).
-- Prompts are encoded as the harness renders them (no special tokens added, ``add_bos_token``
-  aside); chat templates come through the harness's ``--apply_chat_template``, which calls
-  ``apply_chat_template`` here with the checkpoint's tokenizer.
+  ``do_sample``/``temperature``/``top_p``/``top_k`` set its sampling; other generation kwargs are
+  refused (``psd_jax.evaluate.gen_kwargs``).
+- Prompts are encoded as the harness renders them (no special tokens added, unless
+  ``add_special_tokens`` or ``add_bos_token``); chat templates come through the harness's
+  ``--apply_chat_template``, which calls ``apply_chat_template`` here with the checkpoint's
+  tokenizer.
 - ``loglikelihood``: LLaDA's Monte Carlo estimator (``psd_jax.evaluate.loglikelihood``);
   ``loglikelihood_rolling``: the same bound over the whole text after one BOS/EOS token.
 
@@ -106,7 +107,7 @@ class PsdJaxLM(LM):
         tokenizer = self.lm.tokenizer
         if tokenizer is None:
             raise InputError(f"{self.args.pretrained}: this checkpoint has no tokenizer, and harness requests are text")
-        ids = [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
+        ids = [int(i) for i in tokenizer(text, add_special_tokens=self.args.add_special_tokens)["input_ids"]]
         bos = tokenizer.bos_token_id
         if self.args.add_bos_token and bos is not None and ids[:1] != [bos]:
             ids = [int(bos), *ids]
@@ -159,9 +160,8 @@ class PsdJaxLM(LM):
             log.warning("psd_jax: %s: do_sample=False decodes greedily (temperature %g not used)", task, gen.overridden)
         ids = self._encode(context)
         capped = self._settings_for(gen.max_tokens, task)
-        settings = request_settings(
-            capped, gen, "temperature" in self.args.decode_fields, f"task {task}'s generation kwargs"
-        )
+        settings = request_settings(capped, gen, self.args.decode_fields, f"task {task}'s generation kwargs")
+        settings = self.lm.settings(settings)  # checked against the model (a filter its sampler ignores, ...)
         max_length = self.lm.config.max_length
         check_context(len(ids), self.args.prompt_bucket, settings.gen_length, max_length, f"a {task} request's prompt")
         return _GenJob(ids, settings, list(gen.until), gen.max_tokens, task)

@@ -4,7 +4,7 @@ The bodies of ``/v1/completions`` and ``/v1/chat/completions`` as OpenAI defines
 decoding settings as extra fields named as ``DecodeConfig``'s (``decoder``, ``policy``, ``depth``,
 ``cache``, ...) over the server's defaults. Everything is checked here, before a request queues,
 so a bad request never reaches (or breaks) a batch. OpenAI fields this server does not implement
-are accepted only at their neutral value (``n=1``, ``top_p=1``, ...): a setting is refused rather
+are accepted only at their neutral value (``n=1``, ``logprobs=0``, ...): a setting is refused rather
 than silently ignored, as ``DecodeConfig`` does.
 
 The server's limits (``limits.ServerLimits``) are checked here too: the body's size while it is
@@ -36,7 +36,6 @@ ENDPOINT_FIELDS = {
 # OpenAI fields not implemented here, and the values that mean "not used".
 NEUTRAL: dict[str, tuple] = {
     "n": (1,),
-    "top_p": (1,),
     "presence_penalty": (0,),
     "frequency_penalty": (0,),
     "logit_bias": ({},),

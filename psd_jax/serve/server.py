@@ -8,6 +8,7 @@ process exits 0 within a bounded time.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 
 import uvicorn
@@ -55,9 +56,10 @@ def serve(
 
         lockstep.channel.on_lost = lost
         lockstep.channel.keep_alive()
-    server.run()
-    if lockstep is not None:
-        if lockstep.channel.lost is not None:
-            return lockstep.channel.lost
-        lockstep.close()
-    return None
+    try:
+        server.run()
+    finally:  # also when uvicorn exits by itself (a port in use): the others must not wait for calls
+        if lockstep is not None and lockstep.channel.lost is None:
+            with contextlib.suppress(PeerLost):
+                lockstep.close()
+    return None if lockstep is None else lockstep.channel.lost

@@ -55,9 +55,11 @@ class TorchLM(PromptIO):
 
     def settings(self, settings: DecodeConfig | None = None, overrides: dict[str, Any] | None = None) -> DecodeConfig:
         """``PromptIO.settings`` (checked against the model), refusing first what this backend does
-        not implement (``check_supported``: block-causal families)."""
+        not implement (``check_supported``: block-causal families, top-p/top-k)."""
         check_supported(self.config)
-        return super().settings(settings, overrides)
+        dcfg = super().settings(settings, overrides)
+        check_supported(self.config, dcfg)
+        return dcfg
 
     def predictor(self, dcfg: DecodeConfig) -> Predictor:
         if dcfg not in self._predictors:

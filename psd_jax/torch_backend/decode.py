@@ -56,16 +56,22 @@ from ..decoders import decoder_for  # the engine's decoders' statistics (names a
 from ..errors import InputError
 from ..predict import ENTROPY_EPS, sequences_forwarded
 from ..records import DecodeOutput
+from ..sampling import filters_set, sampler_for
 
 
-def check_supported(mcfg: ModelConfig) -> None:
+def check_supported(mcfg: ModelConfig, dcfg: DecodeConfig | None = None) -> None:
     """Refuse, by name, what this backend does not implement: block-causal families (LLaDA2.0's
-    block diffusion, ``mcfg.block_causal``). Every policy, confidence, decoder and cache is
-    implemented (through ``psd_jax.rules``)."""
+    block diffusion, ``mcfg.block_causal``) and the top-p/top-k filters (``dcfg``). Every policy,
+    confidence, decoder and cache is implemented (through ``psd_jax.rules``)."""
     if mcfg.block_causal:
         raise InputError(
             f"the PyTorch backend does not implement block-causal decoding ({mcfg.family!r}, LLaDA2.0's "
             "block diffusion); decode this model with the JAX engine (psd_jax.load_model)"
+        )
+    if dcfg is not None and filters_set(dcfg):
+        raise InputError(
+            f"the PyTorch backend does not implement {' and '.join(filters_set(dcfg))} filtering; decode with "
+            "the JAX engine (psd_jax.load_model)"
         )
 
 
@@ -103,6 +109,8 @@ def logits_to_prediction(
         logits[..., mcfg.eos_id] = -torch.inf
     if dcfg.temperature > 0:
         token = torch.argmax(logits / dcfg.temperature + gumbel, dim=-1)
+        if sampler_for(mcfg.family).confidence == "sampled":  # Dream: scored on what the token is drawn from
+            logits = logits / dcfg.temperature
     else:
         token = torch.argmax(logits, dim=-1)
     if dcfg.confidence_eos_eot_inf and mcfg.eot_id is not None:

@@ -29,7 +29,7 @@ def generate(
     """Decode left-padded prompts [B, P] (0/1 mask [B, P] or None) with the JAX engine's semantics;
     ``settings.cache`` "prefix"/"dual" runs Fast-dLLM's block KV cache (``torch_backend.cache``)."""
     dcfg = settings  # checked when made: a cache with classifier-free guidance is refused there
-    check_supported(mcfg)
+    check_supported(mcfg, dcfg)
     device = prompt_ids.device
     batch, prompt_length = prompt_ids.shape
     counts = rules.step_counts(dcfg)

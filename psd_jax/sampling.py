@@ -1,0 +1,124 @@
+"""The logits a token is drawn from, and the distribution its confidence is scored on, per family.
+
+Each family's upstream sampler turns a position's logits into its token and that token's
+confidence differently, and psd-jax follows each one (``SAMPLERS``):
+
+- **LLaDA** (``generate.py``: ``add_gumbel_noise`` then ``get_transfer_index``): the token is
+  drawn at temperature ``T`` (Gumbel-max), the confidence is scored on the untempered
+  ``softmax(logits)``. Upstream has no top-p/top-k; here they filter the tempered logits the
+  token is drawn from (Dream's order), and so change nothing at temperature 0.
+- **Dream** (``generation_utils.sample_tokens``): ``logits / T`` (T > 0), then ``top_p_logits``,
+  then ``top_k_logits``; the token is drawn from (T > 0) or is the argmax of (T = 0) the softmax of
+  the result, and the confidence (``prob``, ``margin``, ``entropy``) is scored on that same
+  softmax, at temperature 0 too: a top-p at T = 0 keeps the argmax but renormalises the
+  distribution the confidences are read from.
+- **LLaDA2.0** (``LLaDA2MoeModelLM._sample_with_temperature_topk_topp``): at T = 0 the argmax and
+  the untempered softmax, no filter; at T > 0 ``logits / T``, then top-k, then top-p (the other
+  order), the token drawn from the softmax of the result and scored on it.
+
+The filters are upstream's definitions. Top-p: sort the logits descending, take the cumulative
+softmax, remove the tokens whose cumulative probability exceeds ``p``, shifted right by one so
+the token that crosses ``p`` stays (and the top one always does). Top-k: remove the tokens whose
+logit is below the k-th largest (``k`` capped at the vocabulary). Removed tokens get ``-inf``
+(upstream: ``-inf`` or the dtype's lowest value; either is probability 0 after the softmax). Both
+filters keep a prefix of the sorted order, so the kept set is "logit >= the last kept logit";
+**Choice:** a token tied with the last kept one is kept as well (upstream's order among equal
+logits is torch.sort's, which is unspecified).
+
+``top_p`` and ``top_k`` are per-row values (``runtime.RowValues``) like the temperature: a row
+with ``top_p = 1`` and ``top_k = 0`` is unfiltered. Whether a compiled program filters at all is
+a program setting (``runtime.program_settings``), so greedy decoding without them runs exactly
+the code it ran before they existed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import jax
+
+    from .config import DecodeConfig
+
+Filter = Literal["top_p", "top_k"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampler:
+    """How a family's upstream sampler treats temperature, top-p and top-k."""
+
+    source: str  # the upstream function this reproduces
+    order: tuple[Filter, Filter]  # which filter is applied first
+    confidence: Literal["logits", "sampled"]  # softmax of the raw logits, or of those the token is drawn from
+    filters_at_greedy: bool  # whether top-p/top-k apply at temperature 0
+
+    def ignored(self, c: DecodeConfig) -> str | None:
+        """Why ``c``'s top-p/top-k would change nothing on this family, else None: they act only on
+        the draw, and at temperature 0 there is none (unless the family filters at greedy too)."""
+        filtering = [f"{name}={getattr(c, name)!r}" for name in ("top_p", "top_k") if name in filters_set(c)]
+        if not filtering or c.temperature > 0 or self.filters_at_greedy:
+            return None
+        return (
+            f"{', '.join(filtering)} would be ignored: at temperature 0 this family decodes the argmax and scores "
+            f"its confidence on the unfiltered softmax ({self.source}); set temperature > 0"
+        )
+
+
+SAMPLERS: dict[str, Sampler] = {
+    "llada": Sampler("LLaDA generate.py get_transfer_index", ("top_p", "top_k"), "logits", False),
+    "dream": Sampler("Dream generation_utils.sample_tokens", ("top_p", "top_k"), "sampled", True),
+    "llada2_moe": Sampler("LLaDA2.0 generate _sample_with_temperature_topk_topp", ("top_k", "top_p"), "sampled", False),
+}
+
+
+def sampler_for(family: str) -> Sampler:
+    return SAMPLERS[family]
+
+
+def filters_set(c: DecodeConfig) -> tuple[Filter, ...]:
+    """The filters ``c`` turns on (top_p below 1, top_k above 0)."""
+    return tuple(name for name, on in (("top_p", c.top_p < 1.0), ("top_k", c.top_k > 0)) if on)
+
+
+# ------------------------------------------------------------------------------------ JAX
+
+
+def _count_top_p(sorted_logits: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Tokens top-p keeps of logits sorted descending [..., V]: 1 + those after the first whose
+    preceding cumulative probability is <= p (``top_p`` broadcast over the leading dims)."""
+    import jax
+    import jax.numpy as jnp
+
+    cumulative = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
+    return 1 + jnp.sum(cumulative[..., :-1] <= top_p[..., None], axis=-1)
+
+
+def _at(sorted_logits: jax.Array, count: jax.Array) -> jax.Array:
+    """The ``count``-th largest logit (1-based) [...] of sorted logits [..., V]."""
+    import jax.numpy as jnp
+
+    index = jnp.clip(count - 1, 0, sorted_logits.shape[-1] - 1)
+    return jnp.take_along_axis(sorted_logits, index[..., None], axis=-1)[..., 0]
+
+
+def filtered(logits: jax.Array, top_p: jax.Array, top_k: jax.Array, order: tuple[Filter, Filter]) -> jax.Array:
+    """``logits`` [M, N, V] with the tokens each row's top-p [M] and top-k [M] remove set to -inf,
+    the two applied in ``order``; a row with top_p >= 1 and top_k <= 0 is returned unchanged."""
+    import jax.numpy as jnp
+
+    p = top_p[:, None].astype(jnp.float32)  # [M, 1]: broadcast over positions
+    k = top_k[:, None].astype(jnp.int32)
+    p_on, k_on = p < 1.0, k > 0
+    ordered = -jnp.sort(-logits, axis=-1)  # descending
+    kth = jnp.where(k_on, _at(ordered, k), -jnp.inf)
+    if order == ("top_p", "top_k"):
+        # top-k of the top-p survivors: the k-th largest survivor is the k-th largest logit when
+        # k is within the survivors, and below the top-p cut otherwise.
+        cut_p = _at(ordered, _count_top_p(ordered, p))
+    else:
+        # top-p of the top-k survivors: their own softmax, the rest at -inf.
+        survivors = jnp.where(ordered >= kth[..., None], ordered, -jnp.inf)
+        cut_p = _at(survivors, _count_top_p(survivors, p))
+    cut = jnp.maximum(jnp.where(p_on, cut_p, -jnp.inf), kth)
+    return jnp.where(logits >= cut[..., None], logits, -jnp.inf)
