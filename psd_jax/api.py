@@ -541,9 +541,7 @@ def load_model(
     """
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    check_quantize(quantize)
-    if quantize == "int4" and mesh is not None:
-        raise ValueError("quantize='int4' with a mesh is not supported yet (int8 is): load int4 on one device")
+    check_quantize(quantize, on_mesh=mesh is not None)
     path = model_directory(path)
     if isinstance(mesh, str):
         mesh = make_mesh(mesh)
