@@ -21,7 +21,7 @@ second-to-last axis), with one scale per index of every other axis:
 What stays in the model dtype: the embedding (a gather, not a matmul), the norms and biases (a
 few thousand values), the output head (the logits every decoder's confidence is read from) and
 LLaDA2.0's router and its expert bias (computed in float32 as upstream does: they choose the
-experts, a discrete choice; the router is 0.1% of LLaDA2.0-mini's weights).
+experts, a discrete choice; the router is 0.06% of LLaDA2.0-mini's weights).
 """
 
 from __future__ import annotations
