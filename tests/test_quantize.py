@@ -10,7 +10,8 @@
   2 x 48 bidirectional golden) the same at every position whose experts int8 leaves unchanged:
   measured 0.021 at 95 of its 96 positions and 99.0% top-1; at the one position whose expert set
   changes in the last MoE layer (a near tie of the random router's scores) the logits move 0.55.
-- Strict PSD over an int8 model is lossless against the same int8 model's base decode.
+- Strict PSD over an int8 model is lossless against the same int8 model's base decode (LLaDA, and
+  LLaDA2.0's block diffusion).
 - Bad values are one clear error in the API, the CLIs and the harness's model arguments.
 """
 
@@ -175,6 +176,26 @@ def test_strict_psd_on_int8_is_lossless_against_its_int8_base(cases):
     base = DecodeConfig(gen_length=48, block_length=16, policy="threshold", threshold=0.9)
     plain = lm.generate(prompts, base)
     strict = lm.generate(prompts, base.replace(decoder="psd", depth=3, acceptance="strict"))
+    assert [g.output_ids for g in strict] == [g.output_ids for g in plain]
+    assert all(s.nfe <= p.nfe for s, p in zip(strict, plain))
+    assert sum(p.nfe - s.nfe for s, p in zip(strict, plain)) > 0
+
+
+def test_strict_psd_on_int8_llada2_is_lossless_against_its_int8_base(llada2_cases, llada2_int8):
+    """Block diffusion on int8 LLaDA2.0 (the golden setting g32b8s8t095, LLaDA2.0's threshold
+    schedule, and its three prompts): strict PSD gives the int8 base decode's tokens, in fewer calls."""
+    case = lambda row, name: llada2_cases[f"llada2-tiny.generate_g32b8s8t095_p{row}.{name}"]  # noqa: E731
+    base = DecodeConfig(
+        gen_length=int(case(0, "gen_length")),
+        block_length=int(case(0, "block_length")),
+        steps=int(case(0, "steps")),
+        policy="threshold_schedule",
+        threshold=float(case(0, "threshold")),
+        eos_early_stop=bool(case(0, "eos_early_stop")),
+    )
+    prompts = [case(row, "prompt")[0].tolist() for row in range(3)]
+    plain = llada2_int8.generate(prompts, base)
+    strict = llada2_int8.generate(prompts, base.replace(decoder="psd", depth=1, acceptance="strict"))
     assert [g.output_ids for g in strict] == [g.output_ids for g in plain]
     assert all(s.nfe <= p.nfe for s, p in zip(strict, plain))
     assert sum(p.nfe - s.nfe for s, p in zip(strict, plain)) > 0
