@@ -1,10 +1,12 @@
-"""``python -m convert --hf-dir DIR --out DIR [--dtype bfloat16]``: HF safetensors -> Orbax.
+"""``python -m convert --hf-dir DIR --out DIR [--dtype bfloat16] [--quantize int8|int4]``: HF safetensors -> Orbax.
 
 ``--out`` must not exist yet or be an empty directory (which is replaced); it may not be
 ``--hf-dir`` or contain it. The checkpoint is written into a hidden sibling of ``--out`` and renamed
 to ``--out`` once complete, so a failed or interrupted run leaves no ``--out`` and can simply be
 rerun. Each parameter goes from the safetensors stream to its Orbax item and is dropped (one
-parameter in host memory at a time).
+parameter in host memory at a time). ``--quantize`` writes the layers' projections as their
+integers and scales (``models.quantize``, each quantized on the host as it streams past), and the
+checkpoint then loads quantized without quantizing again.
 
 Exit status: 0 written; 2 bad input, found before any parameter is written (a flag, an unreadable
 or invalid ``--hf-dir``, an ``--out`` that exists, is not empty, or cannot be created); 1 the write
@@ -17,9 +19,13 @@ import argparse
 import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+
 from models import ConfigError, load_config
+from models.quantize import QUANTIZE, is_projection, quantized_on_host
 from psd_jax.flags import EXIT_BAD_INPUT, ArgumentParser
 
 from .hf import iter_params
@@ -74,6 +80,13 @@ def _orbax_errors_unlogged():
         absl.setLevel(level)
 
 
+def quantized(params: Iterator[tuple[str, np.ndarray]], quantize: str) -> Iterator[tuple[str, object]]:
+    """``params`` with each projection quantized on the host as it passes (one at a time)."""
+    for name, value in params:
+        yield name, quantized_on_host(value, quantize) if is_projection(name) else value
+        del value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(
         prog="python -m convert", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -81,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hf-dir", required=True, help="Hugging Face model directory (config.json + safetensors)")
     parser.add_argument("--out", required=True, help="output directory for the Orbax checkpoint (new or empty)")
     parser.add_argument("--dtype", default="bfloat16", choices=DTYPES)
+    parser.add_argument(
+        "--quantize", choices=QUANTIZE, help="store the projections quantized (weight-only, models.quantize)"
+    )
     args = parser.parse_args(argv)
     try:
         hf_dir, out = check_paths(args.hf_dir, args.out)
@@ -93,14 +109,17 @@ def main(argv: list[str] | None = None) -> int:
     with reader, _orbax_errors_unlogged():
         try:
             params = iter_params(reader, cfg, args.dtype)  # the key set and shapes are checked here
-            save_params(params, args.dtype, hf_dir, out)
+            if args.quantize:
+                params = quantized(params, args.quantize)
+            save_params(params, args.dtype, hf_dir, out, args.quantize)
         except OutputDirError as exc:
             return _fail(f"--out {exc}", EXIT_BAD_INPUT)
         except (CheckpointError, ConfigError) as exc:
             return _fail(str(exc), EXIT_BAD_INPUT)
         except OSError as exc:
             return _fail(f"writing {out} failed: {exc.strerror or exc}; nothing was kept", EXIT_WRITE_FAILED)
-    print(f"wrote {out} ({cfg.family}, {cfg.param_count():,} parameters, {args.dtype})")
+    stored = f", projections {args.quantize}" if args.quantize else ""
+    print(f"wrote {out} ({cfg.family}, {cfg.param_count():,} parameters, {args.dtype}{stored})")
     return 0
 
 

@@ -24,9 +24,19 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from jax.sharding import SingleDeviceSharding
+from qwix import QArray
 
 from models import DiffusionLM, LLaDA2MoE, load_config, param_dtype, param_shapes
-from models.quantize import check_family, host_device, is_projection, place_quantized, quantized_on_host
+from models.quantize import (
+    QTYPES,
+    check_family,
+    check_quantize,
+    host_device,
+    is_projection,
+    is_quantized,
+    place_quantized,
+    quantized_on_host,
+)
 
 from .hf import model_from_params
 from .safetensors_dir import CheckpointError
@@ -127,8 +137,18 @@ def _os_error(exc: ValueError, path: Path) -> OSError | None:
     return OSError(code, os.strerror(code), str(path))
 
 
-def save_params(params: Iterable[tuple[str, object]], dtype, source_dir: str | Path, out_dir: str | Path) -> Path:
+def save_params(
+    params: Iterable[tuple[str, object]],
+    dtype,
+    source_dir: str | Path,
+    out_dir: str | Path,
+    quantize: str | None = None,
+) -> Path:
     """Write ``(name, array)`` pairs (host numpy or JAX arrays), one Orbax item each, plus the side files.
+
+    With ``quantize`` the projections arrive quantized (``qwix.QArray``) and their items hold the
+    integers and scales (``{"qvalue", "scale"}``); the marker records the setting, and loading
+    restores them as they are (``load_checkpoint``).
 
     Each item is finished before the next pair is requested, so with a generator (the converter's
     ``iter_params``) only one parameter is alive at a time. Everything is written into a hidden
@@ -145,16 +165,23 @@ def save_params(params: Iterable[tuple[str, object]], dtype, source_dir: str | P
         with ocp.StandardCheckpointer() as ckpt:
             for name, array in params:
                 item = tmp / PARAMS_DIR / name
+                tree = {"qvalue": array.qvalue, "scale": array.scale} if is_quantized(array) else {"value": array}
                 try:
-                    ckpt.save(item, {"value": array})
+                    ckpt.save(item, tree)
                     ckpt.wait_until_finished()
                 except ValueError as exc:
                     if (os_error := _os_error(exc, item)) is None:
                         raise
                     raise os_error from exc
-                del array
-        (tmp / MARKER).write_text(json.dumps({"format": FORMAT, "dtype": str(jnp.dtype(dtype))}, indent=2) + "\n")
+                del array, tree
+        marker = {"format": FORMAT, "dtype": str(jnp.dtype(dtype))} | ({"quantize": quantize} if quantize else {})
+        (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
     return out
+
+
+def stored_quantize(path: str | Path) -> str | None:
+    """The ``--quantize`` a converted directory was written with (None: float weights)."""
+    return json.loads((Path(path) / MARKER).read_text()).get("quantize")
 
 
 def load_checkpoint(
@@ -165,16 +192,25 @@ def load_checkpoint(
     quantize: str | None = None,
 ) -> DiffusionLM | LLaDA2MoE:
     """Restore a converted directory into the family's module of ``dtype``, parameter by parameter
-    (with ``quantize``, each projection quantized as it is restored: ``models.quantize``)."""
+    (with ``quantize``, each projection quantized as it is restored: ``models.quantize``). A
+    checkpoint converted with ``--quantize`` restores its integers and scales as they are (scales
+    cast to ``dtype``), with ``quantize`` None or the same."""
     path = Path(path).resolve()
     cfg = load_config(path)
-    if quantize is not None:
-        check_family(cfg.family)
     fmt = json.loads((path / MARKER).read_text()).get("format")
     if fmt != FORMAT:
         raise CheckpointError(
             f"{path}: checkpoint format {fmt!r}, this version reads {FORMAT!r}; convert it again with python -m convert"
         )
+    stored_as = stored_quantize(path)
+    if stored_as is not None and quantize not in (None, stored_as):
+        raise CheckpointError(
+            f"{path}: converted with --quantize {stored_as}; load it with quantize={stored_as!r} (or none), "
+            "or convert the Hugging Face directory again"
+        )
+    check_quantize(stored_as, on_mesh=shardings is not None)
+    if quantize is not None:
+        check_family(cfg.family)
     dtype = jnp.dtype(dtype)
     shapes = param_shapes(cfg)
     stored = {p.name for p in (path / PARAMS_DIR).iterdir() if p.is_dir()}
@@ -185,10 +221,23 @@ def load_checkpoint(
     with ocp.StandardCheckpointer() as ckpt:
         for name, shape in shapes.items():
             item = path / PARAMS_DIR / name
-            meta = ckpt.metadata(item).item_metadata.tree["value"]
+            tree = ckpt.metadata(item).item_metadata.tree
+            as_stored = stored_as is not None and is_projection(name)
+            meta = tree["qvalue" if as_stored else "value"]
             if tuple(meta.shape) != shape:
                 raise CheckpointError(f"{path}: parameter '{name}' has shape {tuple(meta.shape)}, expected {shape}")
             sharding = (shardings or {}).get(name)
+            if as_stored:  # integers and scales, restored on the host and placed
+                host = SingleDeviceSharding(host_device())
+                target = {
+                    "qvalue": jax.ShapeDtypeStruct(shape, QTYPES[stored_as], sharding=host),
+                    "scale": jax.ShapeDtypeStruct(tree["scale"].shape, param_dtype(cfg, name, dtype), sharding=host),
+                }
+                restored = ckpt.restore(item, target)
+                params[name] = place_quantized(
+                    QArray(restored["qvalue"], restored["scale"], qtype=QTYPES[stored_as]), sharding
+                )
+                continue
             on_host = quantize is not None and is_projection(name)  # quantized there, then placed
             restore_to = SingleDeviceSharding(host_device()) if on_host else sharding
             target = jax.ShapeDtypeStruct(shape, param_dtype(cfg, name, dtype), sharding=restore_to)

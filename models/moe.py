@@ -21,6 +21,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from .quantize import fitted_specs, is_quantized, quantized_ragged_dot, quantized_tile_matmul
 from .transformer import on_tpu
 
 MAX_TILE = 128
@@ -75,8 +76,15 @@ def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, tile: int
     ``(R + G_used * (tile - 1)) * K * N`` multiply-adds with G_used <= min(G, R) groups present;
     the weights are read once per tile. TPU keeps ``ragged_dot`` (its native grouped kernel).
     Products accumulate in float32 and round once to x's dtype.
+
+    A quantized ``w`` (a ``qwix.QArray``, ``models.quantize``) goes through qwix: ``qwix.ragged_dot``
+    on TPU; elsewhere the tiles' experts are gathered from the integers and their scales (a
+    ``QArray`` indexes along its expert axis, which has a scale per expert) and multiplied by
+    ``qwix.einsum``.
     """
     if on_tpu():
+        if is_quantized(w):
+            return quantized_ragged_dot(x, w, group_sizes).astype(x.dtype)
         out = jax.lax.ragged_dot(x, w, group_sizes, preferred_element_type=jnp.float32)
         return out.astype(x.dtype)
     rows, n_groups = x.shape[0], w.shape[0]
@@ -94,7 +102,11 @@ def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, tile: int
     )
     xt = jnp.zeros((n_tiles * tile, x.shape[1]), x.dtype).at[padded_row].set(x, unique_indices=True)
     xt = xt.reshape(n_tiles, tile, x.shape[1])
-    out = jnp.einsum("tmk,tkn->tmn", xt, w[group_of_tile], preferred_element_type=jnp.float32).astype(x.dtype)
+    tile_weights = w[group_of_tile]
+    if is_quantized(w):
+        out = quantized_tile_matmul(xt, tile_weights).astype(x.dtype)
+    else:
+        out = jnp.einsum("tmk,tkn->tmn", xt, tile_weights, preferred_element_type=jnp.float32).astype(x.dtype)
     return out.reshape(n_tiles * tile, -1)[padded_row]
 
 
@@ -218,9 +230,12 @@ def expert_parallel(
             out = jax.lax.psum_scatter(out, experts, scatter_dimension=0, tiled=True)
         return out.astype(x.dtype)
 
-    row_spec, stack = P(rows, None), P(experts, None, hidden)
+    # Quantized weights: the integers split as the float weights, their scales as far as their
+    # shape allows (``models.quantize.fitted_specs``, as the loaders place them).
+    row_spec, stack, down = P(rows, None), P(experts, None, hidden), P(experts, hidden, None)
+    specs = (fitted_specs(w_gate, stack, mesh_shape), fitted_specs(w_up, stack, mesh_shape))
     return jax.shard_map(
         local,
-        in_specs=(row_spec, row_spec, row_spec, stack, stack, P(experts, hidden, None)),
+        in_specs=(row_spec, row_spec, row_spec, *specs, fitted_specs(w_down, down, mesh_shape)),
         out_specs=row_spec,
     )(x, chosen, weights, w_gate, w_up, w_down)

@@ -552,12 +552,10 @@ def load_model(
     """
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    check_quantize(quantize)
+    check_quantize(quantize, on_mesh=mesh is not None or process_count() > 1)
     path = model_directory(path)
     if isinstance(mesh, str) or (mesh is None and process_count() > 1):
         mesh = make_mesh(mesh)  # several processes: by default one mesh over all of their devices
-    if quantize == "int4" and mesh is not None:
-        raise ValueError("quantize='int4' with a mesh is not supported yet (int8 is): load int4 on one device")
     shardings = None
     if mesh is not None:
         shardings = param_shardings(load_config(path), mesh)

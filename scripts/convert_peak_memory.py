@@ -8,9 +8,11 @@ The generator writes each safetensors shard by hand, tensor by tensor in small c
 fixed pool of random bf16 values, so it never holds more than a few MB. The converter runs in a
 child process whose own peak RSS comes from ``os.wait4``; the child is made the OOM killer's
 first choice and a watchdog kills it if the machine runs low on memory. The checkpoint and the
-converter's output are always deleted.
+converter's output are always deleted. ``--quantize int8|int4`` converts the same checkpoint a
+second time with ``--quantize`` and reports both runs.
 
     python -m scripts.convert_peak_memory [--hf-config-dir DIR] [--n-layers N] [--golden DIR] [--json PATH]
+        [--quantize int8|int4]
 """
 
 from __future__ import annotations
@@ -107,9 +109,10 @@ def _lowest_priority() -> None:
         f.write("1000")
 
 
-def run_converter(hf_dir: Path, out: Path) -> dict:
+def run_converter(hf_dir: Path, out: Path, quantize: str | None = None) -> dict:
     """``python -m convert`` in a child; its own peak RSS (wait4) and wall time."""
     cmd = [sys.executable, "-m", "convert", "--hf-dir", str(hf_dir), "--out", str(out), "--dtype", "bfloat16"]
+    cmd += ["--quantize", quantize] if quantize else []
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     start = time.perf_counter()
     proc = subprocess.Popen(
@@ -161,6 +164,7 @@ def main() -> int:
         "--workdir", type=Path, default=None, help="where the temporary checkpoint goes (default: $TMPDIR)"
     )
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--quantize", choices=("int8", "int4"), help="also convert with --quantize")
     args = parser.parse_args()
     report: dict = {"total_ram_bytes": psutil.virtual_memory().total}
     work = Path(tempfile.mkdtemp(prefix="convert_peak_", dir=args.workdir))
@@ -171,6 +175,9 @@ def main() -> int:
         report["checkpoint"] = make_checkpoint(args.hf_config_dir, work / "hf", args.n_layers)
         report["checkpoint"]["write_seconds"] = round(time.perf_counter() - start, 1)
         report["convert"] = run_converter(work / "hf", work / "out")
+        shutil.rmtree(work / "out", ignore_errors=True)
+        if args.quantize:
+            report["convert_quantized"] = run_converter(work / "hf", work / "out", args.quantize)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     ck, cv = report["checkpoint"], report["convert"]
@@ -182,14 +189,23 @@ def main() -> int:
         f"{cv['seconds']} s, output {gib(cv['output_bytes'])}, machine RAM {gib(report['total_ram_bytes'])}, "
         f"lowest available {gib(cv['min_machine_available_bytes'])}{' KILLED (low memory)' if cv['killed_by_watchdog'] else ''}"
     )
+    if "convert_quantized" in report:
+        cq = report["convert_quantized"]
+        print(
+            f"convert --quantize {args.quantize}: rc={cq['returncode']} peak RSS {gib(cq['peak_rss_bytes'])} "
+            f"({cq['peak_rss_bytes'] / ck['bytes']:.2f}x the checkpoint), {cq['seconds']} s, output {gib(cq['output_bytes'])}, "
+            f"lowest available {gib(cq['min_machine_available_bytes'])}{' KILLED (low memory)' if cq['killed_by_watchdog'] else ''}"
+        )
     if "golden" in report:
         g = report["golden"]
         print(f"golden {g['source']}: rc={g['returncode']} peak RSS {gib(g['peak_rss_bytes'])}, {g['seconds']} s")
-    if cv["returncode"] != 0:
-        print(cv["output_tail"], file=sys.stderr)
+    runs = [cv, *([report["convert_quantized"]] if "convert_quantized" in report else [])]
+    for run in runs:
+        if run["returncode"] != 0:
+            print(run["output_tail"], file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
-    return 0 if cv["returncode"] == 0 else 1
+    return 0 if all(run["returncode"] == 0 for run in runs) else 1
 
 
 if __name__ == "__main__":

@@ -18,12 +18,19 @@ XLA's cost analysis does not multiply a loop body by its trip count, so layers a
 since every layer is the same, a call is compiled with 1 and with 2 layers and extrapolated
 linearly to the real depth (exact for FLOPs and bytes: cost(L) = cost(1) + (L - 1) * (cost(2) - cost(1))).
 
+``--quantize int8|int4`` stores the layers' projections as the loaders do (``models.quantize``,
+abstractly). ``--compiler tpu`` (needs libtpu: ``pip install "jax[tpu]"``; no TPU needed) compiles
+each call with the TPU compiler ahead of time for one v5e chip and reads its cost analysis: the
+bytes of the TPU kernels (fused attention, dequantization fused into the matmuls) where XLA:CPU's
+count is that of the CPU kernels.
+
 Ideal FLOPs of a call: 2 x (layer parameters) x (tokens through the layers) + 2 x (LM head
 parameters) x (positions a decoder can commit: the current block, per candidate) + attention
 (4 x layers x queries x keys x d_model). Roofline time on one chip: max(FLOPs / peak, bytes /
 bandwidth), with the peaks below.
 
     python -m scripts.cost_model [--models LLaDA-8B,Dream-7B] [--batches 1,8,32] [--gens 256,1024] [--json PATH]
+        [--kinds full,refresh,dual,prefix] [--decoders plain,psd,rps] [--quantize int8|int4] [--compiler cpu|tpu]
 """
 
 from __future__ import annotations
@@ -94,20 +101,52 @@ def call_function(kind: str, cfg, dcfg, batch: int):
     return fn, (tokens, tokens, kv, kv, cache_mask, window_mask, key)
 
 
-def compiled_cost(kind: str, cfg, dcfg, batch: int) -> tuple[float, float, float]:
+def quantized_layers(model, quantize: str) -> None:
+    """``model``'s (unrolled) projections as the loaders store them quantized, abstractly."""
+    import jax
+
+    from models.quantize import is_projection, quantize_weight
+
+    for layer in model.layers:
+        for name in [name for name in layer if is_projection(name)]:
+            layer[name].set_value(jax.eval_shape(lambda w: quantize_weight(w, quantize), layer[name].get_value()))
+
+
+def tpu_device():
+    """One v5e chip of the TPU compiler's topology (ahead of time: no TPU is needed)."""
+    from jax.experimental import topologies
+
+    return topologies.get_topology_desc(
+        topology_name="v5e:1x1", platform="tpu", chips_per_host_bounds=(1, 1, 1)
+    ).devices[0]
+
+
+def compiled_cost(
+    kind: str, cfg, dcfg, batch: int, quantize: str | None = None, compiler: str = "cpu"
+) -> tuple[float, float, float]:
     """(FLOPs, bytes accessed, compile seconds) of one call, XLA's cost analysis."""
+    import contextlib
+
     import jax
     import jax.numpy as jnp
     from flax import nnx
+    from jax.sharding import SingleDeviceSharding
 
     from models import DiffusionLM
+    from models.transformer import compiling_for
 
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: DiffusionLM(cfg, dtype=jnp.bfloat16, unroll_layers=True)))
-    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
-    fn, args = call_function(kind, cfg, dcfg, batch)
-    start = time.perf_counter()
-    compiled = jax.jit(fn, static_argnums=0).lower(graphdef, params, *args).compile()
-    seconds = time.perf_counter() - start
+    with compiling_for(compiler) if compiler == "tpu" else contextlib.nullcontext():
+        model = nnx.eval_shape(lambda: DiffusionLM(cfg, dtype=jnp.bfloat16, unroll_layers=True))
+        if quantize is not None:
+            quantized_layers(model, quantize)
+        graphdef, state = nnx.split(model)
+        place = SingleDeviceSharding(tpu_device()) if compiler == "tpu" else None
+        abstract = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=place)  # noqa: E731
+        params = jax.tree.map(abstract, state)
+        fn, args = call_function(kind, cfg, dcfg, batch)
+        start = time.perf_counter()
+        compiled = jax.jit(fn, static_argnums=0).lower(graphdef, params, *map(abstract, args)).compile()
+        seconds = time.perf_counter() - start
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     return float(cost["flops"]), float(cost["bytes accessed"]), seconds
@@ -132,7 +171,9 @@ def ideal_flops(kind: str, cfg, dcfg, batch: int) -> float:
     return float(layers + head + attention)
 
 
-def measure(name: str, cfg, kind: str, decoder: str, batch: int, gen: int) -> dict:
+def measure(
+    name: str, cfg, kind: str, decoder: str, batch: int, gen: int, quantize: str | None = None, compiler: str = "cpu"
+) -> dict:
     from psd_jax.config import DecodeConfig
 
     dcfg = DecodeConfig(
@@ -142,7 +183,9 @@ def measure(name: str, cfg, kind: str, decoder: str, batch: int, gen: int) -> di
         policy="threshold",
         **DECODERS[decoder],
     )
-    one, two = (compiled_cost(kind, replace(cfg, n_layers=layers), dcfg, batch) for layers in (1, 2))
+    one, two = (
+        compiled_cost(kind, replace(cfg, n_layers=layers), dcfg, batch, quantize, compiler) for layers in (1, 2)
+    )
     extrapolate = lambda i: one[i] + (cfg.n_layers - 1) * (two[i] - one[i])  # noqa: E731
     flops, bytes_ = extrapolate(0), extrapolate(1)
     ideal = ideal_flops(kind, cfg, dcfg, batch)
@@ -157,6 +200,8 @@ def measure(name: str, cfg, kind: str, decoder: str, batch: int, gen: int) -> di
         "ideal_flops": ideal,
         "ratio": flops / ideal,
         "compile_seconds": one[2] + two[2],
+        "weights": quantize or "bfloat16",
+        "compiler": compiler,
     }
     for chip, (peak, bandwidth) in CHIPS.items():
         row[f"ms {chip}"] = 1e3 * max(flops / peak, bytes_ / bandwidth)
@@ -196,7 +241,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--gens", default="256,1024")
     p.add_argument("--json", help="write the rows here")
+    p.add_argument("--quantize", choices=("int8", "int4"), help="the projections as models.quantize stores them")
+    p.add_argument(
+        "--compiler", choices=("cpu", "tpu"), default="cpu", help="XLA:CPU or the TPU compiler (one v5e chip)"
+    )
     args = p.parse_args(argv)
+    if args.compiler == "tpu":
+        import importlib.util
+        import os
+
+        if importlib.util.find_spec("libtpu") is None:
+            p.error('--compiler tpu needs libtpu in this environment: pip install "jax[tpu]"')
+        os.environ.setdefault("TPU_ACCELERATOR_TYPE", "none")  # no local TPU to probe: compile only
     from models import load_config
 
     rows = []
@@ -208,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue  # the block-start forward is one canvas per row for every decoder
                 for batch in map(int, args.batches.split(",")):
                     for gen in map(int, args.gens.split(",")):
-                        rows.append(measure(name, cfg, kind, decoder, batch, gen))
+                        rows.append(measure(name, cfg, kind, decoder, batch, gen, args.quantize, args.compiler))
                         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(markdown(rows))
     if args.json:

@@ -23,6 +23,11 @@ Steps, most important first (``python -m scripts.device_check STEP --out DIR [--
   (the JAX arrays handed to torch through DLPack: no copy on the GPU) and the same prompts, passes
   interleaved (JAX, then torch, in each pass): the ratio JAX / torch eager per row.
 - ``torch_compile``: the same with ``torch.compile`` as a third backend in each pass.
+- ``int8``: the same weights with the layers' projections quantized to int8 on the device
+  (``models.quantize``, as ``load_model(quantize="int8")`` stores them) against the float model,
+  passes interleaved, on ``int8_rows`` (decodes at small batch with the dual cache, where each call
+  reads every weight once): tokens/s of each, int8 / bfloat16, TPF and NFE of each, and the
+  weights' bytes on the device.
 
 A row that fails (out of memory, a compiler failure) records its error and the step moves on; the
 PyTorch backend runs every decoder with both caches, so a torch row has no error of its own. JAX programs compiled by ``jax_decode`` are read back from a persistent
@@ -41,9 +46,12 @@ about 15 s to start (imports, CUDA, the 16 GB weights made on the device).
   one pass of the 16 rows; rows are ordered cheapest first (batch 1, then batch 8 with the dual
   cache, then batch 8 uncached), so a cut keeps the most rows;
 - ``torch_compile`` (limit 50 s): compiling the 8B forward with inductor takes tens of seconds
-  per graph, so this gets through the first rows only.
+  per graph, so this gets through the first rows only;
+- ``int8`` ~60 s (limit 75 s): quantizing on the device (a float32 temporary of one stacked
+  projection, 6.4 GB for ``w_gate``), three decode-loop compiles of the int8 model (the bfloat16
+  ones come from the cache), one or two timed passes of each model per row.
 
-The limits add up to 480 s. ``TINY=1`` runs the same steps on a toy LLaDA shape on the CPU (2
+The limits add up to 555 s. ``TINY=1`` runs the same steps on a toy LLaDA shape on the CPU (2
 layers, d_model 128, vocab 512, gen 32, block 16, batch 1 and 2, forward length 64, float32 so
 that both backends must give the same tokens), with XLA flags that make compiling fast
 (``TINY_XLA_FLAGS``) and torch on one thread; its ``torch.compile`` rows trace with dynamo and
@@ -126,7 +134,7 @@ TINY_XLA_FLAGS = (
     "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false"
 )
 
-STEPS = ("env", "forward", "jax_decode", "torch", "torch_compile")
+STEPS = ("env", "forward", "jax_decode", "torch", "torch_compile", "int8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +152,7 @@ class Profile:
     max_passes: int  # timed passes of a decode row, at most ...
     row_seconds: float  # ... and more than one only while the row's timed decodes took less than this
     compile_rows: int | None  # rows of the torch_compile step (None: all, as time allows)
+    int8_rows: tuple[str, ...]  # rows of the int8 step (keys of ``rows``)
 
 
 GPU = Profile(
@@ -160,6 +169,7 @@ GPU = Profile(
     max_passes=3,
     row_seconds=4.0,
     compile_rows=None,
+    int8_rows=("threshold/dual/1", "fixed/dual/1", "threshold/dual/8"),
 )
 TINY = Profile(
     name="TINY: toy LLaDA shape on CPU (2 layers, d_model 128, 2 heads, vocab 512), float32",
@@ -175,6 +185,7 @@ TINY = Profile(
     max_passes=2,
     row_seconds=0.5,
     compile_rows=2,
+    int8_rows=("threshold/dual/1",),
 )
 
 # Targets, held against the measurements by the report.
@@ -257,6 +268,29 @@ def jax_model(prof: Profile, seed: int = 0):
     params = init_params(cfg, prof.dtype, seed)
     model = model_from_params(cfg, params, DTYPES[prof.dtype], unroll_layers=False)
     return LoadedModel(model, None, Path(prof.name), None)
+
+
+def quantized_model(lm, quantize: str = "int8"):
+    """A ``LoadedModel`` of ``lm``'s weights with the layers' projections quantized on the device
+    (``models.quantize``: the arrays ``load_model(quantize=...)`` stores); ``lm`` keeps its own."""
+    import jax
+    from flax import nnx
+
+    from models import param_shapes
+    from models.quantize import is_projection, quantize_weight
+    from psd_jax.api import LoadedModel
+
+    model = nnx.merge(lm.graphdef, jax.tree.map(lambda a: a, lm.params))  # its own module over the same arrays
+    for name in [name for name in param_shapes(lm.config) if is_projection(name)]:
+        model.set_param(name, quantize_weight(getattr(model, name).get_value(), quantize))
+    return LoadedModel(model, None, lm.path, None)
+
+
+def weight_bytes(lm) -> int:
+    """Bytes of a model's parameters (float or int8 ones and their scales) on its device."""
+    import jax
+
+    return sum(a.nbytes for a in jax.tree.leaves(lm.params))
 
 
 def torch_from_jax(lm, compile: bool = False):
@@ -591,6 +625,14 @@ def step_torch_compile(part: Part, prof: Profile, deadline: float) -> None:
     decode_step(part, prof, deadline, backends, rows(prof)[: prof.compile_rows])
 
 
+def step_int8(part: Part, prof: Profile, deadline: float) -> None:
+    lm = jax_model(prof)
+    int8 = quantized_model(lm, "int8")
+    part.write(weight_bytes={prof.dtype: weight_bytes(lm), "int8": weight_bytes(int8)})
+    selected = [row for row in rows(prof) if row["key"] in prof.int8_rows]
+    decode_step(part, prof, deadline, {"jax": lm, "jax int8": int8}, selected)
+
+
 def warm_torch(tlm, cfg) -> None:
     """One forward, so that CUDA's and cuBLAS's start-up is not counted in the first row."""
     tlm.logits(np.asarray(prompts(cfg, 1, 32)))
@@ -620,6 +662,7 @@ STEP_FUNCTIONS = {
     "jax_decode": step_jax_decode,
     "torch": step_torch,
     "torch_compile": step_torch_compile,
+    "int8": step_int8,
 }
 
 

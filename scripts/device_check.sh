@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# One prepared run for a GPU machine whose time is short (at most 8 minutes on one NVIDIA H200):
-# LLaDA-8B's forward MFU, the decoders' speed in JAX, and the same decodes in PyTorch eager and
-# torch.compile (scripts/device_check.py says what each step measures and how long it should take;
-# docs/device-check.md how to read the output). Run it from the repository root.
+# One prepared run for a GPU machine whose time is short (at most 9.25 minutes on one NVIDIA H200):
+# LLaDA-8B's forward MFU, the decoders' speed in JAX, the same decodes in PyTorch eager and
+# torch.compile, and int8 weights against bfloat16 (scripts/device_check.py says what each step
+# measures and how long it should take; docs/device-check.md how to read the output). Run it from
+# the repository root.
 #
-#   OUT=/tmp/dc bash scripts/device_check.sh            # the GPU run (the steps' limits add up to 480 s)
+#   OUT=/tmp/dc bash scripts/device_check.sh            # the GPU run (the steps' limits add up to 555 s)
 #   OUT=/tmp/dc TINY=1 bash scripts/device_check.sh     # the same steps on a toy model on the CPU
 #
 # Every step is a process of its own with its own time limit and log, so one slow or failing step
@@ -27,9 +28,9 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1  # JAX and torch s
 
 if [ -n "${TINY:-}" ]; then
   export TINY
-  LIMITS="env=60 forward=60 jax_decode=120 torch=90 torch_compile=60"
+  LIMITS="env=60 forward=60 jax_decode=120 torch=90 torch_compile=60 int8=60"
 else
-  LIMITS="env=45 forward=75 jax_decode=180 torch=130 torch_compile=50"
+  LIMITS="env=45 forward=75 jax_decode=180 torch=130 torch_compile=50 int8=75"
 fi
 
 step() {  # step NAME LIMIT: one step, its own limit and log; the report rewritten when it ends
@@ -56,7 +57,7 @@ if ! step env "$(limit env)"; then
     exit 1
   fi
 fi
-for name in forward jax_decode torch torch_compile; do
+for name in forward jax_decode torch torch_compile int8; do
   step "$name" "$(limit "$name")"
 done
 cat "$OUT/device_check.md"

@@ -137,7 +137,7 @@ def markdown(report: dict) -> str:
             ended += f" ({part['error'][:160]})"
         seconds = "" if st is None else f"{st['seconds']:.0f}"
         lines.append(f"| {step} | {ended} | {seconds} | {len((part or {}).get('rows', []))} |")
-    lines += forward_table(report) + jax_table(report) + torch_table(report)
+    lines += forward_table(report) + jax_table(report) + torch_table(report) + int8_table(report)
     return "\n".join(lines) + "\n"
 
 
@@ -243,6 +243,41 @@ def torch_table(report: dict) -> list[str]:
             cell(c, "torch.compile", rate),
             cell(c, "torch.compile", ratio),
             cell(c, "torch.compile", lambda b: f"{b['compile_seconds']:.1f}"),
+        ]
+        lines.append(f"| {row['decoder']} | {row['cache']} | {row['batch']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def int8_table(report: dict) -> list[str]:
+    prof = TINY if report["tiny"] else GPU
+    part = report["steps"].get("int8", {})
+    got = by_key(part)
+    sizes, dtype = part.get("weight_bytes", {}), prof.dtype
+    weights = (
+        f" Weights on the device: {dtype} {sizes[dtype] / 1e9:.3g} GB, int8 {sizes['int8'] / 1e9:.3g} GB."
+        if sizes
+        else ""
+    )
+    lines = [
+        "",
+        f"int8 weights (the layers' projections, models.quantize) against {dtype} on the same weights and prompts, "
+        f"passes interleaved; int8 / {dtype} = the inverse of the median per-pass ratio.{weights}",
+        "",
+        f"| decoder | cache | batch | {dtype} tokens/s | int8 tokens/s | int8 / {dtype} | TPF {dtype} | TPF int8 "
+        f"| NFE/prompt {dtype} | NFE/prompt int8 | int8 compile s |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in rows(prof):
+        if row["key"] not in prof.int8_rows:
+            continue
+        r = got.get(row["key"])
+        cells = [
+            cell(r, "jax", rate),
+            cell(r, "jax int8", rate),
+            cell(r, "jax int8", lambda b: f"{1 / b['jax_over_this']:.2f}x" if "jax_over_this" in b else ""),
+            *(cell(r, name, lambda b: f"{b['tpf']:.2f}") for name in ("jax", "jax int8")),
+            *(cell(r, name, lambda b: f"{b['nfe_per_prompt']:.1f}") for name in ("jax", "jax int8")),
+            cell(r, "jax int8", lambda b: f"{b['compile_seconds']:.1f}"),
         ]
         lines.append(f"| {row['decoder']} | {row['cache']} | {row['batch']} | " + " | ".join(cells) + " |")
     return lines

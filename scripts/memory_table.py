@@ -32,8 +32,9 @@ separated by ``;``) replaces a target's mesh for the selected models. ``--models
 
 Runs itself in a subprocess. Prints Markdown, writes ``--json``.
 
-``--targets`` selects targets (default: the three above; ``TPU v5e-1`` is one v5e chip, 16 GiB),
-``--quantize int8|int4`` stores the projections as ``models.quantize`` does (one-device targets).
+``--targets`` selects targets (default: the three above; ``TPU v5e-1`` is one v5e chip, 16 GiB;
+``24GB device`` is one v6e chip whose compiler is limited to 24 GiB, a stand-in for one 24 GB GPU
+with the TPU compiler, ``COMPILER_OPTIONS``), ``--quantize int8|int4`` stores the projections as ``models.quantize`` does (int4: one-device targets).
 
     python -m scripts.memory_table [--json PATH] [--decode] [--batches 1,8,32] [--gens 256,1024] [--compiler cpu|tpu]
         [--models LLaDA-8B,Dream-7B,LLaDA2.0-mini] [--mesh "TARGET:SPEC;..."] [--targets ...] [--quantize int8|int4]
@@ -65,6 +66,7 @@ TARGETS = {
     "TPU v4-8": (4, 32 * GiB, "data=1,model=4"),
     "GPU 80GB": (1, 80 * GiB, "data=1,model=1"),
     "TPU v5e-1": (1, 16 * GiB, "data=1,model=1"),
+    "24GB device": (1, 24 * GiB, "data=1,model=1"),
 }
 DEFAULT_TARGETS = ("TPU v5e-8", "TPU v4-8", "GPU 80GB")
 # --compiler tpu: the topology each target is compiled for (name, get_topology_desc options).
@@ -73,7 +75,12 @@ TOPOLOGIES = {
     "TPU v4-8": ("v4:2x2x1", {"chip_config_name": "megacore"}),
     "GPU 80GB": ("v5p:1x1x1", {"chips_per_host_bounds": (1, 1, 1)}),
     "TPU v5e-1": ("v5e:1x1", {"chips_per_host_bounds": (1, 1, 1)}),
+    "24GB device": ("v6e:1x1", {"chips_per_host_bounds": (1, 1, 1)}),
 }
+# --compiler tpu: compiler options per target. "24GB device" is one v6e chip (32 GiB of HBM) whose
+# compiler is told it has 24 GiB (libtpu's xla_tpu_max_hbm_size_mib): the TPU compiler's buffer
+# assignment of the one-device program, refused for memory as on a 24 GiB device.
+COMPILER_OPTIONS = {"24GB device": {"xla_tpu_max_hbm_size_mib": 24 * 1024}}
 # The mixture-of-experts model's mesh per target (experts over ``expert``; the 4 KV heads and the
 # 512 expert hidden units split over ``model`` as well where it is given).
 MOE_MESHES = {
@@ -81,6 +88,7 @@ MOE_MESHES = {
     "TPU v4-8": "expert=4",
     "GPU 80GB": "data=1,model=1",
     "TPU v5e-1": "data=1,model=1",
+    "24GB device": "data=1,model=1",
 }
 PROMPT = 128
 
@@ -117,14 +125,18 @@ def _leaf_bytes(shape, dtype, sharding) -> int:
     return math.prod(shard) * np.dtype(dtype).itemsize
 
 
-def measure(cfg, mesh, batch: int, gen: int, full_decode: bool, quantize: str | None = None) -> dict:
-    """Compile ``init_state`` (and optionally ``decode``) on abstract inputs; bytes per device."""
+def measure(
+    cfg, mesh, batch: int, gen: int, full_decode: bool, quantize: str | None = None, options: dict | None = None
+) -> dict:
+    """Compile ``init_state`` (and optionally ``decode``) on abstract inputs; bytes per device
+    (``options``: the compiler's options)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
     from models import model_class
+    from models.quantize import fitted_sharding
     from psd_jax.config import DecodeConfig
     from psd_jax.engine import decode, init_state, loop_and_mask
     from psd_jax.sharding import batch_sharding, bytes_per_device, param_shardings
@@ -132,17 +144,19 @@ def measure(cfg, mesh, batch: int, gen: int, full_decode: bool, quantize: str | 
     dcfg = DecodeConfig(gen_length=gen, block_length=32, cache="dual")
     model = nnx.eval_shape(lambda: model_class(cfg)(cfg, dtype=jnp.bfloat16))
     if quantize is not None:  # the projections as the loaders store them (models.quantize), abstractly
-        from models.quantize import PROJECTIONS, check_family, quantize_weight
+        from models import param_shapes
+        from models.quantize import check_family, is_projection, quantize_weight
 
         check_family(cfg.family)
-        for name in PROJECTIONS:
+        for name in [name for name in param_shapes(cfg) if is_projection(name)]:
             weight = getattr(model, name).get_value()
-            model.set_param(name, jax.eval_shape(lambda w: quantize_weight(w, quantize, 1), weight))
+            model.set_param(name, jax.eval_shape(lambda w: quantize_weight(w, quantize), weight))
     graphdef, state = nnx.split(model)
     shardings = param_shardings(cfg, mesh)
+    # A quantized weight's scales split as far as their shape allows (models.quantize.place_quantized).
     params = jax.tree_util.tree_map_with_path(
         lambda path, x: jax.ShapeDtypeStruct(
-            x.shape, x.dtype, sharding=shardings[str(getattr(path[0], "key", path[0]))]
+            x.shape, x.dtype, sharding=fitted_sharding(shardings[str(getattr(path[0], "key", path[0]))], x.shape)
         ),
         state,
     )
@@ -157,7 +171,7 @@ def measure(cfg, mesh, batch: int, gen: int, full_decode: bool, quantize: str | 
         return init_state(loop, prompt_ids, mask, key)
 
     start = time.perf_counter()
-    compiled = jax.jit(init).lower(params, ids, ids, key).compile()
+    compiled = jax.jit(init).lower(params, ids, ids, key).compile(compiler_options=options)
     seconds = time.perf_counter() - start
     shapes = jax.eval_shape(init, params, ids, ids, key)
     out_shardings = compiled.output_shardings
@@ -192,7 +206,8 @@ def measure(cfg, mesh, batch: int, gen: int, full_decode: bool, quantize: str | 
     if full_decode:
         start = time.perf_counter()
         try:
-            whole = decode.lower(graphdef, params, ids, ids, key, mcfg=cfg, dcfg=dcfg).compile().memory_analysis()
+            lowered = decode.lower(graphdef, params, ids, ids, key, mcfg=cfg, dcfg=dcfg)
+            whole = lowered.compile(compiler_options=options).memory_analysis()
         except jax.errors.JaxRuntimeError as exc:  # the compiler's own "does not fit"
             if "RESOURCE_EXHAUSTED" not in str(exc):
                 raise
@@ -258,7 +273,8 @@ def worker(
                     }
                     try:
                         with compiling_for(compiler), jax.set_mesh(mesh):
-                            row.update(measure(cfg, mesh, batch, gen, full_decode and last, quantize))
+                            options = COMPILER_OPTIONS.get(target) if compiler == "tpu" else None
+                            row.update(measure(cfg, mesh, batch, gen, full_decode and last, quantize, options))
                     except jax.errors.JaxRuntimeError as exc:  # the compiler's own "does not fit"
                         if "RESOURCE_EXHAUSTED" not in str(exc):
                             raise
@@ -340,7 +356,9 @@ def main() -> int:
         "--targets", default=",".join(DEFAULT_TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}"
     )
     parser.add_argument(
-        "--quantize", choices=("int8", "int4"), help="projections as models.quantize stores them (one-device targets)"
+        "--quantize",
+        choices=("int8", "int4"),
+        help="projections as models.quantize stores them (int4: one-device targets)",
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -356,10 +374,8 @@ def main() -> int:
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     if set(targets) - set(TARGETS):
         parser.error(f"unknown target(s) {', '.join(set(targets) - set(TARGETS))}; choose from {', '.join(TARGETS)}")
-    if args.quantize and any(TARGETS[t][0] > 1 for t in targets):
-        parser.error(
-            "--quantize needs one-device targets (quantized weights are not sharded yet): --targets 'TPU v5e-1'"
-        )
+    if args.quantize == "int4" and any(TARGETS[t][0] > 1 for t in targets):
+        parser.error("--quantize int4 needs one-device targets (int4 is not placed on meshes): --targets 'TPU v5e-1'")
     if args.worker:
         print(json.dumps(worker(batches, gens, args.decode, args.compiler, models, overrides, targets, args.quantize)))
         return 0

@@ -209,6 +209,7 @@ def main(ckpt: str, moe_ckpt: str | None = None, word_model: str | None = None, 
     out["int8"] = quantized_meshes(ckpt)
     if moe_ckpt is not None:
         out["moe"] = moe_meshes(moe_ckpt)
+        out["moe_int8"] = quantized_expert_mesh(moe_ckpt)
     if word_model is not None:
         out["front_ends"] = front_end_references(word_model, out_dir)
     print(json.dumps(out))
@@ -228,7 +229,7 @@ def quantized_meshes(ckpt: str) -> dict:
         same = []
         for name in PROJECTIONS:
             loaded = getattr(lm.model, name).get_value()
-            in_place = quantize_weight(getattr(floats.model, name).get_value(), "int8", 1)
+            in_place = quantize_weight(getattr(floats.model, name).get_value(), "int8")
             same.append(
                 bool((np.asarray(loaded.qvalue) == np.asarray(in_place.qvalue)).all())
                 and bool((np.asarray(loaded.scale) == np.asarray(in_place.scale)).all())
@@ -239,6 +240,74 @@ def quantized_meshes(ckpt: str) -> dict:
             "arrays_equal": all(same),
             "qvalue_split": split,
         }
+    return out
+
+
+# int8 LLaDA2.0 on the expert mesh that splits experts over ``expert`` and their hidden units over
+# ``model`` (the down projection's per-channel scales then stay whole over ``model``).
+MOE_INT8_MESH = "expert=4,model=2"
+
+
+def quantized_expert_mesh(ckpt: str) -> dict:
+    """int8 LLaDA2.0 on ``MOE_INT8_MESH``: whether every quantized parameter (fused QKV, dense and
+    shared MLPs, routed experts) loaded by quantize-then-shard equals shard-then-quantize, how the
+    expert weights' integers and scales are split, and the first MoE layer's routed experts run
+    expert parallel on those int8 shards (``models.moe.expert_parallel``: quantized weights through
+    ``jax.shard_map``) against the same layer on one device. The rest of the forward on a mesh is
+    the partitioner's, as for int8 LLaDA (``quantized_meshes``); one layer keeps the compile small."""
+    import jax.numpy as jnp
+
+    from models import param_shapes
+    from models.moe import route, routed_experts
+    from models.quantize import is_projection, quantize_weight
+    from models.transformer import swiglu
+
+    start = time.perf_counter()
+    lm = load_model(ckpt, quantize="int8", mesh=MOE_INT8_MESH, unroll_layers=False)
+    floats = load_model(ckpt, mesh=MOE_INT8_MESH, unroll_layers=False)
+    same = {}
+    for name in [name for name in param_shapes(lm.config) if is_projection(name)]:
+        loaded = getattr(lm.model, name).get_value()
+        in_place = quantize_weight(getattr(floats.model, name).get_value(), "int8")
+        same[name] = all(
+            bool((np.asarray(getattr(loaded, a)) == np.asarray(getattr(in_place, a))).all())
+            for a in ("qvalue", "scale")
+        )
+    names = ("moe_expert_gate", "moe_expert_up", "moe_expert_down", "moe_router", "moe_expert_bias")
+    weights = [getattr(lm.model, name).get_value() for name in names]
+    cfg = lm.config
+
+    def first_layer(x, gate, up, down, router, bias):
+        chosen, scores = route(
+            x,
+            router[0],
+            bias[0],
+            top_k=cfg.n_experts_per_tok,
+            n_group=cfg.n_group,
+            topk_group=cfg.topk_group,
+            scaling=cfg.routed_scaling_factor,
+        )
+        return routed_experts(x, chosen, scores, gate[0], up[0], down[0], swiglu, batch=len(MOE_IDS))
+
+    rows = jax.random.normal(jax.random.key(0), (len(MOE_IDS) * 3, cfg.d_model), jnp.float32)
+    with jax.set_mesh(lm.mesh):
+        sharded = np.asarray(jax.jit(first_layer)(rows, *weights))
+    device = jax.devices()[0]
+    reference = np.asarray(jax.jit(first_layer)(*jax.device_put((rows, *weights), device)))
+    out = {
+        "arrays_equal": same,
+        "expert_shards": {
+            name: {
+                part: list(getattr(w, part).sharding.shard_shape(getattr(w, part).shape))
+                for part in ("qvalue", "scale")
+            }
+            for name, w in zip(names[:3], weights[:3])
+        },
+        # float32 rounding of the sums over the model shards: |diff| - rtol * |reference|
+        "layer_max_excess": float((np.abs(sharded - reference) - MOE_RTOL * np.abs(reference)).max()),
+        "layer_max_abs": float(np.abs(reference).max()),
+    }
+    print(f"llada2 int8 {MOE_INT8_MESH}: {time.perf_counter() - start:.1f}s", file=sys.stderr)
     return out
 
 

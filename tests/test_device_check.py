@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from models import param_shapes
+from models.quantize import is_projection
 from scripts import device_check as dc
 from scripts import device_check_report as report
 
@@ -102,6 +105,29 @@ def test_torch_rows_match_jax(tiny_run):
     for row in compiled:
         assert row["backends"]["torch.compile"]["same_tokens_as_jax"] is True
         assert row["backends"]["torch.compile"]["tokens_per_second"] > 0
+
+
+def test_int8_rows_decode_the_quantized_weights(tiny_run):
+    """The int8 step: the same device-made weights as jax_decode (the float model decodes the same
+    tokens there), the projections stored as int8 with a float32 scale per output column (the
+    toy's exact bytes), and both models decode every selected row."""
+    out, _, result = tiny_run
+    cfg = dc.model_config(dc.TINY)
+    shapes = param_shapes(cfg)
+    projections = [shape for name, shape in shapes.items() if is_projection(name)]
+    floats = 4 * sum(math.prod(shape) for shape in shapes.values())
+    int8 = floats - 3 * sum(math.prod(shape) for shape in projections) + 4 * sum(L * n for L, _, n in projections)
+    assert result["steps"]["int8"]["weight_bytes"] == {"float32": floats, "int8": int8}
+    got, decoded = rows_of(result, "int8"), rows_of(result, "jax_decode")
+    assert sorted(got) == sorted(dc.TINY.int8_rows)
+    for key, row in got.items():
+        assert row["backends"]["jax"]["digest"] == decoded[key]["backends"]["jax"]["digest"], key
+        quantized = row["backends"]["jax int8"]
+        assert quantized["tokens_per_second"] > 0 and quantized["jax_over_this"] > 0, key
+        assert 1 <= quantized["nfe_per_prompt"] <= dc.TINY.gen_length, key
+    md = (out / "device_check.md").read_text()
+    assert f"Weights on the device: float32 {floats / 1e9:.3g} GB, int8 {int8 / 1e9:.3g} GB." in md
+    assert md.count("\n| threshold | dual | 1 |") == 3  # JAX, JAX against PyTorch, int8 against float32
 
 
 def test_markdown_has_the_targets(tiny_run):

@@ -20,7 +20,7 @@ from psd_jax.sharding import (
 )
 
 from conftest import GOLDENS, HF_CONFIGS, llada2_mini_config
-from sharded_decode import CACHED, DECODERS, MESHES, MOE_DECODE, MOE_MESHES
+from sharded_decode import CACHED, DECODERS, MESHES, MOE_DECODE, MOE_INT8_MESH, MOE_MESHES
 
 
 @pytest.mark.parametrize(("mesh", "decoder"), [(mesh, name) for mesh, names in MESHES.items() for name in names])
@@ -202,3 +202,23 @@ def test_int8_on_a_mesh_decodes_as_on_one_device(sharded_run):
         tensor_parallel = parse_mesh(mesh, 8).get("model", 1) > 1
         assert int8[mesh]["qvalue_split"] == tensor_parallel, mesh  # data-parallel meshes replicate weights
         assert int8[mesh]["tokens"] == int8["reference"], mesh
+
+
+def test_int8_llada2_on_an_expert_mesh(sharded_run):
+    """int8 LLaDA2.0 on MOE_INT8_MESH (expert=4,model=2): every quantized parameter (fused QKV, dense and shared
+    MLPs, routed experts) is exactly the arrays of shard-then-quantize; the experts' integers split
+    over expert and their hidden units over model, their scales with them (the down projection's
+    per-channel scales whole over model); the routed experts run expert parallel on the int8 shards
+    within float32 rounding of one device (|diff| <= 1e-5 + 2e-6 |out|, as the float expert meshes)."""
+    assert MOE_INT8_MESH == "expert=4,model=2"
+    run = sharded_run["moe_int8"]
+    assert run["arrays_equal"] == dict.fromkeys(run["arrays_equal"], True)
+    assert len(run["arrays_equal"]) == 13  # 5 dense-layer projections, 8 of the MoE layers
+    # [layers, experts, in, out] per device: 8 experts over expert=4, F = 32 over model=2
+    assert run["expert_shards"] == {
+        "moe_expert_gate": {"qvalue": [2, 2, 64, 16], "scale": [2, 2, 1, 16]},
+        "moe_expert_up": {"qvalue": [2, 2, 64, 16], "scale": [2, 2, 1, 16]},
+        "moe_expert_down": {"qvalue": [2, 2, 16, 64], "scale": [2, 2, 1, 64]},
+    }
+    assert run["layer_max_abs"] > 1.0
+    assert run["layer_max_excess"] <= 1e-5

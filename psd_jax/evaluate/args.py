@@ -18,9 +18,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from convert.orbax_io import is_orbax_dir, stored_quantize
 from convert.safetensors_dir import CheckpointError
 from models import ConfigError, load_config
-from models.quantize import QUANTIZE
+from models.quantize import INT4_ON_A_MESH, QUANTIZE
 
 from ..api import DTYPES, model_directory, model_settings
 from ..config import (
@@ -184,6 +185,17 @@ def _pretrained(value: Any) -> Path:
         raise EvalArgsError(f"pretrained={exc}") from None
 
 
+def _quantize_checked(pretrained: Path, quantize: str | None, mesh: str | None) -> None:
+    """``quantize`` against a checkpoint converted with ``--quantize`` (it loads as it was stored,
+    or with the same setting) and int4 not with a mesh (``models.quantize.check_quantize``)."""
+    stored = stored_quantize(pretrained) if is_orbax_dir(pretrained) else None
+    if stored is not None and quantize not in (None, stored):
+        raise EvalArgsError(f"pretrained={pretrained} was converted with --quantize {stored}, got quantize={quantize}")
+    if (quantize or stored) == "int4" and mesh is not None:
+        what = "quantize=int4" if quantize else f"pretrained={pretrained} (converted with --quantize int4)"
+        raise EvalArgsError(f"model arguments {what} and mesh={mesh}: {INT4_ON_A_MESH}")
+
+
 def _model_checked(pretrained: Path, settings: DecodeConfig) -> None:
     """``config.check_for_model`` on the directory's config: gen_length within the context, RPS's
     k_max within the vocabulary, no cfg on block-causal families."""
@@ -215,6 +227,7 @@ def parse_eval_args(raw: dict[str, Any]) -> EvalArgs:
     if quantize is not None and quantize not in QUANTIZE:
         raise EvalArgsError(f"model argument quantize must be one of {', '.join(QUANTIZE)} or none, got {quantize!r}")
     pretrained = _pretrained(kwargs.get("pretrained"))
+    _quantize_checked(pretrained, quantize, mesh)
     fields = {k: decode_field(k, v) for k, v in kwargs.items() if k in FIELD_HELP}
     try:
         settings = model_settings(pretrained, fields)
