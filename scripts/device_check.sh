@@ -7,6 +7,11 @@
 #
 #   OUT=/tmp/dc bash scripts/device_check.sh            # the GPU run (the steps' limits add up to 555 s)
 #   OUT=/tmp/dc TINY=1 bash scripts/device_check.sh     # the same steps on a toy model on the CPU
+#   OUT=/tmp/dc STEPS="serve" bash scripts/device_check.sh   # env, then only the listed steps
+#
+# The steps after env (STEPS, default all but serve): forward jax_decode torch torch_compile int8, and
+# serve: the server under load on the 8B shape (scripts/serve_check.py, its own table
+# $OUT/serve_check.md; limit 150 s), left out by default so that the default run fits its budget.
 #
 # Every step is a process of its own with its own time limit and log, so one slow or failing step
 # does not lose the others; after each step $OUT/device_check.json and $OUT/device_check.md are
@@ -28,10 +33,11 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1  # JAX and torch s
 
 if [ -n "${TINY:-}" ]; then
   export TINY
-  LIMITS="env=60 forward=60 jax_decode=120 torch=90 torch_compile=60 int8=60"
+  LIMITS="env=60 forward=60 jax_decode=120 torch=90 torch_compile=60 int8=60 serve=90"
 else
-  LIMITS="env=45 forward=75 jax_decode=180 torch=130 torch_compile=50 int8=75"
+  LIMITS="env=45 forward=75 jax_decode=180 torch=130 torch_compile=50 int8=75 serve=150"
 fi
+STEPS=${STEPS:-forward jax_decode torch torch_compile int8}
 
 step() {  # step NAME LIMIT: one step, its own limit and log; the report rewritten when it ends
   local name=$1 limit=$2 start=$SECONDS code
@@ -57,7 +63,16 @@ if ! step env "$(limit env)"; then
     exit 1
   fi
 fi
-for name in forward jax_decode torch torch_compile int8; do
+for name in $STEPS; do
+  if [ "$name" = serve ]; then  # the server under load: a script and a table of its own
+    start=$SECONDS
+    timeout -k 5 "$(limit serve)" $PY -m scripts.serve_check --out "$OUT" --deadline $(($(limit serve) * 8 / 10)) \
+      >"$LOGS/serve.log" 2>&1
+    echo "[serve] exit $? after $((SECONDS - start)) s (limit $(limit serve) s)" | tee -a "$OUT/device_check.log"
+    cat "$LOGS/serve.log" >>"$OUT/device_check.log"
+    continue
+  fi
   step "$name" "$(limit "$name")"
 done
 cat "$OUT/device_check.md"
+[ -f "$OUT/serve_check.md" ] && cat "$OUT/serve_check.md"
