@@ -34,12 +34,20 @@ the code it ran before they existed.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
     import jax
 
-    from .config import DecodeConfig
+
+class FilterSettings(Protocol):
+    """The settings sampling reads (a ``DecodeConfig`` has them; named structurally so the
+    config module, which asks this one what a family ignores, is not imported back)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+
 
 Filter = Literal["top_p", "top_k"]
 
@@ -53,7 +61,7 @@ class Sampler:
     confidence: Literal["logits", "sampled"]  # softmax of the raw logits, or of those the token is drawn from
     filters_at_greedy: bool  # whether top-p/top-k apply at temperature 0
 
-    def ignored(self, c: DecodeConfig) -> str | None:
+    def ignored(self, c: FilterSettings) -> str | None:
         """Why ``c``'s top-p/top-k would change nothing on this family, else None: they act only on
         the draw, and at temperature 0 there is none (unless the family filters at greedy too)."""
         filtering = [f"{name}={getattr(c, name)!r}" for name in ("top_p", "top_k") if name in filters_set(c)]
@@ -76,7 +84,7 @@ def sampler_for(family: str) -> Sampler:
     return SAMPLERS[family]
 
 
-def filters_set(c: DecodeConfig) -> tuple[Filter, ...]:
+def filters_set(c: FilterSettings) -> tuple[Filter, ...]:
     """The filters ``c`` turns on (top_p below 1, top_k above 0)."""
     return tuple(name for name, on in (("top_p", c.top_p < 1.0), ("top_k", c.top_k > 0)) if on)
 

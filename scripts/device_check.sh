@@ -75,4 +75,4 @@ for name in $STEPS; do
   step "$name" "$(limit "$name")"
 done
 cat "$OUT/device_check.md"
-[ -f "$OUT/serve_check.md" ] && cat "$OUT/serve_check.md"
+if [ -f "$OUT/serve_check.md" ]; then cat "$OUT/serve_check.md"; fi
