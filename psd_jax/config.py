@@ -73,6 +73,7 @@ class DecodeConfig:
     depth: int = 3
     acceptance: Literal["tokens", "strict"] = "tokens"
     draft_rate: int | None = None
+    draft_next_block: bool = False  # drafts continue into the next block (docs/algorithms.md "PSD")
     # RPS
     k_max: int = 10
     ratio: float = 0.1
@@ -141,6 +142,8 @@ FIELD_HELP: dict[str, str] = {
     "depth": "PSD: draft levels verified per call (D)",
     "acceptance": "PSD: tokens (a level is accepted if its tokens are the verifier's argmax) or strict (lossless)",
     "draft_rate": "PSD: positions per draft level (default: the policy's own commit count)",
+    "draft_next_block": "PSD: once the block's masked positions are drafted, draft on into the next block "
+    "(tokens acceptance, no cache, policy fixed/threshold/factor)",
     "k_max": "RPS: candidate values of the pivot (branches per call)",
     "ratio": "RPS: keep a pivot value only if its probability >= ratio * the top one's",
     "pivot_tau": "RPS: a pivot needs top-k_max probability mass >= this",
@@ -150,7 +153,7 @@ FIELD_HELP: dict[str, str] = {
 
 INT_FIELDS = ("gen_length", "block_length", "steps", "top_k", "depth", "draft_rate", "k_max")
 FLOAT_FIELDS = ("threshold", "factor", "temperature", "top_p", "cfg_scale", "dream_eps", "ratio", "pivot_tau", "lam")
-BOOL_FIELDS = ("logits_eos_inf", "confidence_eos_eot_inf", "eos_early_stop")
+BOOL_FIELDS = ("logits_eos_inf", "confidence_eos_eot_inf", "eos_early_stop", "draft_next_block")
 _OPTIONAL = ("steps", "draft_rate")
 
 
@@ -228,7 +231,13 @@ def _check_work(c: DecodeConfig) -> None:
         _fail(f"steps {c.total_steps} exceeds gen_length {c.gen_length}: at most one step per generated position")
     if c.decoder == "psd":
         # The policy commits at least one position and every draft level adds at least one more.
-        if c.depth > c.block_length - 1:
+        # Drafts past the block may also fill all but one of the next block's positions.
+        if c.draft_next_block and c.depth > 2 * c.block_length - 2:
+            _fail(
+                f"depth {c.depth} (PSD) exceeds 2 * block_length - 2 = {2 * c.block_length - 2}: with "
+                "draft_next_block the block and the next have room for at most that many draft levels"
+            )
+        if not c.draft_next_block and c.depth > c.block_length - 1:
             _fail(
                 f"depth {c.depth} (PSD) exceeds block_length - 1 = {c.block_length - 1}: a block has room for at "
                 "most that many draft levels after the policy's commit"
@@ -237,8 +246,24 @@ def _check_work(c: DecodeConfig) -> None:
             _fail(f"depth {c.depth} (PSD) exceeds {MAX_BRANCHES - 1}: at most {MAX_BRANCHES} canvases per row per call")
         if c.draft_rate is not None and c.draft_rate > c.block_length:
             _fail(f"draft_rate {c.draft_rate} (PSD) exceeds block_length {c.block_length}")
+        if c.draft_next_block:
+            _check_next_block_drafts(c)
     if c.decoder == "rps" and c.k_max + 1 > MAX_BRANCHES:
         _fail(f"k_max {c.k_max} (RPS) exceeds {MAX_BRANCHES - 1}: at most {MAX_BRANCHES} canvases per row per call")
+
+
+def _check_next_block_drafts(c: DecodeConfig) -> None:
+    """What drafts past the block need: acceptance by tokens (strict compares a level with the policy's
+    next step in the same block), the uncached forward (a cached call computes only the current
+    block's queries) and a policy whose step is a count of the schedule or unused."""
+    if c.acceptance != "tokens":
+        _fail(
+            "draft_next_block (PSD) needs acceptance 'tokens': strict checks a level against the policy's next step in its own block"
+        )
+    if c.cache != "none":
+        _fail(f"draft_next_block (PSD) needs cache 'none': a cached call ({c.cache!r}) computes only the current block")
+    if c.policy not in ("fixed", "threshold", "factor"):
+        _fail(f"draft_next_block (PSD) works with policy 'fixed', 'threshold' or 'factor', not {c.policy!r}")
 
 
 def check_for_model(c: DecodeConfig, mcfg: ModelConfig) -> None:
@@ -253,6 +278,8 @@ def check_for_model(c: DecodeConfig, mcfg: ModelConfig) -> None:
         _fail(f"k_max {c.k_max} exceeds the vocabulary of {mcfg.vocab_size}")
     if mcfg.block_causal and c.cfg_scale > 0:
         _fail(f"classifier-free guidance (cfg_scale > 0) is not supported for the block-causal {mcfg.family}")
+    if mcfg.block_causal and c.draft_next_block:
+        _fail(f"draft_next_block (PSD) is not supported for the block-causal {mcfg.family}: a block sees no later one")
     if c.top_k > mcfg.vocab_size:
         _fail(f"top_k {c.top_k} exceeds the vocabulary of {mcfg.vocab_size}")
     from .sampling import sampler_for  # here: config stays importable without loading JAX
@@ -281,6 +308,7 @@ USED_ONLY_WITH: dict[str, tuple[Callable[[DecodeConfig], bool], str]] = {
         lambda c: c.decoder == "psd" and c.policy != "fixed",
         "decoder 'psd' with a policy other than 'fixed' (fixed drafts the schedule's own counts)",
     ),
+    "draft_next_block": (lambda c: c.decoder == "psd", "decoder 'psd'"),
     "k_max": (lambda c: c.decoder == "rps", "decoder 'rps'"),
     "ratio": (lambda c: c.decoder == "rps", "decoder 'rps'"),
     "pivot_tau": (lambda c: c.decoder == "rps", "decoder 'rps'"),

@@ -172,6 +172,15 @@ class Loop:
         start = self.block_span(state.block)[0]
         return rules.committable(jnp, state.canvas, start, state.done, self.dcfg.block_length, self.mcfg.mask_id)
 
+    def next_block_drafts(self, state: DecodeState, rows: jax.Array) -> jax.Array:
+        """[B, N] the next block's positions ``rows`` may draft (``draft_next_block``): none for a
+        row whose generation ends with its current block."""
+        nxt = state.block + 1
+        live = rows & ~state.done & (nxt < state.values.num_blocks)
+        start = self.block_span(nxt)[0]
+        b = self.dcfg.block_length
+        return rules.next_block_drafts(jnp, state.canvas, state.pred.conf, start, live, b, self.mcfg.mask_id)
+
     def advance(self, canvas, block, step, done, values: RowValues, before=None):
         """Move rows whose block is complete to the next block; stop rows at their last block
         (``values.num_blocks``) or at EOS.
@@ -261,7 +270,8 @@ def step(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeSta
         return step_cached(loop, attention_mask, state)
     fresh, values = state.fresh, state.values
     valid = loop.committable(state) & ~fresh[:, None]
-    proposal = propose(state.pred, state.canvas, valid, state.step, loop.dcfg, values)
+    ahead = loop.next_block_drafts(state, ~fresh) if loop.dcfg.draft_next_block else None
+    proposal = propose(state.pred, state.canvas, valid, state.step, loop.dcfg, values, ahead)
     # A row is live if it still decodes after its policy commit; only live rows need a forward.
     _, _, _, done_after_s0 = loop.advance(proposal.s0, state.block, state.step + 1, state.done, values, state.canvas)
     live = ~done_after_s0

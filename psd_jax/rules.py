@@ -103,6 +103,16 @@ def committable(xp, canvas: Array, start: Array, done: Array, block_length: int,
     return (canvas == mask_id) & in_block(xp, canvas.shape[-1], start, block_length) & ~done[:, None]
 
 
+def next_block_drafts(xp, canvas: Array, conf: Array, start: Array, live: Array, block_length: int, mask_id: int):
+    """The positions of each row's next block (its block starting at ``start`` [B] is the current
+    one's successor) that ``draft_next_block`` may draft: its masked positions but the least
+    confident one, so that drafts never complete it (only ``live`` [B] rows: the next block exists
+    within the row's generation and the row decodes)."""
+    masked = (canvas == mask_id) & in_block(xp, canvas.shape[-1], start, block_length) & live[:, None]
+    count = xp.sum(xp.astype(masked, xp.int32), axis=-1)
+    return masked & (ranks(xp, conf, masked) < (count - 1)[:, None])
+
+
 def _isin(x: Array, values: tuple[int, ...]) -> Array:
     out = x == values[0]
     for value in values[1:]:
@@ -130,16 +140,20 @@ def advance(
     canvas = xp.where(eos_stop[:, None] & after, mcfg.eos_id, canvas)
     new_done = done | eos_stop | (complete & (block + 1 >= values.num_blocks))
     block = xp.where(complete & ~new_done, block + 1, block)
+    if dcfg.draft_next_block and dcfg.policy == "fixed":  # steps the accepted drafts took in the next block
+        return canvas, block, xp.where(complete, xp.clip(step - dcfg.steps_per_block, min=0), step), new_done
     return canvas, block, xp.where(complete, 0, step), new_done
 
 
 def logit_width(dcfg: DecodeConfig, region_length: int) -> int | None:
     """Positions per row that get logits, from its current block's start: the block with a cache
     (a row whose block completes gets the next block's predictions from its block-start forward),
-    the block and the next without (a row whose block completes commits from this forward next);
+    the block and the next without (a row whose block completes commits from this forward next),
+    and one more with ``draft_next_block`` (a row that moved on by accepting drafts in the next
+    block drafts from this forward into the one after);
     None when that covers every position after ``prompt_length`` (``region_length`` of them):
     then the logits of those. Both backends' calls use this window (docs/algorithms.md "Prediction")."""
-    width = dcfg.block_length * (1 if dcfg.cache != "none" else 2)
+    width = dcfg.block_length * (1 if dcfg.cache != "none" else 3 if dcfg.draft_next_block else 2)
     return None if width >= region_length else width
 
 
@@ -291,11 +305,13 @@ def spatial_commit(xp, conf, token, canvas, valid, step, dcfg: DecodeConfig, cou
 
 def draft_sizes(xp, chosen: Array, step: Array, dcfg: DecodeConfig, counts: Array | None) -> Array:
     """m_j for levels j = 1..D, per row: [B, D]. ``fixed``: the schedule's next counts (0 past its
-    last step); otherwise ``draft_rate``, or the policy's own commit count (at least 1)."""
+    last step, or with ``draft_next_block`` past the next block's last); otherwise ``draft_rate``, or the policy's own commit count (at least 1)."""
     batch, depth = chosen.shape[0], dcfg.depth
     if dcfg.policy == "fixed":
         n_counts = counts.shape[0]
         nxt = step[:, None] + _arange(xp, depth, step)[None, :] + 1
+        if dcfg.draft_next_block:  # the next block's schedule follows this one's
+            return xp.where(nxt < 2 * n_counts, counts[nxt % n_counts], 0)
         return xp.where(nxt < n_counts, counts[xp.clip(nxt, 0, n_counts - 1)], 0)
     if dcfg.draft_rate is not None:
         rate = xp.full((batch,), dcfg.draft_rate, dtype=xp.int32, device=_device(step))
@@ -312,12 +328,18 @@ def draft_levels(xp, rank: Array, remaining: Array, sizes: Array) -> Array:
     return remaining[:, None, :] & (r >= starts[..., None]) & (r < ends[..., None])
 
 
-def psd_candidates(xp, conf, token, s0, chosen, valid, step, dcfg: DecodeConfig, counts):
+def psd_candidates(xp, conf, token, s0, chosen, valid, step, dcfg: DecodeConfig, counts, ahead=None):
     """PSD's candidates [B, D+1, N] (s0, then s_j = s_{j-1} + level j with F(x)'s tokens), the
     levels [B, D, N] and the leading candidates each row can choose [B] (acceptance stops at the
-    first empty level, so the levels after it are never chosen)."""
+    first empty level, so the levels after it are never chosen). ``ahead`` [B, N]
+    (``draft_next_block``): the next block's positions a level may draft once the block's own are
+    used up, ranked after them (``next_block_drafts``)."""
     remaining = valid & ~chosen
     rank = ranks(xp, conf, remaining)  # confidence descending, ties to the lower position
+    if ahead is not None:
+        own = xp.sum(xp.astype(remaining, xp.int32), axis=-1)
+        rank = xp.where(remaining, rank, ranks(xp, conf, ahead) + own[:, None])
+        remaining = remaining | ahead
     levels = draft_levels(xp, rank, remaining, draft_sizes(xp, chosen, step, dcfg, counts))
     cumulative = xp.cumulative_sum(xp.astype(levels, xp.int32), axis=1) > 0
     drafts = xp.where(cumulative, token[:, None, :], s0[:, None, :])

@@ -39,10 +39,12 @@ def propose(
     step: jax.Array,
     dcfg: DecodeConfig,
     values: RowValues | None = None,
+    ahead: jax.Array | None = None,
 ) -> Proposal:
-    """The policy's commit and the decoder's candidates built on it (no model call)."""
+    """The policy's commit and the decoder's candidates built on it (no model call); ``ahead``:
+    the next block's positions PSD may draft (``draft_next_block``)."""
     chosen, s0 = spatial_commit(pred, canvas, valid, step, dcfg, values)
-    return decoder_for(dcfg, values).candidates(pred, s0, chosen, valid, step)
+    return decoder_for(dcfg, values).candidates(pred, s0, chosen, valid, step, ahead)
 
 
 def choose(

@@ -52,9 +52,16 @@ class Decoder(Protocol):
         """Names and shapes of the per-row integer counters carried in the loop state."""
 
     def candidates(
-        self, pred: Prediction, s0: jax.Array, chosen: jax.Array, valid: jax.Array, step: jax.Array
+        self,
+        pred: Prediction,
+        s0: jax.Array,
+        chosen: jax.Array,
+        valid: jax.Array,
+        step: jax.Array,
+        ahead: jax.Array | None = None,
     ) -> Proposal:
-        """The K candidates of every row from ``F(x)`` and the policy's commit (``chosen``, ``s0``)."""
+        """The K candidates of every row from ``F(x)`` and the policy's commit (``chosen``, ``s0``);
+        ``ahead``: the next block's positions PSD may draft (``draft_next_block``), else None."""
 
     def choose(self, proposal: Proposal, preds: Prediction, live: jax.Array, step: jax.Array, mask_id: int) -> Choice:
         """One candidate per row given the forward of every candidate (``preds`` [B, K, N])."""

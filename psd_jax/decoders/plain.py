@@ -26,7 +26,13 @@ class Plain:
         return {}
 
     def candidates(
-        self, pred: Prediction, s0: jax.Array, chosen: jax.Array, valid: jax.Array, step: jax.Array
+        self,
+        pred: Prediction,
+        s0: jax.Array,
+        chosen: jax.Array,
+        valid: jax.Array,
+        step: jax.Array,
+        ahead: jax.Array | None = None,
     ) -> Proposal:
         return Proposal(s0[:, None], s0, valid, jnp.ones(s0.shape[:1], jnp.int32))
 

@@ -42,11 +42,17 @@ class PSD:
         return {"accepted_depth": (batch, self.dcfg.depth + 1)}  # histogram of accepted levels
 
     def candidates(
-        self, pred: Prediction, s0: jax.Array, chosen: jax.Array, valid: jax.Array, step: jax.Array
+        self,
+        pred: Prediction,
+        s0: jax.Array,
+        chosen: jax.Array,
+        valid: jax.Array,
+        step: jax.Array,
+        ahead: jax.Array | None = None,
     ) -> Proposal:
         dcfg = self.dcfg
         candidates, levels, needed = rules.psd_candidates(
-            jnp, pred.conf, pred.token, s0, chosen, valid, step, dcfg, count_table(dcfg)
+            jnp, pred.conf, pred.token, s0, chosen, valid, step, dcfg, count_table(dcfg), ahead
         )
         return Proposal(candidates, s0, valid, needed, PSDState(levels))
 

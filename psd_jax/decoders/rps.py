@@ -53,7 +53,13 @@ class RPS:
         }
 
     def candidates(
-        self, pred: Prediction, s0: jax.Array, chosen: jax.Array, valid: jax.Array, step: jax.Array
+        self,
+        pred: Prediction,
+        s0: jax.Array,
+        chosen: jax.Array,
+        valid: jax.Array,
+        step: jax.Array,
+        ahead: jax.Array | None = None,
     ) -> Proposal:
         candidates, needed, state = rules.rps_candidates(
             jnp, pred.topk_prob, pred.topk_id, s0, chosen, valid, self.dcfg, self.values
