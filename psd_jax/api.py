@@ -94,21 +94,27 @@ def model_settings(
     model_dir: str | Path | None, fields: dict[str, Any] | None = None, base: dict[str, Any] | None = None
 ) -> DecodeConfig:
     """The settings of a decode on ``model_dir``: ``fields`` (``DecodeConfig`` fields a user set)
-    over ``base`` (a named setting such as ``config.RECOMMENDED``) over the directory's
-    ``decode_defaults.json`` over ``DecodeConfig``'s own defaults. A block length not given falls
-    back to the directory's, else to min(32, gen_length). ``fields`` apply to ``base`` as
+    over ``base`` (a named setting: ``recommended.named_settings``) over the directory's
+    ``decode_defaults.json`` over ``DecodeConfig``'s own defaults; so a block length in ``base``
+    (the one a tuner chose) wins over the directory's but not over a user's. A block length not
+    given falls back to min(32, gen_length). ``fields`` apply to ``base`` as
     ``config.settings_from`` does: ``decoder="rps"`` over a PSD base drops the base's depth.
 
     Every front end (CLI, benchmark, evaluation, server) builds its settings here."""
     fields = {k: v for k, v in (fields or {}).items() if v is not None}
+    base = dict(base or {})
     defaults = decode_defaults(model_dir) if model_dir is not None and Path(model_dir).is_dir() else {}
-    lengths = {**defaults, **{k: fields.pop(k) for k in DECODE_DEFAULT_KEYS if k in fields}}
+    lengths = {
+        **defaults,
+        **{k: base.pop(k) for k in DECODE_DEFAULT_KEYS if k in base},
+        **{k: fields.pop(k) for k in DECODE_DEFAULT_KEYS if k in fields},
+    }
     if "block_length" not in lengths:
         gen_length = lengths.get("gen_length", DecodeConfig.gen_length)
         if isinstance(gen_length, int) and gen_length > 0:
             lengths["block_length"] = min(DecodeConfig.block_length, gen_length)
     try:
-        return DecodeConfig(**merged_fields({**(base or {}), **lengths}, fields))
+        return DecodeConfig(**merged_fields({**base, **lengths}, fields))
     except TypeError as exc:  # an unknown field name
         raise DecodeConfigError(f"unknown decoding setting: {exc}") from None
 

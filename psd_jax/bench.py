@@ -6,6 +6,12 @@ as warm-up, and each batch is timed with ``block_until_ready``. Reported per set
 NFE per prompt, tokens per forward (TPF, exact and machine-independent), sequence forwards,
 tokens/s, and speedups against 1-token-per-step decoding measured in the same run. Writes JSON, a Markdown
 table and a Pareto plot (accuracy against TPF and against tokens/s).
+
+``--decoders recommended`` (opt-in) adds the model directory's recommended setting
+(``recommended.json``, else ``config.RECOMMENDED``) on the bench's generation length. It is a
+whole setting, not a variation of the matrix's base: its own block length and cache win over the
+directory's block length and the bench's default ``--cache dual``; ``--block-length`` and
+``--cache`` given on the command line still override it.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from .config import DecodeConfig, check_for_model
 from .errors import InputError
 from .flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, positive_int
 from .lengths import check_context
+from .recommended import NAME as RECOMMENDED_NAME
+from .recommended import named_settings
 from .scoring import is_correct, load_jsonl
 
 BASELINE = "fixed-1"
@@ -51,6 +59,7 @@ OPT_IN = (
     SCHEDULE,
     *(f"psd-{SCHEDULE}-d{depth}" for depth in (1, 3, 5, 7)),
     f"rps-{SCHEDULE}",
+    RECOMMENDED_NAME,
 )
 
 
@@ -114,6 +123,13 @@ def decoder_matrix(base: DecodeConfig, names: list[str] | None = None) -> dict[s
     fails only when asked for."""
     fields = decoder_settings(base.gen_length)
     return {name: base.replace(**fields[name]) for name in (fields if names is None else names)}
+
+
+def recommended_settings(model_dir: Path, flags: dict, gen_length: int) -> DecodeConfig:
+    """The model directory's recommended setting on the bench's ``gen_length``: its own block length
+    and cache (part of the recommendation, so the bench's default dual cache does not replace them),
+    under the ``--block-length`` and ``--cache`` given (``flags``)."""
+    return model_settings(model_dir, {**flags, "gen_length": gen_length}, named_settings(RECOMMENDED_NAME, model_dir))
 
 
 def run_setting(
@@ -239,7 +255,8 @@ def build_parser() -> ArgumentParser:
     add_decode_flags(p, MATRIX_FIELDS)
     p.add_argument(
         "--decoders",
-        help="comma-separated settings of the matrix (default: all but the opt-in ones); --list shows names",
+        help="comma-separated settings of the matrix (default: all but the opt-in ones); --list shows names; "
+        "recommended: the model directory's recommended setting, with its own block length and cache",
     )
     p.add_argument("--all", action="store_true", help="every setting of the matrix, the opt-in ones too")
     p.add_argument("--list", action="store_true", help="list the decoder settings and exit")
@@ -280,11 +297,15 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = model_directory(args.model)
         # The fast mode the documentation's tables use, unless asked otherwise.
         base = model_settings(model_dir, {"cache": "dual", **decode_fields(args)})
-        known = list(decoder_settings(base.gen_length))
+        known = [*decoder_settings(base.gen_length), RECOMMENDED_NAME]
         if args.list:
             print("\n".join(f"{name} (only with --all or --decoders)" if name in OPT_IN else name for name in known))
             return 0
-        matrix = decoder_matrix(base, selected_names(args, known))
+        names = selected_names(args, known)
+        matrix = decoder_matrix(base, [n for n in names if n != RECOMMENDED_NAME])
+        if RECOMMENDED_NAME in names:
+            recommended = recommended_settings(model_dir, decode_fields(args), base.gen_length)
+            matrix = {n: recommended if n == RECOMMENDED_NAME else matrix[n] for n in names}
         mcfg = load_config(model_dir)
         for settings in matrix.values():
             check_for_model(settings, mcfg)

@@ -14,7 +14,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from .config import BOOL_FIELDS, CHOICES, FIELD_HELP, FLOAT_FIELDS, INT_FIELDS, DecodeConfig
+from .config import BOOL_FIELDS, CHOICES, FIELD_HELP, FLOAT_FIELDS, INT_FIELDS, DecodeConfig, DecodeConfigError
+from .recommended import RECOMMENDED_FILE, SETTINGS_NAMES, check_settings_name
 
 EXIT_BAD_INPUT = 2
 
@@ -59,6 +60,27 @@ def add_decode_flags(parser: argparse.ArgumentParser, fields: Sequence[str] | No
         elif f.name in CHOICES:
             kwargs["metavar"] = "{" + ",".join(CHOICES[f.name]) + "}"
         group.add_argument(flag_name(f.name), **kwargs)
+
+
+SETTINGS_HELP = (
+    f"a named setting as the base of the decoding flags: recommended (the model directory's {RECOMMENDED_FILE}, "
+    "written by python -m psd_jax.tune --write, else the library's recommendation; its block_length wins over "
+    "decode_defaults.json); the flags given override it (default: no named setting)"
+)
+
+
+def settings_name(text: str) -> str:
+    """argparse type for ``--settings``: a known setting name (``recommended.SETTINGS_NAMES``)."""
+    try:
+        check_settings_name(text)
+    except DecodeConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def add_settings_flag(parser: argparse.ArgumentParser, help_text: str = SETTINGS_HELP) -> None:
+    """``--settings NAME``: the base the decoding flags apply over (``recommended.named_settings``)."""
+    parser.add_argument("--settings", type=settings_name, metavar="{" + ",".join(SETTINGS_NAMES) + "}", help=help_text)
 
 
 def decode_fields(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """``python -m psd_jax.generate``: decode prompts with a diffusion LM and print answers and stats.
 
 With no prompt, the first 8 questions of the model directory's held-out set (``test.jsonl``,
-shipped with the default model) are answered twice, by the recommended decoder
-(``config.RECOMMENDED``, with any decoding flags given applied on top of it) and by one token per
-step, next to the reference answer.
+shipped with the default model) are answered twice, by the model directory's recommended setting
+(its ``recommended.json`` if it has one, else ``config.RECOMMENDED``; with any decoding flags given
+applied on top of it) and by one token per step, next to the reference answer; the output says
+which recommendation it ran. ``--settings recommended`` decodes prompts with that setting too.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from models.quantize import QUANTIZE
 
 from . import multihost
 from .api import DTYPES, Generation, LoadedModel, check_seed, load_model, model_directory, model_settings
-from .config import RECOMMENDED, DecodeConfig, check_for_model
+from .config import DecodeConfig, check_for_model
 from .errors import InputError
-from .flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, positive_int
+from .flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, add_settings_flag, decode_fields, positive_int
+from .recommended import NAME, named_settings, read_recommended
 from .scoring import load_jsonl
 
 HELD_OUT_FILE = "test.jsonl"
@@ -32,7 +34,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--model", help="HF or converted model directory (default: the shipped default model)")
     src = p.add_argument_group(
         f"prompts (default: the first {DEMO_PROBLEMS} questions of the model directory's {HELD_OUT_FILE}, answered "
-        "by the recommended decoder, with the decoding flags given on top of it, and by one token per step)"
+        "by the model directory's recommended setting, with the decoding flags given on top of it, and by one "
+        "token per step)"
     )
     src.add_argument("--prompt", action="append", default=[], help="prompt text (repeatable)")
     src.add_argument("--prompt-file", help="file with one prompt per line")
@@ -47,6 +50,7 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument("--no-chat", action="store_false", dest="chat", help="never use the chat template")
     p.add_argument("--seed", type=int, default=0, help="PRNG seed for sampling and random confidences, in [0, 2**32)")
+    add_settings_flag(p)
     add_decode_flags(p)
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
     p.add_argument(
@@ -115,9 +119,11 @@ def run_demo(
     chat: bool | None,
     as_json: bool,
     prompt_bucket: int | None = 32,
+    origin: str | None = None,
 ) -> None:
     """Answer held-out questions with ``settings`` and with one token per step, in one batch each;
-    show the first question in full and both decoders' accuracy and stats side by side."""
+    show the first question in full and both decoders' accuracy and stats side by side, and where
+    the setting came from (``origin``: ``Recommendation.origin()``)."""
     from .scoring import extract_answer, gold_answer
 
     baseline = DecodeConfig(gen_length=settings.gen_length, block_length=settings.block_length)
@@ -138,6 +144,7 @@ def run_demo(
                             "decoder": describe(s),
                             "answer": extract_answer(r.text or ""),
                             "settings": s.changed(),
+                            **({"recommended": origin} if origin is not None and s == settings else {}),
                             **r.to_json(),
                         }
                     )
@@ -164,6 +171,8 @@ def run_demo(
             f"{tokens / max(nfe, 1):>4.2f}  {tps:>8.1f}  {r.compile_seconds:>9.2f}"
         )
     print(f"(the first {len(examples)} questions of {lm.path / HELD_OUT_FILE}, one batch per decoder)")
+    if origin is not None:
+        print(f"recommended setting: {origin}")
     print(EXPLAIN_STATS)
 
 
@@ -192,13 +201,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"no prompt given and {model_dir} has no {HELD_OUT_FILE}: use --prompt, --prompt-file or --prompt-ids"
             )
         # The demo runs the recommended setting, with the flags given on top of it.
-        settings = model_settings(model_dir, fields, RECOMMENDED if examples else None)
+        name = NAME if examples else args.settings
+        settings = model_settings(model_dir, fields, named_settings(name, model_dir))
+        origin = None
+        if examples:
+            origin = read_recommended(model_dir).origin() + (", with the decoding flags given on top" if fields else "")
         check_for_model(settings, load_config(model_dir))  # before the weights load
         multihost.start(cluster)
         lm = load_model(model_dir, dtype=args.dtype, mesh=args.mesh, quantize=args.quantize)
         with multihost.quiet_unless_main():  # every process decodes; process 0 prints
             if examples:
-                run_demo(lm, examples, settings, args.seed, args.chat, args.json, args.prompt_bucket)
+                run_demo(lm, examples, settings, args.seed, args.chat, args.json, args.prompt_bucket, origin)
                 return 0
             results = lm.generate(prompts, settings, seed=args.seed, chat=args.chat, prompt_bucket=args.prompt_bucket)
             print_results(prompts, results, args.json)

@@ -145,3 +145,41 @@ def torch_one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# A tuned recommended setting (recommended.json) for a copy of a model directory: a plain
+# threshold decode (cheap to compile) at a block length other than the shipped model's 16.
+TUNED = {"policy": "threshold", "threshold": 0.7, "block_length": 8}
+
+
+def model_with_recommendation(root: Path, source: Path, recommended: dict | str | None = None) -> Path:
+    """``source``'s files linked into ``root`` with ``recommended.json`` holding ``recommended``
+    (a dict: ``{"settings": recommended, "provenance": ...}``; text: written as is; None: no file)."""
+    import json
+
+    root.mkdir(parents=True, exist_ok=True)
+    for item in source.iterdir():
+        (root / item.name).symlink_to(item)
+    if isinstance(recommended, dict):
+        body = {"settings": recommended, "provenance": {"data": "test.jsonl[:8]"}}
+        (root / "recommended.json").write_text(json.dumps(body))
+    elif recommended is not None:
+        (root / "recommended.json").write_text(recommended)
+    return root
+
+
+@pytest.fixture(scope="session")
+def tuned_model_dir(tmp_path_factory) -> Path:
+    """The shipped model's directory with ``TUNED`` as its recommended.json."""
+    from psd_jax.api import DEFAULT_MODEL_DIR
+
+    return model_with_recommendation(tmp_path_factory.mktemp("tuned") / "default", DEFAULT_MODEL_DIR, TUNED)
+
+
+@pytest.fixture(scope="session")
+def tuned_lm(tuned_model_dir):
+    """One loaded model of ``tuned_model_dir``: the front ends under test get it instead of loading
+    their own (``monkeypatch`` their ``load_model``), so each shape compiles once."""
+    from psd_jax import load_model
+
+    return load_model(tuned_model_dir)

@@ -61,9 +61,9 @@ def test_bench_default_run_is_the_matrix_without_the_opt_in_settings(capsys):
     assert bench.main(["--list"]) == 0
     listed = capsys.readouterr().out.splitlines()
     matrix = bench.decoder_matrix(DecodeConfig(gen_length=48, block_length=16))
-    assert len(listed) == len(matrix) == 34
+    assert len(listed) == len(matrix) + 1 == 35 and listed[-1] == "recommended (only with --all or --decoders)"
     opt_in = [line.split()[0] for line in listed if line.endswith("(only with --all or --decoders)")]
-    assert opt_in == sorted(bench.OPT_IN, key=list(matrix).index) and len(opt_in) == 12
+    assert opt_in == sorted(bench.OPT_IN, key=[*matrix, "recommended"].index) and len(opt_in) == 13
     assert matrix["schedule-0.95"].steps_per_block == 16  # LLaDA2.0's default: block_length steps per block
 
 
@@ -92,3 +92,27 @@ def test_table_without_the_baseline_leaves_speedups_blank():
     row = bench.Row("fixed-4", {}, nfe=10, tokens=20, seconds=2.0, correct_by_problem=[1, 0]).summary()
     line = bench.markdown_table(bench.with_speedups([row])).splitlines()[2]
     assert line == "| fixed-4 | 50.0% | 5.0 | 2.00 | – | 0 | 10.0 | – | 0.0 |"
+
+
+def test_bench_recommended_runs_the_directorys_setting_with_its_own_cache(
+    monkeypatch, tmp_path, tuned_model_dir, tuned_lm
+):
+    """``--decoders recommended`` decodes the directory's recommended.json on the bench's length:
+    its block length over decode_defaults.json, its cache (none) over the bench's default dual."""
+    from conftest import TUNED
+
+    monkeypatch.setattr(bench, "load_model", lambda *a, **k: tuned_lm)
+    args = ["--model", str(tuned_model_dir), "--limit", "8", "--batch", "8", "--out", str(tmp_path)]
+    assert bench.main([*args, "--decoders", "recommended"]) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["meta"]["cache"] == "dual"  # the matrix's base
+    (row,) = report["results"]
+    tuned = DecodeConfig(gen_length=48, **TUNED)
+    assert row["name"] == "recommended" and row["settings"] == dict(vars(tuned))
+    examples = load_jsonl(tuned_model_dir / "test.jsonl")[:8]
+    results = tuned_lm.generate([e["question"] for e in examples], tuned, chat=True)
+    assert row["nfe_per_prompt"] == sum(r.nfe for r in results) / 8 and row["tokens"] == sum(r.tokens for r in results)
+    assert row["correct_by_problem"] == "".join(str(int(is_correct(r.text, e))) for r, e in zip(results, examples))
+    # Flags given on the command line still override it.
+    settings = bench.recommended_settings(tuned_model_dir, {"block_length": 16, "cache": "dual"}, 48)
+    assert settings == tuned.replace(block_length=16, cache="dual")

@@ -15,8 +15,9 @@ from psd_jax.config import FIELD_HELP, RECOMMENDED, USED_ONLY_WITH, settings_fro
 from psd_jax.flags import decode_fields, flag_name
 from psd_jax.generate import build_parser
 from psd_jax.generate import main as generate_main
+from psd_jax.recommended import NAME, named_settings
 
-from conftest import GOLDENS
+from conftest import GOLDENS, TUNED, model_with_recommendation
 
 TINY = ["--model", str(GOLDENS / "llada-tiny"), "--prompt-ids", "1,2,3"]
 
@@ -381,3 +382,88 @@ def test_api_bad_input_fails_early(lms):
         lm.generate([[1, 2]], temperature=float("inf"))
     with pytest.raises(InputError, match="settings must be a DecodeConfig"):
         lm.generate([[1, 2]], {"gen_length": 32})
+
+
+# ------------------------------------------------------------- the recommended setting by name
+def test_recommended_block_length_wins_over_decode_defaults_and_loses_to_flags(tuned_model_dir):
+    """fields > recommended > decode_defaults.json > DecodeConfig's defaults."""
+    tuned = named_settings(NAME, tuned_model_dir)
+    assert tuned == TUNED and named_settings(None, tuned_model_dir) is None
+    assert model_settings(tuned_model_dir, {}, tuned) == DecodeConfig(gen_length=48, **TUNED)
+    assert model_settings(tuned_model_dir, {}).block_length == 16  # decode_defaults.json without the name
+    assert model_settings(tuned_model_dir, {"block_length": 16}, tuned).block_length == 16
+    assert model_settings(tuned_model_dir, {"threshold": 0.8}, tuned).threshold == 0.8
+    # Without recommended.json: the library's recommendation, on the directory's lengths.
+    library = named_settings(NAME, default_model_path())
+    assert library == RECOMMENDED
+    assert model_settings(default_model_path(), {}, library) == DecodeConfig(gen_length=48, block_length=16, **library)
+
+
+def test_generate_settings_recommended_decodes_the_tuned_setting(capsys, tmp_path):
+    fields = {"policy": "threshold", "threshold": 0.7, "block_length": 16}
+    tiny = model_with_recommendation(tmp_path / "tiny", GOLDENS / "llada-tiny", fields)
+    assert (
+        generate_main(
+            ["--model", str(tiny), "--prompt-ids", "1,2,3", "--gen-length", "32", "--json", "--settings", NAME]
+        )
+        == 0
+    )
+    got = json.loads(capsys.readouterr().out)
+    (want,) = load_model(tiny).generate([[1, 2, 3]], DecodeConfig(gen_length=32, **fields))
+    assert (got["output_ids"], got["nfe"], got["tokens"]) == (want.output_ids, want.nfe, want.tokens)
+
+
+def test_settings_recommended_without_the_file_is_the_library_default_with_flags_on_top(monkeypatch):
+    ((settings, _),) = _demo_calls(monkeypatch, ["--settings", NAME, "--prompt", "hi"])
+    assert settings == model_settings(default_model_path(), {}, RECOMMENDED)
+    ((settings, _),) = _demo_calls(monkeypatch, ["--settings", NAME, "--prompt", "hi", "--depth", "2"])
+    assert settings == DecodeConfig(gen_length=48, block_length=16, **{**RECOMMENDED, "depth": 2})
+    ((settings, _),) = _demo_calls(monkeypatch, ["--prompt", "hi"])  # no name: the plain defaults
+    assert settings == model_settings(default_model_path(), {})
+
+
+def test_demo_runs_and_names_the_directorys_tuned_setting(monkeypatch, capsys, tuned_model_dir, tuned_lm):
+    """The demo on a directory with recommended.json decodes that setting (flags on top) and says so."""
+    from psd_jax import generate as generate_module
+    from psd_jax.generate import DEMO_PROBLEMS
+
+    monkeypatch.setattr(generate_module, "load_model", lambda *a, **k: tuned_lm)
+    assert generate_main(["--model", str(tuned_model_dir), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    tuned = DecodeConfig(gen_length=48, **TUNED)
+    questions = [row["question"] for row in rows[:DEMO_PROBLEMS]]
+    want = tuned_lm.generate(questions, tuned, chat=True)
+    assert [(r["output_ids"], r["nfe"]) for r in rows[:DEMO_PROBLEMS]] == [(w.output_ids, w.nfe) for w in want]
+    assert rows[0]["settings"] == tuned.changed() and rows[0]["recommended"] == (
+        f"tuned, from {tuned_model_dir / 'recommended.json'}"
+    )
+    shown = []
+    monkeypatch.setattr(generate_module, "run_demo", lambda lm, ex, settings, *rest: shown.append((settings, rest[-1])))
+    assert generate_main(["--model", str(tuned_model_dir), "--threshold", "0.8"]) == 0
+    assert shown[-1][0] == tuned.replace(threshold=0.8)
+    assert shown[-1][1].endswith("recommended.json, with the decoding flags given on top")
+    assert generate_main([]) == 0
+    assert shown[-1][1].startswith("the library default (psd_jax.config.RECOMMENDED; no recommended.json")
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("{not json", "recommended.json: not JSON"),
+        ('{"settings": {"beam": 4}}', "recommended.json: unknown decoding setting(s) ['beam']"),
+        ('{"settings": {"decoder": "psd", "depth": 9, "block_length": 8}}', "recommended.json: depth 9 (PSD) exceeds"),
+        ('{"settings": {"threshold": "high", "policy": "threshold"}}', "recommended.json: threshold must be a number"),
+    ],
+)
+def test_a_bad_recommended_file_is_one_line_naming_it(capsys, tmp_path, body, message):
+    model = model_with_recommendation(tmp_path / "m", GOLDENS / "llada-tiny", body)
+    assert generate_main(["--model", str(model), "--prompt-ids", "1,2", "--settings", NAME]) == 2
+    line = _one_line_error(capsys)
+    assert message in line and str(model) in line
+
+
+def test_an_unknown_settings_name_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as caught:
+        generate_main([*TINY, "--settings", "fastest"])
+    assert caught.value.code == 2
+    assert "argument --settings: unknown settings 'fastest'; choose one of: recommended" in _one_line_error(capsys)

@@ -24,7 +24,7 @@ pytest.importorskip("lm_eval")
 from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.utils import simple_parse_args_string  # noqa: E402
 
-from psd_jax import InputError, load_model  # noqa: E402
+from psd_jax import DecodeConfig, InputError, load_model  # noqa: E402
 from psd_jax.api import DEFAULT_MODEL_DIR, model_settings  # noqa: E402
 from psd_jax.bench import decoder_matrix, run_setting  # noqa: E402
 from psd_jax.evaluate import cli  # noqa: E402
@@ -369,6 +369,13 @@ def bad_run_dirs(root: Path) -> dict[str, Path]:
             "gen_length 512 leaves no room for a prompt in the model's context of 512",
         ),
         (["--gen_kwargs", "num_beams=4"], "generation kwarg(s) num_beams=4 cannot be honoured"),
+        (["--model_args", "settings=fastest"], "unknown settings 'fastest'; choose one of: recommended"),
+        (["--settings", "fastest"], "--settings: unknown settings 'fastest'; choose one of: recommended"),
+        (["--settings", "recommended", "--protocol", "llada-gsm8k"], "--settings recommended and --protocol cannot"),
+        (
+            ["--protocol", "fastdllm-llada-gsm8k-baseline", "--model_args", "settings=recommended", "--dry-run"],
+            "the model argument settings=recommended and --protocol fastdllm-llada-gsm8k-baseline cannot be combined",
+        ),
         (["--gen_kwargs", "do_sample=true,top_p=0.9"], "top_p=0.9 would be ignored: at temperature 0 this family"),
         (
             ["--model_args", "temperature=0.5", "--gen_kwargs", "do_sample=false"],
@@ -578,3 +585,27 @@ def test_max_gen_toks_caps_gen_length_and_keeps_the_steps_per_block(settings, st
     capped = PsdJaxLM._settings_for(host, 20, "task")
     assert (capped.gen_length, capped.steps) == (24, steps)
     assert capped.steps_per_block == DecodeConfig(**settings).steps_per_block
+
+
+def test_settings_recommended_is_a_model_argument_over_the_decode_defaults(tuned_model_dir, tmp_path, capsys):
+    from psd_jax.config import RECOMMENDED
+
+    from conftest import TUNED, model_with_recommendation
+
+    tuned = parse_eval_args({"pretrained": str(tuned_model_dir), "settings": "recommended"})
+    assert tuned.settings == DecodeConfig(gen_length=48, **TUNED) and tuned.decode_fields == {}
+    flagged = parse_eval_args({"pretrained": str(tuned_model_dir), "settings": "recommended", "block_length": 16})
+    assert flagged.settings == DecodeConfig(gen_length=48, **{**TUNED, "block_length": 16})
+    assert parse_eval_args({"settings": "recommended"}).settings == DecodeConfig(
+        gen_length=48, block_length=16, **RECOMMENDED
+    )
+    assert cli.protocol_cli.with_settings(["run", "--tasks", "x", "--settings", "recommended"]) == [
+        "run",
+        "--model_args",
+        "settings=recommended",
+        "--tasks",
+        "x",
+    ]
+    bad = model_with_recommendation(tmp_path / "bad", DEFAULT_MODEL_DIR, '{"settings": {"depth": 2}}')
+    with pytest.raises(EvalArgsError, match=f"{bad / 'recommended.json'}: depth=2 would be ignored"):
+        parse_eval_args({"pretrained": str(bad), "settings": "recommended"})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import socket
 import threading
@@ -27,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from psd_jax import DecodeConfig, load_model
 from psd_jax.api import BlockDecode, model_settings
-from psd_jax.config import MAX_BRANCHES
+from psd_jax.config import MAX_BRANCHES, RECOMMENDED
 from psd_jax.serve import auth, build_app
 from psd_jax.serve.cli import api_key_from
 from psd_jax.serve.cli import main as serve_main
@@ -736,3 +737,74 @@ def test_sigterm_drains_and_exits_0(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+# ------------------------------------------------------------------ the recommended setting by name
+def test_serve_settings_recommended_sets_the_servers_defaults(monkeypatch, tuned_model_dir, tuned_lm):
+    """``--settings recommended``: the directory's recommended.json under the flags given is the
+    server's default setting; the same fields are what a request's "settings" asks for."""
+    import psd_jax.serve.app
+    import psd_jax.serve.cli
+    import psd_jax.serve.server
+
+    from conftest import TUNED
+
+    built = []
+    monkeypatch.setattr(psd_jax.serve.cli, "load_model", lambda *a, **k: tuned_lm)
+    monkeypatch.setattr(psd_jax.serve.app, "build_app", lambda lm, defaults, **kw: built.append((defaults, kw)))
+    monkeypatch.setattr(psd_jax.serve.server, "serve", lambda *a, **k: None)
+    base = ["--model", str(tuned_model_dir), "--warmup-lengths", "none"]
+    assert serve_main([*base, "--settings", "recommended"]) == 0
+    assert serve_main([*base, "--settings", "recommended", "--block-length", "16"]) == 0
+    assert serve_main(base) == 0
+    tuned = DecodeConfig(gen_length=48, **TUNED)
+    assert [defaults for defaults, _ in built] == [tuned, tuned.replace(block_length=16), model_settings(MODEL_DIR, {})]
+    assert all(kw["recommended"] == TUNED for _, kw in built)
+    # The server built with them answers as generate does with those fields.
+    (defaults, _), ids = built[0], [280, 242, 425]
+    with running(
+        build_app(tuned_lm, defaults, name="t", batch_sizes=(1,), prompt_bucket=BUCKET, recommended=TUNED)
+    ) as url:
+        reply = httpx.post(f"{url}/v1/completions", json={"prompt": ids}, timeout=TIMEOUT_S).json()
+    (want,) = tuned_lm.generate([ids], tuned, prompt_bucket=BUCKET)
+    assert reply["choices"][0]["token_ids"] == want.output_ids[: want.tokens]
+    assert reply["usage"]["model_calls"] == want.nfe
+
+
+def test_a_request_may_ask_for_the_recommended_setting_where_overrides_allow(lm, defaults):
+    from conftest import TUNED
+
+    limits = ServerLimits.for_model(lm.config, lm.settings(defaults), BUCKET)
+    served = ServedModel(lm, "default", lm.settings(defaults), BUCKET, limits, TUNED)
+    tuned = parse_request({"prompt": "hi", "settings": "recommended"}, "completion", served).settings
+    assert tuned == DecodeConfig(gen_length=48, **TUNED)
+    deeper = parse_request({"prompt": "hi", "settings": "recommended", "threshold": 0.8}, "completion", served)
+    assert deeper.settings == DecodeConfig(gen_length=48, **{**TUNED, "threshold": 0.8})  # its fields on top
+    library = dataclasses.replace(served, recommended=RECOMMENDED)
+    got = parse_request({"prompt": "hi", "settings": "recommended"}, "completion", library).settings
+    assert got == DecodeConfig(gen_length=48, block_length=16, **RECOMMENDED)
+    for body, code, message in (
+        ({"settings": "fastest"}, "invalid_settings", "unknown settings 'fastest'; choose one of: recommended"),
+        ({"settings": 3}, None, "settings must be a setting's name (recommended), got 3"),
+    ):
+        with pytest.raises(RequestError) as caught:
+            parse_request({"prompt": "hi", **body}, "completion", served)
+        assert (caught.value.param, caught.value.code, caught.value.message) == ("settings", code, message)
+    strict = dataclasses.replace(served, limits=dataclasses.replace(limits, overrides=frozenset({"threshold"})))
+    with pytest.raises(RequestError) as caught:
+        parse_request({"prompt": "hi", "settings": "recommended"}, "completion", strict)
+    assert caught.value.code == "override_not_allowed" and caught.value.message.startswith(
+        "settings recommended changes block_length (16 -> 8), which may not be changed per request"
+    )
+
+
+def test_serve_unknown_settings_name_and_bad_file_are_one_line(capsys, tmp_path):
+    with pytest.raises(SystemExit) as caught:
+        serve_main(["--settings", "fastest"])
+    assert caught.value.code == 2 and "unknown settings 'fastest'" in capsys.readouterr().err
+    from conftest import model_with_recommendation
+
+    bad = model_with_recommendation(tmp_path / "bad", MODEL_DIR, "[]")
+    assert serve_main(["--model", str(bad), "--settings", "recommended"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f'error: {bad / "recommended.json"}: expected {{"settings": {{...}}, "provenance": {{...}}}}'

@@ -4,8 +4,9 @@ The harness hands ``--model_args a=1,b=x`` over as keyword arguments, values alr
 ``bool``/``int``/``float`` where they look like one (or left as strings by the Python API).
 Decoding settings keep their ``DecodeConfig`` field names and kinds (``config.INT_FIELDS`` ...), so
 every setting ``python -m psd_jax.generate`` has is a model argument of the same name, and the
-settings are built by ``api.model_settings`` exactly as there. Anything else must be one of
-``EVAL_ARGS``; an unknown name is an error that names it.
+settings are built by ``api.model_settings`` exactly as there, over the named setting
+``settings=recommended`` (``--settings recommended``) when one is given. Anything else must be one
+of ``EVAL_ARGS``; an unknown name is an error that names it.
 
 ``mesh=data=1,model=8`` contains the harness's own separators: the harness splits it into
 ``mesh="data=1"`` and ``model=8``. Mesh axis names left over as arguments are folded back into the
@@ -35,6 +36,7 @@ from ..config import (
     check_for_model,
 )
 from ..errors import InputError
+from ..recommended import RECOMMENDED_FILE, named_settings
 from ..sharding import AXES
 
 # Arguments the harness itself passes to every model (from --batch_size, --max_batch_size,
@@ -43,6 +45,8 @@ HARNESS_ARGS = ("batch_size", "max_batch_size", "device", "trust_remote_code")
 
 EVAL_ARGS: dict[str, str] = {
     "pretrained": "model directory: Hugging Face LLaDA/Dream or converted (default: the shipped model)",
+    "settings": f"a named setting under the decoding arguments: recommended (the model directory's {RECOMMENDED_FILE}, "
+    "else the library's recommendation); default: none",
     "dtype": f"weight dtype: {', '.join(DTYPES)} (default float32)",
     "quantize": f"weight-only quantization of the projections: {', '.join(QUANTIZE)} (default none)",
     "mesh": "device mesh, e.g. data=1,model=8 (or data=1;model=8); default: one device",
@@ -229,8 +233,9 @@ def parse_eval_args(raw: dict[str, Any]) -> EvalArgs:
     pretrained = _pretrained(kwargs.get("pretrained"))
     _quantize_checked(pretrained, quantize, mesh)
     fields = {k: decode_field(k, v) for k, v in kwargs.items() if k in FIELD_HELP}
+    name = kwargs.get("settings")
     try:
-        settings = model_settings(pretrained, fields)
+        settings = model_settings(pretrained, fields, named_settings(None if name is None else str(name), pretrained))
     except DecodeConfigError as exc:
         raise EvalArgsError(str(exc)) from None
     _model_checked(pretrained, settings)

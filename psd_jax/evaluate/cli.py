@@ -16,7 +16,8 @@ the harness's ``results_<date>.json``. Bad model arguments, generation kwargs or
 
 The papers' protocols run by name (``protocols``, ``protocol_cli``): ``--list-protocols`` lists
 them, ``--protocol NAME`` runs one (the user's flags override its own), ``--dry-run`` prints the
-harness command instead of running it.
+harness command instead of running it. ``--settings recommended`` runs the model directory's
+recommended setting (the model argument ``settings=recommended``), not with ``--protocol``.
 
 On several processes (``jax.distributed``) every process runs the same command with psd-jax's
 multi-process flags added (``--coordinator HOST:PORT --num-processes N --process-id I``, or
@@ -174,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     if protocol_cli.LIST in argv:
         print(protocol_cli.listing())
         return 0
+    try:
+        argv = protocol_cli.with_settings(argv)  # --settings NAME: the model argument settings=NAME
+    except protocol_cli.ProtocolError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         from lm_eval.__main__ import cli_evaluate
         from lm_eval._cli import HarnessCLI

@@ -8,6 +8,9 @@ read with the harness's own parser. ``--dry-run`` prints the resulting command i
 it. A protocol names the Hugging Face checkpoint upstream evaluated; without a ``pretrained`` model
 argument that is a local directory, the run is refused with the download command, and a directory
 of another family than the protocol's is refused by name.
+
+``--settings NAME`` (``recommended``) is the model argument ``settings=NAME``: a named setting under
+the user's decoding arguments. A protocol fixes its own settings, so the two are refused together.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ import dataclasses
 import shlex
 from pathlib import Path
 
+from ..config import DecodeConfigError
 from ..errors import InputError
+from ..recommended import check_settings_name
 from .protocols import PROTOCOLS, Protocol
 
-LIST, PROTOCOL, DRY_RUN = "--list-protocols", "--protocol", "--dry-run"
+LIST, PROTOCOL, DRY_RUN, SETTINGS = "--list-protocols", "--protocol", "--dry-run", "--settings"
 MERGED = ("model_args", "gen_kwargs")  # the harness merges these flags key by key
 _MISSING = object()
 
@@ -67,6 +72,33 @@ def _split(argv: list[str]) -> tuple[str | None, bool, list[str]]:
             continue
         rest.append(arg)
     return name, dry_run, rest
+
+
+def with_settings(argv: list[str]) -> list[str]:
+    """``argv`` with ``--settings NAME`` turned into the model argument ``settings=NAME`` (put first,
+    so a ``settings`` in the user's own ``--model_args`` wins); refused with ``--protocol``."""
+    name, rest, items = None, [], iter(argv)
+    for arg in items:
+        if arg == SETTINGS or arg.startswith(SETTINGS + "="):
+            value = arg.split("=", 1)[1] if "=" in arg else next(items, None)
+            if value is None or value.startswith("--"):
+                raise ProtocolError(f"{SETTINGS} needs a name (recommended)")
+            name = value
+            continue
+        rest.append(arg)
+    if name is None:
+        return rest
+    try:
+        check_settings_name(name)
+    except DecodeConfigError as exc:
+        raise ProtocolError(f"{SETTINGS}: {exc}") from None
+    if any(a == PROTOCOL or a.startswith(PROTOCOL + "=") for a in rest):
+        raise ProtocolError(
+            f"{SETTINGS} {name} and {PROTOCOL} cannot be combined: a protocol runs its own decoding settings "
+            f"(give one or the other; {PROTOCOL} with --model_args changes single settings)"
+        )
+    at = 1 if rest[:1] == ["run"] else 0
+    return [*rest[:at], "--model_args", f"settings={name}", *rest[at:]]
 
 
 def lookup(name: str) -> Protocol:
@@ -129,6 +161,12 @@ def resolve(argv: list[str], harness_cli: type) -> ProtocolRun:
     protocol = lookup(name)
     user = rest[1:] if rest[:1] == ["run"] else rest
     full = merged(protocol, user, harness_cli)
+    settings = (harness_cli()._parser.parse_args(["run", *full]).model_args or {}).get("settings")
+    if settings is not None:
+        raise ProtocolError(
+            f"the model argument settings={settings} and {PROTOCOL} {name} cannot be combined: a protocol runs "
+            "its own decoding settings"
+        )
     if not dry_run:
         _check_model(protocol, full, harness_cli)
     return ProtocolRun(full, protocol, dry_run)

@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException
 
 from ..api import LoadedModel
 from ..config import DecodeConfig
+from ..recommended import NAME, named_settings
 from .answers import pieces
 from .auth import check_bearer
 from .batcher import Batcher, Ticket, default_batch_sizes
@@ -197,16 +198,21 @@ def build_app(
     gen_bucket: int | None = None,
     max_programs: int | None = None,
     request_timeout_s: float | None = None,
+    recommended: dict[str, Any] | None = None,
 ) -> FastAPI:
     """The server of ``lm`` with default settings ``defaults`` (``python -m psd_jax.serve``'s flags);
     batches are padded to ``batch_sizes`` (default: powers of two up to ``max_batch``); ``limits``
-    (default: ``ServerLimits.for_model``'s derived ones) bound each request; ``api_key`` guards ``/v1/*``."""
+    (default: ``ServerLimits.for_model``'s derived ones) bound each request; ``api_key`` guards ``/v1/*``;
+    ``recommended`` is what a request's ``"settings": "recommended"`` asks for (default: read from
+    the model's directory, ``recommended.named_settings``)."""
     settings = lm.settings(defaults)
     limits = limits if limits is not None else ServerLimits.for_model(lm.config, settings, prompt_bucket)
     problem = limits.exceeded(settings)
     if problem:
         raise ValueError(f"the server's default settings exceed its limits: {problem[1]}")
-    served = ServedModel(lm, name, settings, prompt_bucket, limits)
+    if recommended is None:
+        recommended = named_settings(NAME, getattr(lm, "path", None))
+    served = ServedModel(lm, name, settings, prompt_bucket, limits, recommended)
     sizes = tuple(sorted(set(batch_sizes))) if batch_sizes else default_batch_sizes(max_batch)
     lm.max_programs = max_programs
     batcher = Batcher(

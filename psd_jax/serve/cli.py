@@ -1,8 +1,9 @@
 """``python -m psd_jax.serve``: the OpenAI-compatible server (FastAPI + uvicorn, the ``serve`` extra).
 
 Decoding flags are ``generate``'s (one per ``DecodeConfig`` field): they set the server's default
-settings, over the model directory's ``decode_defaults.json``; each request may override those
-``--allow-overrides`` names (default: all). The limit flags cap one request's work (their defaults
+settings, over the model directory's ``decode_defaults.json`` (and over its recommended setting
+with ``--settings recommended``); each request may override those ``--allow-overrides`` names
+(default: all), and ask for the recommended setting by name (``"settings": "recommended"``). The limit flags cap one request's work (their defaults
 derive from the model and the server's settings); ``--api-key`` (or ``PSD_JAX_API_KEY``) guards
 ``/v1/*``. Bad flags print one ``error:`` line and exit with code 2.
 """
@@ -22,7 +23,8 @@ from models.quantize import QUANTIZE
 from .. import multihost
 from ..api import DTYPES, InputError, left_pad, load_model, model_directory, model_settings
 from ..config import MAX_BRANCHES, DecodeConfigError, check_for_model
-from ..flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, positive_int
+from ..flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, add_settings_flag, decode_fields, positive_int
+from ..recommended import NAME, named_settings
 from ..sharding import MeshError
 from ..tokenizer import TokenizerError
 from .batcher import BATCHING
@@ -106,6 +108,7 @@ def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m psd_jax.serve", description=__doc__)
     p.add_argument("--model", help="HF or converted model directory (default: the shipped default model)")
     p.add_argument("--served-model-name", help="the model id clients send (default: the directory's name)")
+    add_settings_flag(p)
     add_decode_flags(p)
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
     p.add_argument(
@@ -244,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         cluster = multihost.cluster_from(args)
         api_key = api_key_from(args.api_key, os.environ)
         model_dir = model_directory(args.model)
-        defaults = model_settings(model_dir, decode_fields(args))
+        defaults = model_settings(model_dir, decode_fields(args), named_settings(args.settings, model_dir))
+        recommended = named_settings(NAME, model_dir)  # what a request's "settings": "recommended" asks for
         mcfg = load_config(model_dir)
         check_for_model(defaults, mcfg)  # before the weights load
         limits = ServerLimits.for_model(
@@ -289,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         gen_bucket=args.gen_bucket,
         max_programs=args.max_programs,
         request_timeout_s=args.request_timeout,
+        recommended=recommended,
     )
     lost = serve(
         app,

@@ -2,7 +2,11 @@
 
 The bodies of ``/v1/completions`` and ``/v1/chat/completions`` as OpenAI defines them, plus the
 decoding settings as extra fields named as ``DecodeConfig``'s (``decoder``, ``policy``, ``depth``,
-``cache``, ...) over the server's defaults. Everything is checked here, before a request queues,
+``cache``, ...) over the server's defaults, and ``"settings": "recommended"``: the model
+directory's recommended setting over the server's defaults (its block length and cache included;
+the generation length stays the server's or the request's), under the request's own fields. A
+named setting is a bundle of overrides, so it is allowed only when every field it changes is one
+``--allow-overrides`` names. Everything is checked here, before a request queues,
 so a bad request never reaches (or breaks) a batch. OpenAI fields this server does not implement
 are accepted only at their neutral value (``n=1``, ``logprobs=0``, ...): a setting is refused rather
 than silently ignored, as ``DecodeConfig`` does.
@@ -23,12 +27,13 @@ from typing import Any, Protocol
 from ..api import InputError, LoadedModel, check_seed, left_pad
 from ..config import CONFIDENCE_ALIASES, DecodeConfig, DecodeConfigError
 from ..lengths import padded_length
+from ..recommended import NAME, check_settings_name
 from ..tokenizer import TokenizerError
 from .errors import RequestError
 from .limits import LIMIT_CODE, ServerLimits
 
 DECODE_FIELDS = frozenset(f.name for f in dataclasses.fields(DecodeConfig))
-COMMON_FIELDS = frozenset({"model", "max_tokens", "seed", "stop", "stream", "stream_options", "user"})
+COMMON_FIELDS = frozenset({"model", "max_tokens", "seed", "stop", "stream", "stream_options", "user", "settings"})
 ENDPOINT_FIELDS = {
     "completion": frozenset({"prompt", "chat", "echo", "best_of", "suffix"}),
     "chat": frozenset({"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice"}),
@@ -60,6 +65,25 @@ class ServedModel:
     defaults: DecodeConfig
     prompt_bucket: int
     limits: ServerLimits
+    recommended: dict[str, Any] | None = None  # a request's "settings": "recommended" (None: not offered)
+
+    def base(self, name: Any) -> DecodeConfig:
+        """The settings a request's fields apply over: the server's defaults, or with ``name``
+        (``"settings"`` of the body) that named setting over them."""
+        if name is None:
+            return self.defaults
+        if not isinstance(name, str):
+            raise RequestError(f"settings must be a setting's name ({NAME}), got {name!r}", param="settings")
+        try:
+            check_settings_name(name)
+        except DecodeConfigError as exc:
+            raise RequestError(str(exc), param="settings", code="invalid_settings") from None
+        if self.recommended is None:
+            raise RequestError(f"this server does not offer the {name} setting", param="settings")
+        try:
+            return self.lm.settings(self.defaults, self.recommended)
+        except DecodeConfigError as exc:
+            raise RequestError(f"settings {name}: {exc}", param="settings", code="invalid_settings") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,11 +149,13 @@ def parse_request(body: Any, endpoint: str, served: ServedModel) -> DecodeReques
     fields = {k: v for k, v in body.items() if v is not None}
     _check_neutral(fields)
     _check_model(fields, served)
+    base = served.base(fields.get("settings"))
+    _check_named(fields.get("settings"), base, served)
     _check_allowed(fields, served)
     prompt_param = "prompt" if endpoint == "completion" else "messages"
     ids = completion_ids(fields, served) if endpoint == "completion" else chat_ids(fields, served)
     _check_prompt_limit(ids, served, prompt_param)
-    settings = request_settings(fields, served)
+    settings = request_settings(fields, served, base)
     check_length(ids, settings, served, prompt_param, fields.get("max_tokens", fields.get("max_completion_tokens")))
     stream, include_usage = _stream(fields)
     return DecodeRequest(endpoint, tuple(ids), settings, _stop(fields), stream, include_usage, _seed(fields))
@@ -165,6 +191,21 @@ def _check_allowed(fields: dict, served: ServedModel) -> None:
             value = CONFIDENCE_ALIASES.get(value, value)
         if not (value == default and isinstance(value, bool) == isinstance(default, bool)):
             raise _not_allowed(name, default, allowed)
+
+
+def _check_named(name: str | None, base: DecodeConfig, served: ServedModel) -> None:
+    """A named setting may change only the fields ``--allow-overrides`` names, as the fields it
+    bundles would if the request sent them one by one."""
+    allowed = served.limits.overrides
+    for field in DECODE_FIELDS - allowed:
+        if getattr(base, field) != getattr(served.defaults, field):
+            shown = ", ".join(sorted(allowed)) or "none"
+            raise RequestError(
+                f"settings {name} changes {field} ({getattr(served.defaults, field)!r} -> {getattr(base, field)!r}), "
+                f"which may not be changed per request on this server (--allow-overrides: {shown})",
+                param="settings",
+                code="override_not_allowed",
+            )
 
 
 def _not_allowed(param: str, value: Any, allowed: frozenset[str]) -> RequestError:
@@ -253,10 +294,11 @@ def _checked_ids(served: ServedModel, prompt, chat: bool | None, param: str) -> 
     return ids
 
 
-def request_settings(fields: dict, served: ServedModel) -> DecodeConfig:
-    """The server's defaults with the request's ``DecodeConfig`` fields, and ``max_tokens`` as the
-    generation length rounded up to whole blocks (a fixed or dream schedule keeps its steps per
-    block)."""
+def request_settings(fields: dict, served: ServedModel, base: DecodeConfig | None = None) -> DecodeConfig:
+    """``base`` (default: the server's defaults) with the request's ``DecodeConfig`` fields, and
+    ``max_tokens`` as the generation length rounded up to whole blocks (a fixed or dream schedule
+    keeps its steps per block)."""
+    base = served.defaults if base is None else base
     overrides = {k: fields[k] for k in DECODE_FIELDS if k in fields}
     max_tokens = fields.get("max_tokens", fields.get("max_completion_tokens"))
     if max_tokens is not None:
@@ -264,12 +306,12 @@ def request_settings(fields: dict, served: ServedModel) -> DecodeConfig:
             raise RequestError(f"max_tokens must be a positive integer, got {max_tokens!r}", param="max_tokens")
         if "gen_length" in overrides:
             raise RequestError("give max_tokens or gen_length, not both", param="gen_length")
-        overrides.update(_generation_length(max_tokens, overrides, served.defaults))
+        overrides.update(_generation_length(max_tokens, overrides, base))
         if "gen_length" not in served.limits.overrides and overrides["gen_length"] != served.defaults.gen_length:
             raise _not_allowed("max_tokens", served.defaults.gen_length, served.limits.overrides)
     _check_generation(overrides.get("gen_length"), max_tokens, served.limits)
     try:
-        settings = served.lm.settings(served.defaults, overrides)
+        settings = served.lm.settings(base, overrides)
     except DecodeConfigError as exc:
         raise RequestError(str(exc), param=_named(str(exc), overrides), code="invalid_settings") from None
     problem = served.limits.exceeded(settings)
