@@ -233,7 +233,8 @@ def run(plan: Plan, args) -> int:
         "problems_decoded": evaluator.decoded,
         "time": time.strftime("%Y-%m-%d %H:%M"),
     }
-    print(write_reports(Path(args.out), meta, result, plan.base_name, confirmation, plan.dropped))
+    fields = {name: tune_log.dataclass_fields(c) for name, c in plan.candidates.items()}
+    print(write_reports(Path(args.out), meta, result, plan.base_name, confirmation, plan.dropped, fields))
     if args.write:
         if result.choice is None:
             print("error: nothing chosen, so no recommended setting written", file=sys.stderr)

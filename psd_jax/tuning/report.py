@@ -41,9 +41,16 @@ def interval(s: dict, z: float) -> str:
 
 
 def write_reports(
-    out: Path, meta: dict, result: SearchResult, base_name: str, confirmation: dict | None, dropped: list
+    out: Path,
+    meta: dict,
+    result: SearchResult,
+    base_name: str,
+    confirmation: dict | None,
+    dropped: list,
+    settings: dict[str, dict],
 ) -> str:
-    """Write the three files; return the text to print (frontier table and the choice)."""
+    """Write the three files; return the text to print (frontier table and the choice).
+    ``settings``: each candidate's ``DecodeConfig`` fields, stored with its numbers."""
     out.mkdir(parents=True, exist_ok=True)
     z = meta["z"]
     last_rung = meta["rungs"][-1]
@@ -53,7 +60,7 @@ def write_reports(
     report = {
         "meta": meta,
         "base": {"name": base_name, **result.base},
-        "candidates": result.last,
+        "candidates": {n: {**s, "settings": settings[n]} for n, s in result.last.items()},
         "rungs": result.rungs,
         "frontier": result.frontier,
         "choice": result.choice,
