@@ -181,7 +181,8 @@ def test_a_resumed_run_decodes_nothing_and_reports_the_same(run, model_dir, dev,
 
 
 def test_a_resumed_run_decodes_only_what_the_log_lacks(run, model_dir, dev, tmp_path, monkeypatch):
-    """Without the chosen setting's confirmation line, a restart decodes exactly those problems."""
+    """Without the chosen setting's confirmation line, a restart decodes exactly those problems; a
+    half-written last line is skipped and the next entry starts on a line of its own."""
     out, report = run
     lines = (out / "tune.jsonl").read_text().splitlines()
     kept = [
@@ -190,7 +191,7 @@ def test_a_resumed_run_decodes_only_what_the_log_lacks(run, model_dir, dev, tmp_
         if not (json.loads(line)["phase"] == "confirm" and json.loads(line)["name"] != report["base"]["name"])
     ]
     log = tmp_path / "partial.jsonl"
-    log.write_text("\n".join(kept) + "\n")
+    log.write_text("\n".join(kept) + '\n{"name": "interrupted", "pha')  # and a half-written line
     decoded, real = [], tune_log.decode_batch
     monkeypatch.setattr(tune_log, "decode_batch", lambda lm, s, ex, *a: decoded.append(len(ex)) or real(lm, s, ex, *a))
     assert tune.main(args(model_dir, dev, tmp_path / "out", "--log", str(log))) == 0
@@ -198,6 +199,7 @@ def test_a_resumed_run_decodes_only_what_the_log_lacks(run, model_dir, dev, tmp_
         decoded == [4]
         and json.loads((tmp_path / "out" / "tune.json").read_text())["confirmation"] == report["confirmation"]
     )
+    assert json.loads(log.read_text().splitlines()[-1])["phase"] == "confirm"
 
 
 def test_write_stores_the_choice_as_the_recommended_setting(run, model_dir):

@@ -60,13 +60,16 @@ class LoggedEvaluator:
         self.phase = "search"
         self.known: dict[tuple[str, int], Outcome] = {}
         self.decoded = 0  # problems decoded by this process (not read back)
+        self.torn = False
         self.read_back = self._read()
 
     def _read(self) -> int:
         if not self.path.is_file():
             return 0
+        text = self.path.read_text()
+        self.torn = bool(text) and not text.endswith("\n")  # an interrupted run's half line
         count = 0
-        for line in self.path.read_text().splitlines():
+        for line in text.splitlines():
             try:
                 entry = json.loads(line)
                 if entry["context"] != self.context:
@@ -124,8 +127,9 @@ class LoggedEvaluator:
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as f:
-            if f.tell() and not self.path.read_bytes().endswith(b"\n"):
-                f.write("\n")  # after a half-written line of an interrupted run
+            if self.torn:
+                f.write("\n")  # end the half-written line, so the next one parses
+                self.torn = False
             f.write(json.dumps(entry) + "\n")
             f.flush()
 

@@ -53,7 +53,7 @@ def other_block_length(gen_length: int, block_length: int) -> int | None:
 def default_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
     """A few dozen candidates (docs/tuning.md tabulates them): every base plain with the dual cache,
     five of them and PSD on threshold-0.9 uncached; PSD (tokens acceptance) at the searched depths on the fixed and the 0.9/0.95
-    threshold bases, at depth 3 on the others; strict PSD on fixed-1 and threshold-0.9; RPS on the
+    threshold bases, at depth 3 on the others; strict PSD on fixed-1 (both caches) and threshold-0.9; RPS on the
     threshold bases with its defaults and two variants; a few settings at a second block length."""
     bases = _bases(gen_length)
     space: list[dict[str, Any]] = []
@@ -74,6 +74,8 @@ def default_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
     for name in ("fixed-1", "threshold-0.9"):
         for depth in (3, 7):
             add({**bases[name], "decoder": "psd", "depth": depth, "acceptance": "strict"})
+    for depth in (3, 7):  # lossless against the default base (fixed-1, uncached) by construction
+        add({**bases["fixed-1"], "decoder": "psd", "depth": depth, "acceptance": "strict"}, cache="none")
     for name in ("threshold-0.9", "threshold-0.8", "threshold-0.7"):
         add({**bases[name], "decoder": "rps"})
     add({**bases["threshold-0.9"], "decoder": "rps", "k_max": 5})
