@@ -215,28 +215,47 @@ def markdown_table(summaries: list[dict]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-def pareto_plot(summaries: list[dict], path: Path, title: str) -> None:
+PLOT_AXES = (("tpf", "tokens per forward (TPF)"), ("tokens_per_second", "tokens/s (warm)"))
+
+
+def pareto_plot(
+    summaries: list[dict],
+    path: Path,
+    title: str,
+    axes: tuple[tuple[str, str], ...] = PLOT_AXES,
+    frontier: list[str] | None = None,
+    chosen: str | None = None,
+) -> None:
+    """Accuracy against each of ``axes`` (summary key, label), one point per setting coloured by its
+    family (the name's first word). ``frontier``: names joined by a line in that order (the tuner's
+    Pareto frontier); ``chosen``: a name ringed and labelled."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    fig, axs = plt.subplots(1, len(axes), figsize=(6.5 * len(axes), 5), squeeze=False)
     families = {"fixed": "tab:blue", "threshold": "tab:orange", "psd": "tab:green", "rps": "tab:red"}
-    for ax, key, label in (
-        (axes[0], "tpf", "tokens per forward (TPF)"),
-        (axes[1], "tokens_per_second", "tokens/s (warm)"),
-    ):
+    by_name = {s["name"]: s for s in summaries}
+    for ax, (key, label) in zip(axs[0], axes):
         for s in summaries:
             family = s["name"].split("-")[0]
             ax.scatter(s[key], 100 * s["accuracy"], color=families.get(family, "gray"), s=30)
             ax.annotate(s["name"], (s[key], 100 * s["accuracy"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        if frontier:
+            points = [by_name[name] for name in frontier]
+            ax.plot([p[key] for p in points], [100 * p["accuracy"] for p in points], color="black", lw=1, alpha=0.6)
+        if chosen is not None:
+            c = by_name[chosen]
+            ax.scatter(
+                c[key], 100 * c["accuracy"], s=160, facecolors="none", edgecolors="black", lw=1.5, label="chosen"
+            )
         ax.set_xlabel(label)
         ax.set_ylabel("exact-answer accuracy (%)")
         ax.grid(alpha=0.3)
     for family, color in families.items():
-        axes[0].scatter([], [], color=color, label=family)
-    axes[0].legend(loc="best")
+        axs[0][0].scatter([], [], color=color, label=family)
+    axs[0][0].legend(loc="best")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
@@ -246,20 +265,12 @@ def pareto_plot(summaries: list[dict], path: Path, title: str) -> None:
 MATRIX_FIELDS = ("gen_length", "block_length", "cache")  # the DecodeConfig fields every setting shares
 
 
-def build_parser() -> ArgumentParser:
-    p = ArgumentParser(prog="python -m psd_jax.bench", description=__doc__)
+def add_model_flags(p: ArgumentParser) -> None:
+    """The flags of the model and of how its prompts run, shared by the benchmark and the tuner
+    (``psd_jax.tune``): one definition, so the two read a run's model the same way."""
     p.add_argument("--model", help="model directory (default: the shipped default model)")
-    p.add_argument("--data", help="jsonl with question/answer fields (default: the model directory's test.jsonl)")
     p.add_argument("--limit", type=positive_int, help="use only the first N problems")
     p.add_argument("--batch", type=positive_int, default=50, help="prompts per decode (default 50)")
-    add_decode_flags(p, MATRIX_FIELDS)
-    p.add_argument(
-        "--decoders",
-        help="comma-separated settings of the matrix (default: all but the opt-in ones); --list shows names; "
-        "recommended: the model directory's recommended setting, with its own block length and cache",
-    )
-    p.add_argument("--all", action="store_true", help="every setting of the matrix, the opt-in ones too")
-    p.add_argument("--list", action="store_true", help="list the decoder settings and exit")
     p.add_argument(
         "--no-chat",
         action="store_false",
@@ -275,6 +286,20 @@ def build_parser() -> ArgumentParser:
         help="store the layers' projection weights as int8 or int4 with scales (weight-only, through qwix)",
     )
     p.add_argument("--mesh", help='shard over devices, e.g. "data=2,model=4" (default: one device)')
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m psd_jax.bench", description=__doc__)
+    add_model_flags(p)
+    p.add_argument("--data", help="jsonl with question/answer fields (default: the model directory's test.jsonl)")
+    add_decode_flags(p, MATRIX_FIELDS)
+    p.add_argument(
+        "--decoders",
+        help="comma-separated settings of the matrix (default: all but the opt-in ones); --list shows names; "
+        "recommended: the model directory's recommended setting, with its own block length and cache",
+    )
+    p.add_argument("--all", action="store_true", help="every setting of the matrix, the opt-in ones too")
+    p.add_argument("--list", action="store_true", help="list the decoder settings and exit")
     p.add_argument("--out", default="bench_out", help="output directory for JSON, Markdown and PNG")
     multihost.add_flags(p)
     return p

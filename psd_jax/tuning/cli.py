@@ -1,0 +1,273 @@
+"""``python -m psd_jax.tune``: the decoding setting with the fewest model calls (NFE) whose accuracy
+stays within ``--max-loss`` points of a base setting, on your development set.
+
+The problems are split (seeded) into a search part and a confirmation part. Successive halving
+over growing prefixes of the search part compares every candidate with the base problem by
+problem; the lowest-NFE candidate within the loss on the last rung is chosen, then measured once
+against the base on the confirmation part, which the search never saw. docs/tuning.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from models import load_config
+
+from ..api import model_directory, model_settings
+from ..bench import add_model_flags, check_prompts, decoder_settings
+from ..config import DecodeConfig, check_for_model
+from ..errors import InputError
+from ..flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields
+from ..scoring import load_jsonl
+from . import log as tune_log
+from .report import interval, write_reports
+from .search import compare, default_rungs, split, successive_halving
+from .space import SPACES, build_space, setting_name
+
+BASE_CACHE = "none"  # a named base runs uncached: the reference is the model's own decode
+CONFIRM_FRACTION = 0.3
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m psd_jax.tune", description=__doc__)
+    add_model_flags(p)
+    p.add_argument("--data", required=True, help="development jsonl with question/answer fields")
+    add_decode_flags(p, ("gen_length", "block_length"))
+    p.add_argument(
+        "--base",
+        default="fixed-1",
+        help="the reference setting: a benchmark name (fixed-1, threshold-0.9, psd-fixed-1-d3, ...; run uncached) "
+        'or JSON DecodeConfig fields, e.g. \'{"policy": "threshold", "cache": "dual"}\' (default fixed-1)',
+    )
+    p.add_argument(
+        "--max-loss", type=float, default=1.0, help="accuracy loss allowed against the base, in points (default 1.0)"
+    )
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--confirm-fraction",
+        type=float,
+        help=f"share of the problems held out for confirmation (default {CONFIRM_FRACTION})",
+    )
+    group.add_argument("--confirm", type=int, metavar="N", help="problems held out for confirmation")
+    p.add_argument("--split-seed", type=int, default=0, help="seed of the search/confirmation split (default 0)")
+    p.add_argument("--rungs", help="comma-separated, increasing search sizes (default 50, 100, 200, ..., all)")
+    p.add_argument("--z", type=float, default=1.64, help="bounds are difference ± z·SE (default 1.64)")
+    p.add_argument("--space", choices=list(SPACES), default="default", help="candidate list (docs/tuning.md)")
+    p.add_argument("--log", help="resumable JSONL log of every decode (default OUT/tune.jsonl)")
+    p.add_argument("--out", default="tune_out", help="directory for tune.json, tune.md, frontier.png")
+    p.add_argument(
+        "--write", action="store_true", help="store the chosen setting as the model directory's recommended.json"
+    )
+    return p
+
+
+@dataclasses.dataclass
+class Plan:
+    """Everything checked before the model loads."""
+
+    model_dir: Path
+    data: Path
+    examples: list[dict]
+    base_name: str
+    base: DecodeConfig
+    candidates: dict[str, DecodeConfig]
+    dropped: list
+    search_ids: list[int]
+    confirm_ids: list[int]
+    rungs: list[int]
+    context: dict[str, Any]
+    log: Path
+
+
+def resolve_base(text: str, model_dir: Path, lengths: dict[str, Any]) -> tuple[str, DecodeConfig]:
+    """A benchmark setting name (uncached, ``BASE_CACHE``) or JSON fields over the model's lengths."""
+    if text.strip().startswith("{"):
+        try:
+            fields = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"--base is not JSON ({exc.msg})") from None
+        if not isinstance(fields, dict):
+            raise InputError("--base JSON must be an object of DecodeConfig fields")
+        settings = model_settings(model_dir, {**lengths, **fields}, base={"cache": BASE_CACHE})
+        return setting_name(settings), settings
+    gen_length = model_settings(model_dir, lengths).gen_length
+    named = decoder_settings(gen_length)
+    if text not in named:
+        raise InputError(f"unknown base {text!r}; give one of {', '.join(named)} or JSON fields")
+    settings = model_settings(model_dir, {**lengths, **named[text]}, base={"cache": BASE_CACHE})
+    return setting_name(settings), settings
+
+
+def parse_rungs(text: str | None, n_search: int) -> list[int]:
+    if text is None:
+        return default_rungs(n_search)
+    try:
+        rungs = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InputError(f"--rungs must be comma-separated integers, got {text!r}") from None
+    if not rungs or rungs[0] < 1 or any(b <= a for a, b in zip(rungs, rungs[1:])):
+        raise InputError(f"--rungs must be positive and strictly increasing, got {text!r}")
+    if rungs[-1] > n_search:
+        raise InputError(f"rung {rungs[-1]} is larger than the search split ({n_search} problems)")
+    return rungs
+
+
+def confirm_size(args, n: int) -> int:
+    if args.confirm is not None:
+        size = args.confirm
+    else:
+        fraction = CONFIRM_FRACTION if args.confirm_fraction is None else args.confirm_fraction
+        if not 0 < fraction < 1:
+            raise InputError(f"--confirm-fraction must be in (0, 1), got {fraction:g}")
+        size = round(fraction * n)
+    if size < 1:
+        raise InputError(f"the confirmation split is empty ({n} problems): use more problems or --confirm N")
+    if size >= n:
+        raise InputError(f"the search split is empty: {size} of {n} problems held out for confirmation")
+    return size
+
+
+def prepare(args) -> Plan:
+    """Every check that needs no weights: bad input fails here, before the model loads."""
+    if args.max_loss < 0:
+        raise InputError(f"--max-loss must be >= 0 (accuracy points), got {args.max_loss:g}")
+    if not args.z > 0:
+        raise InputError(f"--z must be positive, got {args.z:g}")
+    model_dir = model_directory(args.model)
+    data = Path(args.data)
+    if not data.is_file():
+        raise InputError(f"no problem file {data}")
+    examples = load_jsonl(data)[: args.limit]
+    if not examples:
+        raise InputError(f"{data} holds no problems")
+    lengths = decode_fields(args)
+    base_name, base = resolve_base(args.base, model_dir, lengths)
+    mcfg = load_config(model_dir)
+    check_for_model(base, mcfg)
+    n_confirm = confirm_size(args, len(examples))
+    search_ids, confirm_ids = split(len(examples), n_confirm, args.split_seed)
+    rungs = parse_rungs(args.rungs, len(search_ids))
+    defaults = model_settings(model_dir, lengths)
+    space = build_space(SPACES[args.space](defaults.gen_length, defaults.block_length), defaults.gen_length, mcfg, base)
+    if not space.candidates:
+        raise InputError(f"no valid candidate in the {args.space!r} space: {space.dropped[0][1]}")
+    context = {
+        "model": str(model_dir.resolve()),
+        "data_sha256": tune_log.file_sha256(data),
+        "dtype": args.dtype,
+        "quantize": args.quantize,
+        "mesh": args.mesh,
+        "chat": args.chat,
+        "prompt_bucket": args.prompt_bucket,
+    }
+    log = Path(args.log) if args.log else Path(args.out) / "tune.jsonl"
+    return Plan(
+        model_dir, data, examples, base_name, base, space.candidates, space.dropped,
+        search_ids, confirm_ids, rungs, context, log,
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        plan = prepare(args)
+    except (FileNotFoundError, ValueError) as exc:  # InputError, DecodeConfigError, ConfigError, ...
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    for fields, why in plan.dropped:
+        print(f"skipped {fields}: {why}", file=sys.stderr)
+    try:
+        return run(plan, args)
+    except InputError as exc:  # a prompt that does not fit the context, found when the model loads
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def run(plan: Plan, args) -> int:
+    from ..api import load_model
+
+    def load():
+        lm = load_model(plan.model_dir, dtype=args.dtype, mesh=args.mesh, quantize=args.quantize)
+        check_prompts(lm, plan.examples, plan.base.gen_length, args.chat, args.prompt_bucket)
+        return lm
+
+    bar = tune_log.progress_bar()
+    evaluator = tune_log.LoggedEvaluator(
+        plan.log, plan.context, plan.examples, load, args.batch, args.chat, args.prompt_bucket, bar
+    )
+    max_loss = args.max_loss / 100
+    result = successive_halving(
+        plan.base_name, plan.base, plan.candidates, plan.rungs, plan.search_ids, evaluator, max_loss, args.z
+    )
+    confirmation = None
+    if result.choice is not None:
+        evaluator.phase = "confirm"
+        chosen = plan.candidates[result.choice]
+        evaluator.plan([plan.base, chosen], plan.confirm_ids)
+        base_out = evaluator.results(plan.base_name, plan.base, plan.confirm_ids)
+        chosen_out = evaluator.results(result.choice, chosen, plan.confirm_ids)
+        confirmation = {"name": result.choice, **compare(base_out, chosen_out, plan.confirm_ids, args.z)}
+    bar.close()
+    meta = {
+        "model": str(plan.model_dir),
+        "data": str(plan.data),
+        "data_sha256": plan.context["data_sha256"],
+        "n": len(plan.examples),
+        "search_size": len(plan.search_ids),
+        "confirm_size": len(plan.confirm_ids),
+        "split_seed": args.split_seed,
+        "splits": {"search": plan.search_ids, "confirmation": plan.confirm_ids},
+        "rungs": plan.rungs,
+        "z": args.z,
+        "max_loss": args.max_loss,
+        "base": {"name": plan.base_name, "settings": tune_log.dataclass_fields(plan.base)},
+        "space": args.space,
+        "candidates": len(plan.candidates),
+        "log": str(plan.log),
+        "log_entries_read_back": evaluator.read_back,
+        "problems_decoded": evaluator.decoded,
+        "time": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    fields = {name: tune_log.dataclass_fields(c) for name, c in plan.candidates.items()}
+    print(write_reports(Path(args.out), meta, result, plan.base_name, confirmation, plan.dropped, fields))
+    if args.write:
+        if result.choice is None:
+            print("error: nothing chosen, so no recommended setting written", file=sys.stderr)
+            return 1
+        write_choice(plan, args, result, confirmation)
+    return 0
+
+
+def write_choice(plan: Plan, args, result, confirmation: dict) -> None:
+    from ..recommended import write_recommended
+
+    search = result.last[result.choice]
+
+    def paired(s: dict) -> dict:
+        keys = ("n", "difference", "standard_error", "lower", "upper", "accuracy", "base_accuracy", "tpf_ratio")
+        return {k: s[k] for k in keys} | {"nfe_per_prompt": s["nfe_per_prompt"], "summary": interval(s, args.z)}
+
+    provenance = {
+        "tool": "psd_jax.tune",
+        "name": result.choice,
+        "data": str(plan.data),
+        "data_sha256": plan.context["data_sha256"],
+        "search_size": len(plan.search_ids),
+        "confirm_size": len(plan.confirm_ids),
+        "split_seed": args.split_seed,
+        "last_rung": plan.rungs[-1],
+        "base": {"name": plan.base_name, "settings": plan.base.changed()},
+        "max_loss_points": args.max_loss,
+        "z": args.z,
+        "search": paired(search),
+        "confirmation": paired(confirmation),
+        "tpf_ratio": confirmation["tpf_ratio"],
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    file = write_recommended(plan.model_dir, plan.candidates[result.choice], provenance)
+    print(f"wrote {file}")

@@ -1,0 +1,144 @@
+"""The tuner's resumable log: one JSON line per evaluated (setting, batch of problems).
+
+A line holds the setting's fields, the problem indices and, per problem, whether the answer was
+right, its model calls and tokens, with the batch's decode seconds. A line belongs to a run when
+its context matches: the model path, the data file's SHA-256 and what else changes outcomes
+(dtype, quantization, chat template, prompt bucket). A restarted run reads the matching lines
+back, keyed by the setting's canonical JSON and the problem index, and decodes only what is
+missing; a half-written last line (an interrupted run) is skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..config import DecodeConfig
+from .search import Outcome
+from .space import canonical
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def decode_batch(lm, settings: DecodeConfig, examples: list[dict], chat: bool | None, bucket: int) -> tuple:
+    """One decode of ``examples``: their outcomes and the decode's seconds (compilation apart)."""
+    from ..scoring import is_correct
+
+    results = lm.generate([ex["question"] for ex in examples], settings, chat=chat, prompt_bucket=bucket)
+    outcomes = [Outcome(int(is_correct(r.text or "", ex)), r.nfe, r.tokens) for r, ex in zip(results, examples)]
+    return outcomes, results[0].seconds, results[0].compile_seconds
+
+
+class LoggedEvaluator:
+    """``search.Evaluator`` over a model loaded on first need, appending every decode to ``path``.
+
+    ``load`` returns the model (called at most once, only when something is missing, so a finished
+    run's report is rebuilt without loading weights); ``phase`` is written into each line
+    ("search" or "confirm") so the log shows which split a problem was decoded for."""
+
+    def __init__(
+        self,
+        path: Path,
+        context: dict[str, Any],
+        examples: list[dict],
+        load: Callable[[], Any],
+        batch: int,
+        chat: bool | None,
+        bucket: int,
+        progress=None,
+    ):
+        self.path, self.context, self.examples = path, context, examples
+        self.load, self.lm = load, None
+        self.batch, self.chat, self.bucket, self.progress = batch, chat, bucket, progress
+        self.phase = "search"
+        self.known: dict[tuple[str, int], Outcome] = {}
+        self.decoded = 0  # problems decoded by this process (not read back)
+        self.torn = False
+        self.read_back = self._read()
+
+    def _read(self) -> int:
+        if not self.path.is_file():
+            return 0
+        text = self.path.read_text()
+        self.torn = bool(text) and not text.endswith("\n")  # an interrupted run's half line
+        count = 0
+        for line in text.splitlines():
+            try:
+                entry = json.loads(line)
+                if entry["context"] != self.context:
+                    continue
+                key = canonical(DecodeConfig(**entry["settings"]))
+                for i, c, nfe, tokens in zip(entry["problems"], entry["correct"], entry["nfe"], entry["tokens"]):
+                    self.known[(key, int(i))] = Outcome(int(c), int(nfe), int(tokens))
+                count += 1
+            except (ValueError, KeyError, TypeError):
+                continue  # an interrupted write, or a line of another version
+        return count
+
+    def missing(self, settings: DecodeConfig, ids: list[int]) -> list[int]:
+        key = canonical(settings)
+        return [i for i in ids if (key, i) not in self.known]
+
+    def plan(self, settings: list[DecodeConfig], ids: list[int]) -> None:
+        if self.progress is not None:
+            self.progress.total = (self.progress.total or 0) + sum(len(self.missing(s, ids)) for s in settings)
+            self.progress.refresh()
+
+    def results(self, name: str, settings: DecodeConfig, ids: list[int]) -> dict[int, Outcome]:
+        todo = self.missing(settings, ids)
+        key = canonical(settings)
+        for start in range(0, len(todo), self.batch):
+            chunk = todo[start : start + self.batch]
+            if self.lm is None:
+                self.lm = self.load()
+            if self.progress is not None:
+                self.progress.set_postfix_str(f"{self.phase}: {name}")
+            outcomes, seconds, compile_seconds = decode_batch(
+                self.lm, settings, [self.examples[i] for i in chunk], self.chat, self.bucket
+            )
+            self._append(name, settings, chunk, outcomes, seconds, compile_seconds)
+            for i, outcome in zip(chunk, outcomes):
+                self.known[(key, i)] = outcome
+            self.decoded += len(chunk)
+            if self.progress is not None:
+                self.progress.update(len(chunk))
+        return {i: self.known[(key, i)] for i in ids}
+
+    def _append(self, name, settings, chunk, outcomes, seconds, compile_seconds) -> None:
+        entry = {
+            "name": name,
+            "phase": self.phase,
+            "settings": dataclass_fields(settings),
+            "problems": chunk,
+            "correct": [o.correct for o in outcomes],
+            "nfe": [o.nfe for o in outcomes],
+            "tokens": [o.tokens for o in outcomes],
+            "seconds": seconds,
+            "compile_seconds": compile_seconds,
+            "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "context": self.context,
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            if self.torn:
+                f.write("\n")  # end the half-written line, so the next one parses
+                self.torn = False
+            f.write(json.dumps(entry) + "\n")
+            f.flush()
+
+
+def dataclass_fields(settings: DecodeConfig) -> dict[str, Any]:
+    return json.loads(canonical(settings))
+
+
+def progress_bar(disable: bool = False):
+    from tqdm import tqdm
+
+    return tqdm(total=0, desc="tune", unit="decode", file=sys.stderr, disable=disable)

@@ -1,0 +1,109 @@
+"""The tuner's outputs: ``tune.json``, ``tune.md`` (frontier and candidate tables) and ``frontier.png``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..bench import pareto_plot
+from .search import SearchResult
+
+
+def _points(x: float) -> str:
+    return f"{100 * x:+.1f}"
+
+
+def table(rows: list[tuple[str, dict]], chosen: str | None, base_name: str, status: bool = False) -> str:
+    """Markdown: accuracy, paired difference to the base ± SE (points), NFE/prompt, TPF and its
+    ratio over the base; the chosen row and the base marked."""
+    head = "| setting | accuracy | diff vs base ± SE (points) | NFE/prompt | TPF | TPF / base |"
+    rule = "| --- | ---: | ---: | ---: | ---: | ---: |"
+    if status:
+        head, rule = head + " problems | status |", rule + " ---: | --- |"
+    lines = [head, rule]
+    for name, s in rows:
+        mark = " **(chosen)**" if name == chosen else " (base)" if name == base_name else ""
+        line = (
+            f"| {name}{mark} | {100 * s['accuracy']:.1f}% | {_points(s['difference'])} ± {100 * s['standard_error']:.1f} | "
+            f"{s['nfe_per_prompt']:.1f} | {s['tpf']:.2f} | {s['tpf_ratio']:.2f}x |"
+        )
+        if status:
+            line += f" {s['n']} | {s.get('status', '')} |"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def interval(s: dict, z: float) -> str:
+    return (
+        f"{_points(s['difference'])} ± {100 * s['standard_error']:.1f} points "
+        f"(interval {_points(s['lower'])} to {_points(s['upper'])} at z = {z:g})"
+    )
+
+
+def write_reports(
+    out: Path,
+    meta: dict,
+    result: SearchResult,
+    base_name: str,
+    confirmation: dict | None,
+    dropped: list,
+    settings: dict[str, dict],
+) -> str:
+    """Write the three files; return the text to print (frontier table and the choice).
+    ``settings``: each candidate's ``DecodeConfig`` fields, stored with its numbers."""
+    out.mkdir(parents=True, exist_ok=True)
+    z = meta["z"]
+    last_rung = meta["rungs"][-1]
+    final = {n: s for n, s in result.last.items() if s["rung"] == last_rung}
+    stats = {base_name: {**result.base, "status": "base"}, **final}
+    frontier_rows = [(n, stats[n]) for n in result.frontier]
+    report = {
+        "meta": meta,
+        "base": {"name": base_name, **result.base},
+        "candidates": {n: {**s, "settings": settings[n]} for n, s in result.last.items()},
+        "rungs": result.rungs,
+        "frontier": result.frontier,
+        "choice": result.choice,
+        "confirmation": confirmation,
+        "dropped_from_space": [{"settings": f, "reason": why} for f, why in dropped],
+    }
+    (out / "tune.json").write_text(json.dumps(report, indent=2) + "\n")
+    if result.choice is None:
+        verdict = (
+            f"No candidate is within {meta['max_loss']:g} points of the base on the last rung "
+            f"({last_rung} problems): nothing chosen."
+        )
+    else:
+        verdict = (
+            f"Chosen: {result.choice}: {result.last[result.choice]['nfe_per_prompt']:.1f} NFE/prompt against the "
+            f"base's {result.base['nfe_per_prompt']:.1f}; search difference "
+            f"{interval(result.last[result.choice], z)} on {last_rung} problems."
+        )
+        if confirmation is not None:
+            verdict += (
+                f"\nConfirmation ({confirmation['n']} held-out problems): {interval(confirmation, z)}; "
+                f"accuracy {100 * confirmation['accuracy']:.1f}% against {100 * confirmation['base_accuracy']:.1f}%, "
+                f"NFE/prompt {confirmation['nfe_per_prompt']:.1f} against {confirmation['base_nfe_per_prompt']:.1f}, "
+                f"TPF ratio {confirmation['tpf_ratio']:.2f}x."
+            )
+    frontier_md = table(frontier_rows, result.choice, base_name)
+    ordered = sorted(result.last.items(), key=lambda item: (-item[1]["rung"], item[1]["nfe_per_prompt"]))
+    md = (
+        f"# Tuning: {meta['model']} on {meta['data']}\n\n"
+        f"Base {base_name}; max loss {meta['max_loss']:g} points; search {meta['search_size']} problems "
+        f"(rungs {', '.join(map(str, meta['rungs']))}), confirmation {meta['confirm_size']}.\n\n"
+        f"## Frontier (last rung, {last_rung} problems)\n\n{frontier_md}\n{verdict}\n\n"
+        f"## Every candidate at the last rung it reached\n\n"
+        f"{table([(base_name, stats[base_name]), *ordered], result.choice, base_name, status=True)}"
+    )
+    (out / "tune.md").write_text(md)
+    plotted = [{"name": n, **s} for n, s in stats.items()]
+    pareto_plot(
+        plotted,
+        out / "frontier.png",
+        f"{Path(meta['model']).name}: last rung, {last_rung} problems",
+        axes=(("tpf", "tokens per forward (TPF)"),),
+        frontier=result.frontier,
+        chosen=result.choice,
+    )
+    return f"{frontier_md}\n{verdict}\nwrote {out / 'tune.json'}, {out / 'tune.md'}, {out / 'frontier.png'}"

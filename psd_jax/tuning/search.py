@@ -1,0 +1,169 @@
+"""Successive halving over growing prefixes of the search split, judged by paired differences.
+
+Pure logic on per-problem outcomes: the model is behind ``Evaluator.results`` (``tuning.log``
+evaluates and logs; tests pass synthetic outcomes). docs/tuning.md states the design.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Protocol
+
+import numpy as np
+
+from ..bench import paired_difference
+from ..config import DecodeConfig
+
+KEEP_MIN = 4  # a rung keeps at least this many candidates (or all there are)
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """One setting on one problem."""
+
+    correct: int  # 1 if the answer was right
+    nfe: int  # model calls
+    tokens: int  # tokens before EOS
+
+
+class Evaluator(Protocol):
+    def results(self, name: str, settings: DecodeConfig, ids: list[int]) -> dict[int, Outcome]:
+        """Outcomes of ``settings`` on the problems ``ids`` (evaluating only those not known yet)."""
+        ...
+
+    def plan(self, settings: list[DecodeConfig], ids: list[int]) -> None:
+        """Told before a rung which settings will be asked for on ``ids`` (for a progress bar)."""
+        ...
+
+
+def split(n: int, confirm: int, seed: int) -> tuple[list[int], list[int]]:
+    """Search and confirmation problem indices: one seeded permutation of ``range(n)``, its first
+    ``confirm`` entries the confirmation split, the rest (in permuted order, so that every prefix
+    is a random sample) the search split. Disjoint by construction."""
+    order = [int(i) for i in np.random.default_rng(seed).permutation(n)]
+    return order[confirm:], sorted(order[:confirm])
+
+
+def default_rungs(n_search: int, first: int = 50) -> list[int]:
+    """50, 100, 200, ... below the search split's size, then the whole split."""
+    rungs, r = [], first
+    while r < n_search:
+        rungs.append(r)
+        r *= 2
+    return [*rungs, n_search]
+
+
+def compare(base: dict[int, Outcome], other: dict[int, Outcome], ids: list[int], z: float) -> dict:
+    """``other`` against ``base`` on the same problems: accuracies, the paired difference
+    (other − base, a fraction) with its standard error and the bounds ``difference ± z·SE``,
+    NFE per prompt, TPF and the TPF ratio. With one problem (no SE) the bounds are infinite."""
+    pair = paired_difference("".join(str(base[i].correct) for i in ids), "".join(str(other[i].correct) for i in ids))
+    se = pair["standard_error"]
+    half = z * se if math.isfinite(se) else math.inf
+    nfe, base_nfe = (sum(o[i].nfe for i in ids) for o in (other, base))
+    tokens, base_tokens = (sum(o[i].tokens for i in ids) for o in (other, base))
+    tpf, base_tpf = tokens / max(nfe, 1), base_tokens / max(base_nfe, 1)
+    return {
+        "n": len(ids),
+        "accuracy": float(pair["accuracy_b"]),
+        "base_accuracy": float(pair["accuracy_a"]),
+        "difference": pair["difference"],
+        "standard_error": se,
+        "lower": pair["difference"] - half,
+        "upper": pair["difference"] + half,
+        "only_base": pair["only_a"],
+        "only_candidate": pair["only_b"],
+        "nfe_per_prompt": nfe / len(ids),
+        "base_nfe_per_prompt": base_nfe / len(ids),
+        "tpf": tpf,
+        "base_tpf": base_tpf,
+        "tpf_ratio": tpf / base_tpf if base_tpf else math.nan,
+    }
+
+
+def _order(stats: dict) -> tuple:
+    """Fewest model calls first; ties: the smaller loss."""
+    return (stats["nfe_per_prompt"], -stats["difference"])
+
+
+@dataclasses.dataclass
+class SearchResult:
+    rungs: list[dict]  # per rung: size, who was evaluated, who was dropped and why
+    last: dict[str, dict]  # every candidate's numbers at the last rung it reached, with its status
+    base: dict  # the base against itself on the last rung (accuracy, NFE, TPF)
+    frontier: list[str]  # non-dominated settings of the last rung (base included), fewest NFE first
+    choice: str | None  # the lowest-NFE candidate within max_loss on the last rung
+
+
+def successive_halving(
+    base_name: str,
+    base: DecodeConfig,
+    candidates: dict[str, DecodeConfig],
+    rungs: list[int],
+    search_ids: list[int],
+    evaluator: Evaluator,
+    max_loss: float,
+    z: float,
+    keep_min: int = KEEP_MIN,
+) -> SearchResult:
+    """At each rung (a prefix of ``search_ids``) the base and every surviving candidate are
+    evaluated on the rung's problems; a candidate whose upper bound is below ``-max_loss``
+    (a fraction) is dropped as confidently too lossy; of the rest the lowest-NFE half (at least
+    ``keep_min``) goes on, together with the fastest candidate whose lower bound clears
+    ``-max_loss`` (a safe fallback). On the last rung the lowest-NFE candidate whose point
+    estimate is within ``max_loss`` is chosen."""
+    survivors = list(candidates)
+    last: dict[str, dict] = {}
+    history: list[dict] = []
+    base_stats: dict = {}
+    for index, size in enumerate(rungs):
+        ids = search_ids[:size]
+        final = index == len(rungs) - 1
+        evaluator.plan([base, *(candidates[n] for n in survivors)], ids)
+        base_out = evaluator.results(base_name, base, ids)
+        base_stats = compare(base_out, base_out, ids, z)
+        stats = {n: compare(base_out, evaluator.results(n, candidates[n], ids), ids, z) for n in survivors}
+        lossy = [n for n in survivors if stats[n]["upper"] < -max_loss]
+        rest = sorted((n for n in survivors if n not in lossy), key=lambda n: _order(stats[n]))
+        kept = rest
+        if not final:
+            kept = rest[: max(keep_min, math.ceil(len(rest) / 2))]
+            safe = next((n for n in rest if stats[n]["lower"] >= -max_loss), None)
+            if safe is not None and safe not in kept:
+                kept.append(safe)
+        for n in survivors:
+            if n in lossy:
+                status = "too lossy (bound)"
+            elif final:
+                status = "within max loss" if stats[n]["difference"] >= -max_loss else "over max loss"
+            else:
+                status = "kept" if n in kept else "slower half"
+            last[n] = {"rung": size, "status": status, **stats[n]}
+        history.append(
+            {
+                "rung": size,
+                "evaluated": list(survivors),
+                "too_lossy": lossy,
+                "slower_half": [n for n in rest if n not in kept],
+            }
+        )
+        survivors = kept
+    final_stats = {n: s for n, s in last.items() if s["rung"] == rungs[-1]}
+    feasible = [n for n in survivors if final_stats[n]["difference"] >= -max_loss]
+    choice = min(feasible, key=lambda n: _order(final_stats[n])) if feasible else None
+    if choice is not None:
+        last[choice]["status"] = "chosen"
+    frontier = pareto_frontier({base_name: base_stats, **final_stats})
+    return SearchResult(history, last, base_stats, frontier, choice)
+
+
+def pareto_frontier(stats: dict[str, dict]) -> list[str]:
+    """The settings no other beats on both NFE per prompt (fewer) and accuracy (higher or equal),
+    fewest NFE first."""
+    frontier, best = [], -math.inf
+    for name in sorted(stats, key=lambda n: (stats[n]["nfe_per_prompt"], -stats[n]["accuracy"])):
+        if stats[name]["accuracy"] > best:
+            frontier.append(name)
+            best = stats[name]["accuracy"]
+    return frontier

@@ -1,0 +1,168 @@
+"""The tuner's candidate settings: plain lists of ``DecodeConfig`` field dicts, named and validated.
+
+A space is built by one function per name (``SPACES``) from the model's generation and block
+length, so a new decoder is one more ``append`` there. Every dict carries ``block_length`` and
+``cache``; ``gen_length`` is the run's. Candidates are checked (``DecodeConfig`` and
+``check_for_model``) before any model work: an invalid one is dropped with its reason, and two
+dicts that make the same ``DecodeConfig`` are one candidate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from ..config import MAX_BRANCHES, DecodeConfig, DecodeConfigError, check_for_model
+
+THRESHOLDS = (0.7, 0.8, 0.9, 0.95, 0.98)
+FACTORS = (0.5, 1.0)
+
+
+def canonical(settings: DecodeConfig) -> str:
+    """Every field of ``settings`` as sorted JSON: the identity of a setting in the log and the space."""
+    return json.dumps(dataclasses.asdict(settings), sort_keys=True)
+
+
+def _fixed(gen_length: int, tokens: int) -> dict[str, Any]:
+    return {"policy": "fixed", "steps": max(gen_length // tokens, 1)}
+
+
+def _bases(gen_length: int) -> dict[str, dict[str, Any]]:
+    bases = {f"fixed-{k}": _fixed(gen_length, k) for k in (1, 2, 4)}
+    bases.update({f"threshold-{t:g}": {"policy": "threshold", "threshold": t} for t in THRESHOLDS})
+    bases.update({f"factor-{f:g}": {"policy": "factor", "factor": f} for f in FACTORS})
+    return bases
+
+
+def depths(block_length: int) -> list[int]:
+    """PSD depths searched: 1, 3, 7 and block_length - 1, each within the block and the branch cap."""
+    cap = min(block_length - 1, MAX_BRANCHES - 1)
+    return sorted({d for d in (1, 3, 7, block_length - 1) if 1 <= d <= cap} | ({cap} if cap >= 1 else set()))
+
+
+def other_block_length(gen_length: int, block_length: int) -> int | None:
+    """One more block length to try: the smallest divisor of ``gen_length`` above the model's, else
+    the largest below it (None when ``gen_length`` has no other divisor above 1)."""
+    divisors = [d for d in range(2, gen_length + 1) if gen_length % d == 0 and d != block_length]
+    above = [d for d in divisors if d > block_length]
+    below = [d for d in divisors if d < block_length]
+    return above[0] if above else (below[-1] if below else None)
+
+
+def default_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
+    """A few dozen candidates (docs/tuning.md tabulates them): every base plain with the dual cache,
+    five of them and PSD on threshold-0.9 uncached; PSD (tokens acceptance) at the searched depths on the fixed and the 0.9/0.95
+    threshold bases, at depth 3 on the others; strict PSD on fixed-1 (both caches) and threshold-0.9; RPS on the
+    threshold bases with its defaults and two variants; a few settings at a second block length."""
+    bases = _bases(gen_length)
+    space: list[dict[str, Any]] = []
+
+    def add(fields: dict[str, Any], cache: str = "dual", block: int = block_length) -> None:
+        space.append({**fields, "cache": cache, "block_length": block})
+
+    for fields in bases.values():
+        add(fields)
+    for name in ("fixed-2", "fixed-4", "threshold-0.7", "threshold-0.9", "factor-1"):
+        add(bases[name], cache="none")
+    add({**bases["threshold-0.9"], "decoder": "psd", "depth": 3}, cache="none")
+    for name in ("fixed-1", "fixed-2", "threshold-0.9", "threshold-0.95"):
+        for depth in depths(block_length):
+            add({**bases[name], "decoder": "psd", "depth": depth})
+    for name in ("fixed-4", "threshold-0.7", "threshold-0.8", "threshold-0.98", "factor-1"):
+        add({**bases[name], "decoder": "psd", "depth": 3})
+    for name in ("fixed-1", "threshold-0.9"):
+        for depth in (3, 7):
+            add({**bases[name], "decoder": "psd", "depth": depth, "acceptance": "strict"})
+    for depth in (3, 7):  # lossless against the default base (fixed-1, uncached) by construction
+        add({**bases["fixed-1"], "decoder": "psd", "depth": depth, "acceptance": "strict"}, cache="none")
+    for name in ("threshold-0.9", "threshold-0.8", "threshold-0.7"):
+        add({**bases[name], "decoder": "rps"})
+    add({**bases["threshold-0.9"], "decoder": "rps", "k_max": 5})
+    add({**bases["threshold-0.9"], "decoder": "rps", "pivot_tau": 0.8, "lam": 0.5})
+    other = other_block_length(gen_length, block_length)
+    if other is not None:
+        for name in ("fixed-1", "threshold-0.9", "factor-1"):
+            add(bases[name], block=other)
+        for depth in (3, other - 1):
+            add({**bases["threshold-0.9"], "decoder": "psd", "depth": min(depth, MAX_BRANCHES - 1)}, block=other)
+    return space
+
+
+def small_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
+    """A handful for tests and a first look: one token per step losslessly sped up (strict PSD),
+    two tokens per step, the threshold rule and PSD on it."""
+    bases = _bases(gen_length)
+    space = [
+        {**bases["fixed-1"], "decoder": "psd", "depth": 3, "acceptance": "strict", "cache": "none"},
+        {**bases["fixed-2"], "cache": "dual"},
+        {**bases["threshold-0.9"], "cache": "dual"},
+        {**bases["threshold-0.9"], "decoder": "psd", "depth": 3, "cache": "dual"},
+    ]
+    return [{**fields, "block_length": block_length} for fields in space]
+
+
+SPACES = {"default": default_space, "small": small_space}
+
+
+def setting_name(c: DecodeConfig) -> str:
+    """A readable name of a setting, in the benchmark's words (``psd-threshold-0.9-d3``) with the
+    cache and block length after slashes: ``psd-threshold-0.9-d3/dual/b16``."""
+    if c.policy == "fixed" and c.gen_length % c.total_steps == 0:
+        policy = f"fixed-{c.gen_length // c.total_steps}"
+    elif c.policy in ("fixed", "dream"):
+        policy = f"{c.policy}-s{c.total_steps}"
+    elif c.policy == "threshold":
+        policy = f"threshold-{c.threshold:g}"
+    elif c.policy == "threshold_schedule":
+        policy = f"schedule-{c.threshold:g}"
+    else:
+        policy = f"factor-{c.factor:g}"
+    if c.decoder == "psd":
+        strict = "strict-" if c.acceptance == "strict" else ""
+        rate = f"-r{c.draft_rate}" if c.draft_rate is not None else ""
+        name = f"psd-{strict}{policy}-d{c.depth}{rate}"
+    elif c.decoder == "rps":
+        defaults = DecodeConfig()
+        variant = "".join(
+            f"-{label}{getattr(c, field):g}"
+            for field, label in (("k_max", "k"), ("ratio", "ratio"), ("pivot_tau", "tau"), ("lam", "lam"))
+            if getattr(c, field) != getattr(defaults, field)
+        )
+        name = f"rps-{policy}{variant}"
+    else:
+        name = policy
+    if c.temperature > 0:
+        name += f"-t{c.temperature:g}"
+    return f"{name}/{c.cache}/b{c.block_length}"
+
+
+@dataclasses.dataclass
+class Space:
+    candidates: dict[str, DecodeConfig]  # name -> settings, in the space's order
+    dropped: list[tuple[dict[str, Any], str]]  # (fields, why)
+
+
+def build_space(fields_list: list[dict[str, Any]], gen_length: int, mcfg, base: DecodeConfig) -> Space:
+    """Validate every candidate for this model; drop the invalid ones (with the reason), the
+    duplicates and the base itself (it is always evaluated)."""
+    candidates: dict[str, DecodeConfig] = {}
+    seen = {canonical(base): "the base"}
+    dropped: list[tuple[dict[str, Any], str]] = []
+    for fields in fields_list:
+        try:
+            settings = DecodeConfig(**{"gen_length": gen_length, **fields})
+            check_for_model(settings, mcfg)
+        except (DecodeConfigError, TypeError) as exc:
+            dropped.append((fields, str(exc)))
+            continue
+        key = canonical(settings)
+        if key in seen:
+            dropped.append((fields, f"same setting as {seen[key]}"))
+            continue
+        name = setting_name(settings)
+        while name in candidates:
+            name += "+"
+        seen[key] = name
+        candidates[name] = settings
+    return Space(candidates, dropped)

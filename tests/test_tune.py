@@ -1,0 +1,244 @@
+"""``python -m psd_jax.tune``: the selection rule on outcomes whose answer is known, one small run on
+the shipped model (splits, resuming, ``--write``) and its bad-input messages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from models import load_config
+from psd_jax import tune
+from psd_jax.api import DEFAULT_MODEL_DIR, model_settings
+from psd_jax.config import DecodeConfig
+from psd_jax.recommended import RECOMMENDED_FILE, read_recommended
+from psd_jax.tuning import log as tune_log
+from psd_jax.tuning.search import Outcome, split, successive_halving
+from psd_jax.tuning.space import build_space, default_space, small_space
+
+# ---------------------------------------------------------------- the selection rule, synthetic
+
+
+class Table:
+    """Outcomes given per setting as functions of the problem index; counts what is asked."""
+
+    def __init__(self, rules: dict[str, tuple[int, callable]]):
+        self.rules, self.asked = rules, []
+
+    def plan(self, settings, ids):
+        pass
+
+    def results(self, name, settings, ids):
+        self.asked.append((name, len(ids)))
+        nfe, correct = self.rules[name]
+        return {i: Outcome(int(correct(i)), nfe, 10) for i in ids}
+
+
+BASE_RIGHT = lambda i: i % 10 != 0  # noqa: E731  the base misses every tenth problem
+
+
+def search(rules, keep_min=2, rungs=(20, 60, 200), max_loss=0.01):
+    table = Table({"base": (40, BASE_RIGHT), **rules})
+    names = {n: DecodeConfig() for n in rules}
+    result = successive_halving(
+        "base", DecodeConfig(), names, list(rungs), list(range(200)), table, max_loss, 1.64, keep_min
+    )
+    return result, table
+
+
+def test_search_chooses_the_fastest_lossless_candidate():
+    """A fast candidate losing a fifth of the answers is dropped at the first rung on its bound; a
+    faster one losing 2.5% survives the bounds but not the point rule; of the lossless ones the
+    faster is chosen, and the slow ones stop at the first rung (the slower half)."""
+    result, table = search(
+        {
+            "lossy": (5, lambda i: BASE_RIGHT(i) and i % 5 != 1),
+            "slight": (8, lambda i: BASE_RIGHT(i) and i % 40 != 7),
+            "lossless": (12, BASE_RIGHT),
+            "slow": (20, BASE_RIGHT),
+            "better-slower": (30, lambda i: True),
+        }
+    )
+    assert result.choice == "lossless"
+    assert result.rungs[0]["too_lossy"] == ["lossy"]
+    assert result.rungs[0]["slower_half"] == ["slow", "better-slower"]
+    assert result.last["slight"]["status"] == "over max loss" and result.last["slight"]["difference"] == -0.025
+    assert result.last["slight"]["upper"] > -0.01  # not confidently too lossy: only the point rule drops it
+    assert result.last["lossless"]["rung"] == 200
+    assert result.last["slow"]["rung"] == 20 and result.last["lossy"]["rung"] == 20
+    # Only survivors reach the larger rungs: 5 + base at 20, 2 + base at 60 and 200.
+    assert sorted(n for n, k in table.asked if k == 200) == ["base", "lossless", "slight"]
+    assert result.frontier == ["slight", "lossless"]  # lossless: the base's accuracy in fewer calls
+
+
+def test_search_keeps_the_fastest_safe_candidate_beyond_the_half():
+    """With room for one survivor, the lowest-NFE one is uncertain; the fastest candidate whose
+    lower bound clears the loss goes on too, so a lossless choice remains."""
+    result, _ = search({"slight": (8, lambda i: BASE_RIGHT(i) and i % 40 != 7), "lossless": (12, BASE_RIGHT)}, 1)
+    assert result.rungs[0]["slower_half"] == [] and result.choice == "lossless"
+
+
+def test_search_reports_when_no_candidate_is_within_the_loss():
+    result, _ = search({"lossy": (5, lambda i: BASE_RIGHT(i) and i % 5 != 1)})
+    assert result.choice is None and result.last["lossy"]["status"] == "too lossy (bound)"
+
+
+def test_split_is_a_seeded_disjoint_partition():
+    search_ids, confirm_ids = split(50, 15, seed=3)
+    assert len(confirm_ids) == 15 and sorted(search_ids + confirm_ids) == list(range(50))
+    assert split(50, 15, seed=3) == (search_ids, confirm_ids) != split(50, 15, seed=4)
+
+
+def test_space_is_validated_with_reasons():
+    """The default space at the shipped model's lengths: a few dozen valid candidates. At block
+    length 4 the depth-7 settings are dropped, each with the reason."""
+    mcfg = load_config(DEFAULT_MODEL_DIR)
+    base = DecodeConfig(gen_length=48, block_length=16)
+    space = build_space(default_space(48, 16), 48, mcfg, base)
+    assert 30 <= len(space.candidates) <= 60 and not space.dropped
+    assert {"psd-fixed-1-d15/dual/b16", "psd-threshold-0.9-d23/dual/b24", "rps-threshold-0.9-k5/dual/b16"} <= set(
+        space.candidates
+    )
+    small = build_space(default_space(48, 4), 48, mcfg, base)
+    reasons = [why for fields, why in small.dropped if fields.get("depth") == 7]
+    assert reasons and all("exceeds block_length - 1 = 3" in why for why in reasons)
+    assert len(build_space(small_space(48, 16), 48, mcfg, base).candidates) == 4
+
+
+# ---------------------------------------------------------------- one small run on the shipped model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """The shipped model's files linked into a directory of its own, for ``--write`` to write to."""
+    directory = tmp_path_factory.mktemp("model")
+    for file in DEFAULT_MODEL_DIR.iterdir():
+        if file.name != RECOMMENDED_FILE:
+            (directory / file.name).symlink_to(file)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def dev(tmp_path_factory) -> Path:
+    lines = (DEFAULT_MODEL_DIR / "test.jsonl").read_text().splitlines()[:12]
+    path = tmp_path_factory.mktemp("data") / "dev.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def args(model_dir, dev, out, *extra):
+    return ["--model", str(model_dir), "--data", str(dev), "--space", "small", "--confirm", "4", "--rungs", "4,8",
+            "--batch", "4", "--max-loss", "0", "--out", str(out), *extra]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run(model_dir, dev, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tune")
+    assert tune.main(args(model_dir, dev, out, "--write")) == 0
+    return out, json.loads((out / "tune.json").read_text())
+
+
+def test_tune_chooses_within_the_loss_and_strict_psd_is_lossless(run):
+    """Strict PSD over one token per step decodes the base's tokens in fewer calls: its paired
+    difference is exactly zero on every problem, so it is within a zero loss, and the chosen
+    setting is at least as fast."""
+    out, report = run
+    strict = report["candidates"]["psd-strict-fixed-1-d3/none/b16"]
+    assert (strict["difference"], strict["only_base"], strict["only_candidate"]) == (0.0, 0, 0)
+    assert strict["nfe_per_prompt"] < report["base"]["nfe_per_prompt"]
+    chosen = report["candidates"][report["choice"]]
+    within = [c for c in report["candidates"].values() if c["status"] in ("within max loss", "chosen")]
+    assert chosen["difference"] >= 0 and chosen["nfe_per_prompt"] == min(c["nfe_per_prompt"] for c in within)
+    assert report["confirmation"]["n"] == 4 and report["confirmation"]["name"] == report["choice"]
+    assert (out / "frontier.png").stat().st_size > 0
+    assert f"{report['choice']} **(chosen)**" in (out / "tune.md").read_text()
+
+
+def test_confirmation_split_is_never_decoded_in_the_search(run):
+    out, report = run
+    confirm = set(report["meta"]["splits"]["confirmation"])
+    lines = [json.loads(line) for line in (out / "tune.jsonl").read_text().splitlines()]
+    searched = {i for e in lines if e["phase"] == "search" for i in e["problems"]}
+    assert searched == set(report["meta"]["splits"]["search"]) and not searched & confirm
+    assert {i for e in lines if e["phase"] == "confirm" for i in e["problems"]} == confirm
+
+
+def test_a_resumed_run_decodes_nothing_and_reports_the_same(run, model_dir, dev, tmp_path, monkeypatch):
+    out, report = run
+
+    def no_decode(*a, **k):
+        raise AssertionError("decoded again")
+
+    monkeypatch.setattr(tune_log, "decode_batch", no_decode)
+    monkeypatch.setattr("psd_jax.api.load_model", no_decode)
+    again = tmp_path / "again"
+    assert tune.main(args(model_dir, dev, again, "--log", str(out / "tune.jsonl"))) == 0
+    second = json.loads((again / "tune.json").read_text())
+    assert second["meta"]["problems_decoded"] == 0 and second["meta"]["log_entries_read_back"] > 0
+    for key in ("choice", "candidates", "confirmation", "frontier", "rungs", "base"):
+        assert second[key] == report[key]
+
+
+def test_a_resumed_run_decodes_only_what_the_log_lacks(run, model_dir, dev, tmp_path, monkeypatch):
+    """Without the chosen setting's confirmation line, a restart decodes exactly those problems; a
+    half-written last line is skipped and the next entry starts on a line of its own."""
+    out, report = run
+    lines = (out / "tune.jsonl").read_text().splitlines()
+    kept = [
+        line
+        for line in lines
+        if not (json.loads(line)["phase"] == "confirm" and json.loads(line)["name"] != report["base"]["name"])
+    ]
+    log = tmp_path / "partial.jsonl"
+    log.write_text("\n".join(kept) + '\n{"name": "interrupted", "pha')  # and a half-written line
+    decoded, real = [], tune_log.decode_batch
+    monkeypatch.setattr(tune_log, "decode_batch", lambda lm, s, ex, *a: decoded.append(len(ex)) or real(lm, s, ex, *a))
+    assert tune.main(args(model_dir, dev, tmp_path / "out", "--log", str(log))) == 0
+    assert (
+        decoded == [4]
+        and json.loads((tmp_path / "out" / "tune.json").read_text())["confirmation"] == report["confirmation"]
+    )
+    assert json.loads(log.read_text().splitlines()[-1])["phase"] == "confirm"
+
+
+def test_write_stores_the_choice_as_the_recommended_setting(run, model_dir):
+    _, report = run
+    rec = read_recommended(model_dir)
+    chosen = DecodeConfig(**report["candidates"][report["choice"]]["settings"])
+    assert rec.tuned and model_settings(model_dir, rec.settings) == chosen
+    p = rec.provenance
+    assert (p["name"], p["search_size"], p["confirm_size"], p["max_loss_points"]) == (report["choice"], 8, 4, 0.0)
+    assert (
+        p["base"]["name"] == "fixed-1/none/b16"
+        and p["confirmation"]["difference"] == report["confirmation"]["difference"]
+    )
+    assert p["search"]["standard_error"] == report["candidates"][report["choice"]]["standard_error"]
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--data", "/nonexistent.jsonl"], "no problem file /nonexistent.jsonl"),
+        (["--data", "EMPTY"], "holds no problems"),
+        (["--base", "fixed-3"], "unknown base 'fixed-3'"),
+        (["--base", '{"depth": 5}'], "depth=5 would be ignored"),
+        (["--max-loss", "-1"], "--max-loss must be >= 0"),
+        (["--rungs", "4,2"], "--rungs must be positive and strictly increasing"),
+        (["--rungs", "4,20"], "rung 20 is larger than the search split (8 problems)"),
+        (["--confirm", "0"], "the confirmation split is empty"),
+        (["--confirm", "12"], "the search split is empty"),
+    ],
+)
+def test_bad_input_is_one_error_line_before_the_model_loads(extra, message, dev, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("psd_jax.api.load_model", lambda *a, **k: pytest.fail("loaded the model"))
+    (tmp_path / "empty.jsonl").write_text("\n")
+    extra = [str(tmp_path / "empty.jsonl") if e == "EMPTY" else e for e in extra]
+    argv = ["--data", str(dev), "--confirm", "4", "--out", str(tmp_path / "out"), *extra]
+    assert tune.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+    assert not (tmp_path / "out").exists()
