@@ -96,13 +96,18 @@ def test_space_is_validated_with_reasons():
     mcfg = load_config(DEFAULT_MODEL_DIR)
     base = DecodeConfig(gen_length=48, block_length=16)
     space = build_space(default_space(48, 16), 48, mcfg, base)
-    assert 30 <= len(space.candidates) <= 60 and not space.dropped
-    assert {"psd-fixed-1-d15/dual/b16", "psd-threshold-0.9-d23/dual/b24", "rps-threshold-0.9-k5/dual/b16"} <= set(
-        space.candidates
-    )
+    assert len(space.candidates) == 63 and not space.dropped
+    assert {
+        "psd-fixed-1-d15/dual/b16",
+        "psd-threshold-0.9-d23/dual/b24",
+        "rps-threshold-0.9-k5/dual/b16",
+        "psd-fixed-1-d30-next/none/b16",
+    } <= set(space.candidates)
     small = build_space(default_space(48, 4), 48, mcfg, base)
     reasons = [why for fields, why in small.dropped if fields.get("depth") == 7]
-    assert reasons and all("exceeds block_length - 1 = 3" in why for why in reasons)
+    within = [why for fields, why in small.dropped if fields.get("depth") == 7 and not fields.get("draft_next_block")]
+    assert within and all("exceeds block_length - 1 = 3" in why for why in within)
+    assert len(reasons) > len(within) and all("exceeds" in why for why in reasons)
     assert len(build_space(small_space(48, 16), 48, mcfg, base).candidates) == 4
 
 

@@ -54,7 +54,9 @@ def default_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
     """A few dozen candidates (docs/tuning.md tabulates them): every base plain with the dual cache,
     five of them and PSD on threshold-0.9 uncached; PSD (tokens acceptance) at the searched depths on the fixed and the 0.9/0.95
     threshold bases, at depth 3 on the others; strict PSD on fixed-1 (both caches) and threshold-0.9; RPS on the
-    threshold bases with its defaults and two variants; a few settings at a second block length."""
+    threshold bases with its defaults and two variants; deep PSD on fixed-1 uncached, and PSD
+    drafting into the next block (``draft_next_block``) on fixed-1 and the 0.9/0.95 thresholds; a
+    few settings at a second block length."""
     bases = _bases(gen_length)
     space: list[dict[str, Any]] = []
 
@@ -76,6 +78,15 @@ def default_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
             add({**bases[name], "decoder": "psd", "depth": depth, "acceptance": "strict"})
     for depth in (3, 7):  # lossless against the default base (fixed-1, uncached) by construction
         add({**bases["fixed-1"], "decoder": "psd", "depth": depth, "acceptance": "strict"}, cache="none")
+    for depth in (7, block_length - 1):  # deep tokens-acceptance PSD uncached: no block-start refresh call
+        add({**bases["fixed-1"], "decoder": "psd", "depth": min(depth, MAX_BRANCHES - 1)}, cache="none")
+    for name, reach in (
+        ("fixed-1", (7, block_length - 1, block_length + block_length // 2 - 1, 2 * block_length - 2)),
+        ("threshold-0.9", (3, 7)),
+        ("threshold-0.95", (3, 7)),
+    ):
+        for depth in sorted({min(d, MAX_BRANCHES - 1) for d in reach if d >= 1}):  # drafts into the next block
+            add({**bases[name], "decoder": "psd", "depth": depth, "draft_next_block": True}, cache="none")
     for name in ("threshold-0.9", "threshold-0.8", "threshold-0.7"):
         add({**bases[name], "decoder": "rps"})
     add({**bases["threshold-0.9"], "decoder": "rps", "k_max": 5})
@@ -121,7 +132,8 @@ def setting_name(c: DecodeConfig) -> str:
     if c.decoder == "psd":
         strict = "strict-" if c.acceptance == "strict" else ""
         rate = f"-r{c.draft_rate}" if c.draft_rate is not None else ""
-        name = f"psd-{strict}{policy}-d{c.depth}{rate}"
+        beyond = "-next" if c.draft_next_block else ""
+        name = f"psd-{strict}{policy}-d{c.depth}{rate}{beyond}"
     elif c.decoder == "rps":
         defaults = DecodeConfig()
         variant = "".join(

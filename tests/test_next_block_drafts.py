@@ -1,0 +1,165 @@
+"""PSD drafting into the next block (``draft_next_block``, docs/algorithms.md "PSD", "Drafts past the
+block") against its for-loop definition: one row at a time, one full forward per canvas, every
+rule written out in numpy. The compiled loop must give the same tokens and model calls on the
+goldens' LLaDA prompts, for the fixed schedule at one and two tokens per step and for the
+threshold rule; the definition is checked to really draft across a block boundary there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import psd_jax
+from psd_jax import DecodeConfig
+from psd_jax.rules import step_counts
+
+from decode_driver import Driver, unpad
+
+GOLDENS = Path(__file__).resolve().parents[2] / "shared" / "goldens"
+LENGTHS = dict(gen_length=48, block_length=16)
+SETTINGS = {
+    "fixed-1-d15": DecodeConfig(**LENGTHS, decoder="psd", depth=15, draft_next_block=True),
+    "fixed-2-d11": DecodeConfig(**LENGTHS, steps=24, decoder="psd", depth=11, draft_next_block=True),
+    "threshold-d5": DecodeConfig(
+        **LENGTHS, policy="threshold", threshold=0.9, decoder="psd", depth=5, draft_next_block=True
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return psd_jax.load_model(GOLDENS / "llada-tiny")
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    cases = load_file(str(GOLDENS / "cases.safetensors"))
+    rows = [unpad(cases[f"llada-tiny.threshold_0.9_row{r}.prompt"][0]) for r in (0, 1)]
+    key = "llada-tiny.generate_s48"
+    rows += [unpad(p, m) for p, m in zip(cases[f"{key}.prompt"], cases[f"{key}.attention_mask"])][1:]
+    return rows
+
+
+def ranked(conf: np.ndarray, positions: np.ndarray) -> list[int]:
+    """Positions by confidence, highest first, ties to the lower position."""
+    return sorted(np.flatnonzero(positions).tolist(), key=lambda i: (-conf[i], i))
+
+
+def policy_commit(conf: np.ndarray, masked: np.ndarray, step: int, dcfg: DecodeConfig, counts) -> np.ndarray:
+    order = ranked(conf, masked)
+    if dcfg.policy == "fixed":
+        k = len(order) if step >= len(counts) - 1 else int(counts[step])
+    else:  # threshold: every position at or above tau, and always the most confident
+        k = max(1, sum(conf[i] >= np.float32(dcfg.threshold) for i in order)) if order else 0
+    chosen = np.zeros_like(masked)
+    chosen[order[:k]] = True
+    return chosen
+
+
+def decode_by_definition(driver: Driver, prompts: list[list[int]], row: int, dcfg: DecodeConfig):
+    """Row ``row``'s decode as algorithms.md defines it: (generated tokens, model calls, the most
+    positions of a next block one accepted iteration committed)."""
+    lm, p = driver.lm, driver.prompt_length
+    mask_id, stops, eos = lm.config.mask_id, set(lm.config.stop_ids), lm.config.eos_id
+    ids, attention = driver.inputs(prompts)
+    canvases = np.concatenate([np.asarray(ids), np.full((driver.batch, dcfg.gen_length), mask_id, np.int32)], 1)
+
+    def forward(canvas):
+        batch = canvases.copy()
+        batch[row] = canvas
+        pred = driver.call(jnp.asarray(batch[:, None]), attention)
+        return np.asarray(pred.token[row, 0]), np.asarray(pred.conf[row, 0])
+
+    b, spb, n_blocks = dcfg.block_length, dcfg.steps_per_block, dcfg.num_blocks
+    counts = step_counts(dcfg)
+    x = canvases[row].copy()
+    token, conf = forward(x)
+    calls, block, step, crossed = 1, 0, 0, 0
+    positions = np.arange(x.shape[0])
+    while True:
+        here = (positions >= p + block * b) & (positions < p + (block + 1) * b)
+        masked = here & (x == mask_id)
+        chosen = policy_commit(conf, masked, step, dcfg, counts)
+        s = [np.where(chosen, token, x)]
+        complete = not (here & (s[0] == mask_id)).any()
+        if complete and (any(int(t) in stops for t in s[0][here]) or block == n_blocks - 1):
+            x = s[0]  # finished with the policy's commit: no forward
+        else:
+            order = ranked(conf, masked & ~chosen)
+            if block + 1 < n_blocks:
+                after = (positions >= p + (block + 1) * b) & (positions < p + (block + 2) * b) & (x == mask_id)
+                order += ranked(conf, after)[:-1]  # never the next block's last position
+            levels, used = [], 0
+            for j in range(1, dcfg.depth + 1):
+                if dcfg.policy == "fixed":
+                    size = int(counts[(step + j) % spb]) if step + j < 2 * spb else 0
+                else:
+                    size = max(1, int(chosen.sum()))
+                levels.append(order[used : used + size])
+                used += size
+            for level in levels:
+                if not level:
+                    break
+                s.append(s[-1].copy())
+                s[-1][level] = token[level]
+            accepted = 0
+            for j, level in enumerate(levels[: len(s) - 1], start=1):
+                verifier, _ = forward(s[j - 1])
+                if not (verifier[level] == token[level]).all():
+                    break
+                accepted = j
+            x = s[accepted]
+            token, conf = forward(x)  # the chosen candidate's forward: this iteration's one call
+            calls += 1
+            step += 1 + accepted
+            crossed = max(crossed, int(((x != mask_id) & (canvases[row] == mask_id) & ~here).sum()) - b * block)
+            complete = not (here & (x == mask_id)).any()
+        if complete:
+            if any(int(t) in stops for t in x[here]) and dcfg.eos_early_stop:
+                x[p + (block + 1) * b :] = eos
+                break
+            if block == n_blocks - 1:
+                break
+            block += 1
+            step = max(step - spb, 0) if dcfg.policy == "fixed" else 0
+    return x[p:].tolist(), calls, crossed
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_compiled_loop_equals_the_for_loop_definition(lm, prompts, name):
+    dcfg = SETTINGS[name]
+    driver = Driver(lm, dcfg, batch=len(prompts), prompt_length=max(map(len, prompts)))
+    compiled = lm.generate(prompts, dcfg, prompt_bucket=None)
+    crossed = 0
+    for row, g in enumerate(compiled):
+        tokens, calls, row_crossed = decode_by_definition(driver, prompts, row, dcfg)
+        assert g.output_ids == tokens[: len(g.output_ids)] and g.nfe == calls, (name, row)
+        crossed = max(crossed, row_crossed)
+    assert crossed > 0, f"{name}: no iteration drafted into the next block; the test would be vacuous"
+
+
+def test_drafting_on_saves_calls_over_drafts_in_the_block(lm, prompts):
+    """The same depth without the next block's positions ends its reach at the block: more calls."""
+    dcfg = SETTINGS["fixed-1-d15"]
+    across = lm.generate(prompts, dcfg, prompt_bucket=None)
+    within = lm.generate(prompts, dcfg.replace(draft_next_block=False), prompt_bucket=None)
+    assert sum(g.nfe for g in across) < sum(g.nfe for g in within)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(acceptance="strict"), "needs acceptance 'tokens'"),
+        (dict(cache="dual"), "needs cache 'none'"),
+        (dict(policy="dream", steps=48), "policy 'fixed', 'threshold' or 'factor'"),
+        (dict(depth=31), r"depth 31 \(PSD\) exceeds 2 \* block_length - 2 = 30"),
+    ],
+)
+def test_settings_it_cannot_run_are_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        DecodeConfig(**LENGTHS, decoder="psd", draft_next_block=True, **fields)
