@@ -221,6 +221,28 @@ def test_write_stores_the_choice_as_the_recommended_setting(run, model_dir):
     assert p["search"]["standard_error"] == report["candidates"][report["choice"]]["standard_error"]
 
 
+def test_written_setting_round_trips_through_bench_and_generate(run, model_dir, dev, tmp_path, capsys):
+    """``bench --decoders recommended`` and ``generate --settings recommended`` on the directory
+    ``--write`` wrote to decode the chosen setting: the same answers and model calls, problem by
+    problem, as the tuner logged for it."""
+    from psd_jax import bench, generate
+
+    out, report = run
+    logged = {}
+    for entry in map(json.loads, (out / "tune.jsonl").read_text().splitlines()):
+        if entry["name"] == report["choice"]:
+            logged.update({i: (c, n) for i, c, n in zip(entry["problems"], entry["correct"], entry["nfe"])})
+    argv = ["--model", str(model_dir), "--data", str(dev), "--limit", "4", "--batch", "4", "--decoders", "recommended"]
+    assert bench.main([*argv, "--out", str(tmp_path / "bench")]) == 0
+    row = json.loads((tmp_path / "bench" / "bench.json").read_text())["results"][0]
+    assert [int(c) for c in row["correct_by_problem"]] == [logged[i][0] for i in range(4)]
+    assert row["nfe_per_prompt"] == sum(logged[i][1] for i in range(4)) / 4
+    question = json.loads(dev.read_text().splitlines()[0])["question"]
+    capsys.readouterr()
+    assert generate.main(["--model", str(model_dir), "--settings", "recommended", "--prompt", question, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["nfe"] == logged[0][1]
+
+
 # ---------------------------------------------------------------- bad input
 
 
