@@ -68,9 +68,12 @@ def read_recommended(model_dir: str | Path | None) -> Recommendation:
 
 def write_recommended(model_dir: str | Path, settings: DecodeConfig, provenance: dict[str, Any]) -> Path:
     """Store ``settings`` (the fields that differ from ``DecodeConfig``'s defaults, block length
-    included) as the directory's recommended setting; returns the file written."""
+    included; steps only when they are not one per generated token, which holds at any length) as
+    the directory's recommended setting; returns the file written."""
     fields = settings.changed()
     fields.pop("gen_length", None)  # the generation length is the caller's: only the decoder is recommended
+    if settings.policy != "threshold_schedule" and settings.steps == settings.gen_length:
+        fields.pop("steps")  # one token per step, at any generation length
     fields["block_length"] = settings.block_length
     file = Path(model_dir) / RECOMMENDED_FILE
     file.write_text(json.dumps({"settings": fields, "provenance": provenance}, indent=2) + "\n")

@@ -260,6 +260,7 @@ def write_choice(plan: Plan, args, result, confirmation: dict) -> None:
         "search_size": len(plan.search_ids),
         "confirm_size": len(plan.confirm_ids),
         "split_seed": args.split_seed,
+        "gen_length": plan.base.gen_length,  # the length the setting was tuned at
         "last_rung": plan.rungs[-1],
         "base": {"name": plan.base_name, "settings": plan.base.changed()},
         "max_loss_points": args.max_loss,
