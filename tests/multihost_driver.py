@@ -27,12 +27,11 @@ from word_model import PROMPTS, TASK, converted, text
 # (mesh, setting of sharded_decode): every decoder, uncached and with the dual cache, rows over
 # `data` (one process each) with heads over `model`, and `model` across the two processes.
 GENERATE = {
-    "threshold": "data=2,model=4",
     "rps": "data=2,model=4",
     "psd+dual": "data=2,model=4",
     "fixed": "data=1,model=8",
 }
-CONVERTED = "threshold"  # also decoded from the converted checkpoint
+CONVERTED = "fixed"  # also decoded from the converted checkpoint (heads across the two processes)
 PROMPT_BUCKET = "16"
 SERVE_MESH = "data=2,model=4"
 SERVE = ["--policy", "threshold", "--threshold", "0.7", "--batch-sizes", "2", "--warmup-lengths", "none"]

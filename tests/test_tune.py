@@ -50,7 +50,7 @@ def search(rules, keep_min=2, rungs=(20, 60, 200), max_loss=0.01):
 def test_search_chooses_the_fastest_lossless_candidate():
     """A fast candidate losing a fifth of the answers is dropped at the first rung on its bound; a
     faster one losing 2.5% survives the bounds but not the point rule; of the lossless ones the
-    faster is chosen, and the slow ones stop at the first rung (the slower half)."""
+    faster is chosen, and the slow ones stop at the first rung (slower than a safe one)."""
     result, table = search(
         {
             "lossy": (5, lambda i: BASE_RIGHT(i) and i % 5 != 1),
@@ -62,7 +62,8 @@ def test_search_chooses_the_fastest_lossless_candidate():
     )
     assert result.choice == "lossless"
     assert result.rungs[0]["too_lossy"] == ["lossy"]
-    assert result.rungs[0]["slower_half"] == ["slow", "better-slower"]
+    assert result.rungs[0]["safe"] == "lossless"
+    assert result.rungs[0]["slower_than_safe"] == ["slow", "better-slower"] and result.rungs[0]["halved"] == []
     assert result.last["slight"]["status"] == "over max loss" and result.last["slight"]["difference"] == -0.025
     assert result.last["slight"]["upper"] > -0.01  # not confidently too lossy: only the point rule drops it
     assert result.last["lossless"]["rung"] == 200
@@ -73,10 +74,38 @@ def test_search_chooses_the_fastest_lossless_candidate():
 
 
 def test_search_keeps_the_fastest_safe_candidate_beyond_the_half():
-    """With room for one survivor, the lowest-NFE one is uncertain; the fastest candidate whose
-    lower bound clears the loss goes on too, so a lossless choice remains."""
-    result, _ = search({"slight": (8, lambda i: BASE_RIGHT(i) and i % 40 != 7), "lossless": (12, BASE_RIGHT)}, 1)
-    assert result.rungs[0]["slower_half"] == [] and result.choice == "lossless"
+    """With room for one survivor, the lowest-NFE one is promising but not yet safe; the fastest
+    candidate whose lower bound clears the loss goes on too, so a lossless choice remains should
+    the promising one fail later."""
+    unsure = lambda i: (BASE_RIGHT(i) or i == 0) and i not in (33, 47, 71, 95, 120, 150, 170)  # noqa: E731
+    result, _ = search({"unsure": (8, unsure), "lossless": (12, BASE_RIGHT)}, 1)
+    assert result.rungs[0]["halved"] == [] and result.rungs[1]["evaluated"] == ["unsure", "lossless"]
+    assert result.last["unsure"]["rung"] == 60 and result.last["unsure"]["difference"] < -0.01  # then lossy
+    assert result.choice == "lossless"
+
+
+def test_halving_keeps_promising_candidates_before_faster_lossy_ones():
+    """Three fast candidates that will prove too lossy, one a little slower that is within the
+    loss on every problem but not yet safe by its bound, and a slow safe one: halving keeps the
+    promising one (point estimate within the loss) ahead of the faster lossy ones, so it is the
+    choice, not the safe fallback; the safe one's slower peers stop at once."""
+    lossy = lambda k: lambda i: BASE_RIGHT(i) and i % 11 != k  # noqa: E731
+    result, _ = search(
+        {
+            "fast-a": (3, lossy(1)),
+            "fast-b": (4, lossy(2)),
+            "fast-c": (5, lossy(3)),
+            "promising": (6, lambda i: BASE_RIGHT(i) or i in (0, 10)),  # wins twice, never loses
+            "safe": (9, BASE_RIGHT),
+            "slower": (10, BASE_RIGHT),
+        },
+        keep_min=1,
+        rungs=(20, 100, 200),
+    )
+    first = result.rungs[0]
+    assert first["safe"] == "safe" and first["slower_than_safe"] == ["slower"]
+    assert first["halved"] == ["fast-b", "fast-c"] and "promising" in result.rungs[1]["evaluated"]
+    assert result.choice == "promising"
 
 
 def test_search_reports_when_no_candidate_is_within_the_loss():

@@ -87,6 +87,12 @@ def _order(stats: dict) -> tuple:
     return (stats["nfe_per_prompt"], -stats["difference"])
 
 
+def _promise(stats: dict, max_loss: float) -> tuple:
+    """Halving's order: candidates whose point estimate is within the loss first (each could be the
+    choice on the evidence so far), then the others; each group fewest model calls first."""
+    return (stats["difference"] < -max_loss, *_order(stats))
+
+
 @dataclasses.dataclass
 class SearchResult:
     rungs: list[dict]  # per rung: size, who was evaluated, who was dropped and why
@@ -108,11 +114,13 @@ def successive_halving(
     keep_min: int = KEEP_MIN,
 ) -> SearchResult:
     """At each rung (a prefix of ``search_ids``) the base and every surviving candidate are
-    evaluated on the rung's problems; a candidate whose upper bound is below ``-max_loss``
-    (a fraction) is dropped as confidently too lossy; of the rest the lowest-NFE half (at least
-    ``keep_min``) goes on, together with the fastest candidate whose lower bound clears
-    ``-max_loss`` (a safe fallback). On the last rung the lowest-NFE candidate whose point
-    estimate is within ``max_loss`` is chosen."""
+    evaluated on the rung's problems. A candidate whose upper bound is below ``-max_loss`` (a
+    fraction) is dropped as confidently too lossy. The fastest candidate whose lower bound clears
+    ``-max_loss`` is safe: every candidate with as many or more calls than it is dropped (it
+    cannot be the choice while the safe one stays within the loss), and the safe one goes on. Of
+    the rest, those whose point estimate is within the loss first, each group fewest calls
+    first, the leading half (at least ``keep_min``) goes on. On the last rung the lowest-NFE
+    candidate whose point estimate is within ``max_loss`` is chosen."""
     survivors = list(candidates)
     last: dict[str, dict] = {}
     history: list[dict] = []
@@ -126,26 +134,35 @@ def successive_halving(
         stats = {n: compare(base_out, evaluator.results(n, candidates[n], ids), ids, z) for n in survivors}
         lossy = [n for n in survivors if stats[n]["upper"] < -max_loss]
         rest = sorted((n for n in survivors if n not in lossy), key=lambda n: _order(stats[n]))
+        safe = next((n for n in rest if stats[n]["lower"] >= -max_loss), None)
+        beaten = []
+        if safe is not None and not final:
+            calls = stats[safe]["nfe_per_prompt"]
+            beaten = [n for n in rest if n != safe and stats[n]["nfe_per_prompt"] >= calls]
+        rest = sorted((n for n in rest if n not in beaten), key=lambda n: _promise(stats[n], max_loss))
         kept = rest
         if not final:
             kept = rest[: max(keep_min, math.ceil(len(rest) / 2))]
-            safe = next((n for n in rest if stats[n]["lower"] >= -max_loss), None)
             if safe is not None and safe not in kept:
                 kept.append(safe)
         for n in survivors:
             if n in lossy:
                 status = "too lossy (bound)"
+            elif n in beaten:
+                status = "slower than a safe one"
             elif final:
                 status = "within max loss" if stats[n]["difference"] >= -max_loss else "over max loss"
             else:
-                status = "kept" if n in kept else "slower half"
+                status = "kept" if n in kept else "halved"
             last[n] = {"rung": size, "status": status, **stats[n]}
         history.append(
             {
                 "rung": size,
                 "evaluated": list(survivors),
                 "too_lossy": lossy,
-                "slower_half": [n for n in rest if n not in kept],
+                "safe": safe,
+                "slower_than_safe": beaten,
+                "halved": [n for n in rest if n not in kept],
             }
         )
         survivors = kept
