@@ -159,7 +159,8 @@ def model_with_recommendation(root: Path, source: Path, recommended: dict | str 
 
     root.mkdir(parents=True, exist_ok=True)
     for item in source.iterdir():
-        (root / item.name).symlink_to(item)
+        if item.name != "recommended.json":  # written below, never through a link into the source
+            (root / item.name).symlink_to(item)
     if isinstance(recommended, dict):
         body = {"settings": recommended, "provenance": {"data": "test.jsonl[:8]"}}
         (root / "recommended.json").write_text(json.dumps(body))
