@@ -106,6 +106,8 @@ def describe(settings: DecodeConfig) -> str:
         parts.append(f"{settings.policy} {settings.threshold}" if settings.policy == "threshold" else settings.policy)
     if settings.decoder == "psd":
         parts.append(f"depth {settings.depth}")
+        if settings.draft_next_block:
+            parts.append("drafting into the next block")
     if settings.cache != "none":
         parts.append(f"{settings.cache} cache")
     return ", ".join(parts)

@@ -15,7 +15,7 @@ from psd_jax.config import FIELD_HELP, RECOMMENDED, USED_ONLY_WITH, settings_fro
 from psd_jax.flags import decode_fields, flag_name
 from psd_jax.generate import build_parser
 from psd_jax.generate import main as generate_main
-from psd_jax.recommended import NAME, named_settings
+from psd_jax.recommended import NAME, named_settings, read_recommended
 
 from conftest import GOLDENS, TUNED, model_with_recommendation
 
@@ -243,11 +243,12 @@ class _Stop(Exception):
 
 
 def test_demo_applies_flags_on_top_of_the_recommended_setting(monkeypatch):
+    shipped = read_recommended(default_model_path()).settings  # the shipped model's tuned setting
     ((settings, _),) = _demo_calls(monkeypatch, ["--depth", "5"])
-    assert settings == model_settings(default_model_path(), {**RECOMMENDED, "depth": 5})
-    ((settings, _),) = _demo_calls(monkeypatch, ["--decoder", "rps"])  # PSD's depth dropped, the rest kept
-    expected = {k: v for k, v in RECOMMENDED.items() if k != "depth"}
-    assert settings == model_settings(default_model_path(), {**expected, "decoder": "rps"})
+    assert settings == DecodeConfig(gen_length=48, **{**shipped, "depth": 5})
+    ((settings, _),) = _demo_calls(monkeypatch, ["--decoder", "rps"])  # PSD's settings dropped, the rest kept
+    expected = {k: v for k, v in shipped.items() if k not in ("depth", "draft_next_block")}
+    assert settings == DecodeConfig(gen_length=48, **{**expected, "decoder": "rps"})
 
 
 def test_demo_honours_prompt_bucket(monkeypatch):
@@ -387,7 +388,7 @@ def test_api_bad_input_fails_early(lms):
 
 
 # ------------------------------------------------------------- the recommended setting by name
-def test_recommended_block_length_wins_over_decode_defaults_and_loses_to_flags(tuned_model_dir):
+def test_recommended_block_length_wins_over_decode_defaults_and_loses_to_flags(tuned_model_dir, tmp_path):
     """fields > recommended > decode_defaults.json > DecodeConfig's defaults."""
     tuned = named_settings(NAME, tuned_model_dir)
     assert tuned == TUNED and named_settings(None, tuned_model_dir) is None
@@ -396,9 +397,10 @@ def test_recommended_block_length_wins_over_decode_defaults_and_loses_to_flags(t
     assert model_settings(tuned_model_dir, {"block_length": 16}, tuned).block_length == 16
     assert model_settings(tuned_model_dir, {"threshold": 0.8}, tuned).threshold == 0.8
     # Without recommended.json: the library's recommendation, on the directory's lengths.
-    library = named_settings(NAME, default_model_path())
+    untuned = model_with_recommendation(tmp_path / "untuned", default_model_path())
+    library = named_settings(NAME, untuned)
     assert library == RECOMMENDED
-    assert model_settings(default_model_path(), {}, library) == DecodeConfig(gen_length=48, block_length=16, **library)
+    assert model_settings(untuned, {}, library) == DecodeConfig(gen_length=48, block_length=16, **library)
 
 
 def test_generate_settings_recommended_decodes_the_tuned_setting(capsys, tmp_path):
@@ -415,16 +417,17 @@ def test_generate_settings_recommended_decodes_the_tuned_setting(capsys, tmp_pat
     assert (got["output_ids"], got["nfe"], got["tokens"]) == (want.output_ids, want.nfe, want.tokens)
 
 
-def test_settings_recommended_without_the_file_is_the_library_default_with_flags_on_top(monkeypatch):
-    ((settings, _),) = _demo_calls(monkeypatch, ["--settings", NAME, "--prompt", "hi"])
-    assert settings == model_settings(default_model_path(), {}, RECOMMENDED)
-    ((settings, _),) = _demo_calls(monkeypatch, ["--settings", NAME, "--prompt", "hi", "--depth", "2"])
+def test_settings_recommended_without_the_file_is_the_library_default_with_flags_on_top(monkeypatch, tmp_path):
+    untuned = ["--model", str(model_with_recommendation(tmp_path / "untuned", default_model_path()))]
+    ((settings, _),) = _demo_calls(monkeypatch, [*untuned, "--settings", NAME, "--prompt", "hi"])
+    assert settings == DecodeConfig(gen_length=48, block_length=16, **RECOMMENDED)
+    ((settings, _),) = _demo_calls(monkeypatch, [*untuned, "--settings", NAME, "--prompt", "hi", "--depth", "2"])
     assert settings == DecodeConfig(gen_length=48, block_length=16, **{**RECOMMENDED, "depth": 2})
-    ((settings, _),) = _demo_calls(monkeypatch, ["--prompt", "hi"])  # no name: the plain defaults
-    assert settings == model_settings(default_model_path(), {})
+    ((settings, _),) = _demo_calls(monkeypatch, [*untuned, "--prompt", "hi"])  # no name: the plain defaults
+    assert settings == DecodeConfig(gen_length=48, block_length=16)
 
 
-def test_demo_runs_and_names_the_directorys_tuned_setting(monkeypatch, capsys, tuned_model_dir, tuned_lm):
+def test_demo_runs_and_names_the_directorys_tuned_setting(monkeypatch, capsys, tuned_model_dir, tuned_lm, tmp_path):
     """The demo on a directory with recommended.json decodes that setting (flags on top) and says so."""
     from psd_jax import generate as generate_module
     from psd_jax.generate import DEMO_PROBLEMS
@@ -444,7 +447,8 @@ def test_demo_runs_and_names_the_directorys_tuned_setting(monkeypatch, capsys, t
     assert generate_main(["--model", str(tuned_model_dir), "--threshold", "0.8"]) == 0
     assert shown[-1][0] == tuned.replace(threshold=0.8)
     assert shown[-1][1].endswith("recommended.json, with the decoding flags given on top")
-    assert generate_main([]) == 0
+    untuned = model_with_recommendation(tmp_path / "untuned", default_model_path())
+    assert generate_main(["--model", str(untuned)]) == 0
     assert shown[-1][1].startswith("the library default (psd_jax.config.RECOMMENDED; no recommended.json")
 
 

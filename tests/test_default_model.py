@@ -15,9 +15,9 @@ from convert.keys import expected_keys
 from models import load_config
 from psd_jax import DecodeConfig, load_model
 from psd_jax.api import decode_defaults
-from psd_jax.config import RECOMMENDED
-from psd_jax.generate import DEMO_PROBLEMS, EXPLAIN_STATS
+from psd_jax.generate import DEMO_PROBLEMS, EXPLAIN_STATS, describe
 from psd_jax.generate import main as generate_main
+from psd_jax.recommended import read_recommended
 from psd_jax.scoring import extract_answer, gold_answer, load_jsonl
 
 DEFAULT = Path(__file__).resolve().parents[1] / "models" / "default"
@@ -50,7 +50,9 @@ def test_cli_without_arguments_compares_the_recommended_decoder_with_one_token_p
     questions = [ex["question"] for ex in examples]
     lm = load_model(DEFAULT)
     assert decode_defaults(DEFAULT) == {"gen_length": 48, "block_length": 16}
-    recommended = DecodeConfig(gen_length=48, block_length=16, **RECOMMENDED)
+    shipped = read_recommended(DEFAULT)
+    assert shipped.tuned and shipped.settings["decoder"] == "psd"  # the tuned setting, not the library's
+    recommended = DecodeConfig(gen_length=48, **shipped.settings)
     baseline = DecodeConfig(gen_length=48, block_length=16)
     runs = [lm.generate(questions, s, chat=True) for s in (recommended, baseline)]
     right = [[extract_answer(r.text) == gold_answer(ex) for r, ex in zip(rs, examples)] for rs in runs]
@@ -62,7 +64,7 @@ def test_cli_without_arguments_compares_the_recommended_decoder_with_one_token_p
         and [o.strip() for o in out[2 : 1 + len(answer_lines)]] == answer_lines[1:]
     )
     assert out[1 + len(answer_lines)] == f"Reference: {gold_answer(examples[shown])}  ->  right"
-    rows = [line for line in out if line.startswith(("psd, threshold 0.9, depth 3, dual cache", "one token per step"))]
+    rows = [line for line in out if line.startswith((describe(recommended), "one token per step"))]
     assert len(rows) == 2
     for row, results, ok in zip(rows, runs, right):
         cells = row.split()
