@@ -589,6 +589,7 @@ def test_max_gen_toks_caps_gen_length_and_keeps_the_steps_per_block(settings, st
 
 def test_settings_recommended_is_a_model_argument_over_the_decode_defaults(tuned_model_dir, tmp_path, capsys):
     from psd_jax.config import RECOMMENDED
+    from psd_jax.recommended import read_recommended
 
     from conftest import TUNED, model_with_recommendation
 
@@ -596,9 +597,12 @@ def test_settings_recommended_is_a_model_argument_over_the_decode_defaults(tuned
     assert tuned.settings == DecodeConfig(gen_length=48, **TUNED) and tuned.decode_fields == {}
     flagged = parse_eval_args({"pretrained": str(tuned_model_dir), "settings": "recommended", "block_length": 16})
     assert flagged.settings == DecodeConfig(gen_length=48, **{**TUNED, "block_length": 16})
-    assert parse_eval_args({"settings": "recommended"}).settings == DecodeConfig(
+    untuned = model_with_recommendation(tmp_path / "untuned", DEFAULT_MODEL_DIR)
+    assert parse_eval_args({"pretrained": str(untuned), "settings": "recommended"}).settings == DecodeConfig(
         gen_length=48, block_length=16, **RECOMMENDED
     )
+    shipped = read_recommended(DEFAULT_MODEL_DIR).settings  # the shipped model's tuned setting
+    assert parse_eval_args({"settings": "recommended"}).settings == DecodeConfig(gen_length=48, **shipped)
     assert cli.protocol_cli.with_settings(["run", "--tasks", "x", "--settings", "recommended"]) == [
         "run",
         "--model_args",

@@ -202,6 +202,14 @@ def test_block_causal_model_is_refused_by_name(torch_lms):
         lm.generate([[1, 2, 3]], DecodeConfig(gen_length=16, block_length=8, policy="threshold_schedule"))
 
 
+def test_drafts_into_the_next_block_are_refused_by_name(torch_lms):
+    from psd_jax.errors import InputError
+
+    settings = DecodeConfig(gen_length=32, block_length=16, decoder="psd", depth=7, draft_next_block=True)
+    with pytest.raises(InputError, match=r"does not implement PSD's drafts into the next block \(draft_next_block\)"):
+        torch_lms["llada-tiny"].generate([[1, 2, 3]], settings)
+
+
 def test_eos_early_exit_equals_jax(torch_lms, lms, cases):
     """EOS early exit: token 460 (generated in the 2nd block of both rows) is made the EOS id, so
     rows stop after that block, the rest of each row is EOS and no more calls are made for it."""

@@ -61,12 +61,18 @@ from ..sampling import filters_set, sampler_for
 
 def check_supported(mcfg: ModelConfig, dcfg: DecodeConfig | None = None) -> None:
     """Refuse, by name, what this backend does not implement: block-causal families (LLaDA2.0's
-    block diffusion, ``mcfg.block_causal``) and the top-p/top-k filters (``dcfg``). Every policy,
+    block diffusion, ``mcfg.block_causal``), PSD's drafts into the next block and the top-p/top-k
+    filters (``dcfg``). Every policy,
     confidence, decoder and cache is implemented (through ``psd_jax.rules``)."""
     if mcfg.block_causal:
         raise InputError(
             f"the PyTorch backend does not implement block-causal decoding ({mcfg.family!r}, LLaDA2.0's "
             "block diffusion); decode this model with the JAX engine (psd_jax.load_model)"
+        )
+    if dcfg is not None and dcfg.draft_next_block:
+        raise InputError(
+            "the PyTorch backend does not implement PSD's drafts into the next block (draft_next_block); "
+            "decode with the JAX engine (psd_jax.load_model)"
         )
     if dcfg is not None and filters_set(dcfg):
         raise InputError(
