@@ -101,11 +101,11 @@ def word_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def sharded_run(word_model, tmp_path_factory) -> dict:
-    """tests/sharded_decode.py's record: decodes on meshes of 8 simulated devices in one process
-    (llada-tiny, llada2-tiny's expert meshes) and the command-line front ends there as one process
-    (the multi-process tests' reference). One subprocess, shared by the tests that read it."""
-    import json
+def sharded_process(word_model, tmp_path_factory):
+    """tests/sharded_decode.py started in the background (``sharded_run`` waits for it): decodes on
+    meshes of 8 simulated devices in one process (llada-tiny, llada2-tiny's expert meshes) and the
+    command-line front ends there as one process (the multi-process tests' reference). Started
+    early by the multi-process tests so that it runs while their two processes wait on each other."""
     import subprocess
     import sys
 
@@ -118,11 +118,23 @@ def sharded_run(word_model, tmp_path_factory) -> dict:
     script = Path(__file__).with_name("sharded_decode.py")
     out = tmp_path_factory.mktemp("one-process")
     models = [GOLDENS / "llada-tiny", GOLDENS / "llada2-tiny", word_model, out]
-    proc = subprocess.run(
-        [sys.executable, str(script), *map(str, models)], env=env, capture_output=True, text=True, timeout=900
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "out": str(out)}
+    logs = out / "stdout.txt", out / "stderr.txt"
+    with logs[0].open("w") as stdout, logs[1].open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, str(script), *map(str, models)], env=env, stdout=stdout, stderr=stderr)
+    yield proc, out, logs
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def sharded_run(sharded_process) -> dict:
+    """``sharded_process``'s record, once it has finished. One subprocess, shared by the tests that read it."""
+    import json
+
+    proc, out, (stdout, stderr) = sharded_process
+    assert proc.wait(timeout=900) == 0, stderr.read_text()[-3000:]
+    return {**json.loads(stdout.read_text().strip().splitlines()[-1]), "out": str(out)}
 
 
 @pytest.fixture(scope="session")
@@ -184,3 +196,16 @@ def tuned_lm(tuned_model_dir):
     from psd_jax import load_model
 
     return load_model(tuned_model_dir)
+
+
+# Modules that share a session fixture too costly to build twice run in one worker under
+# pytest-xdist (sharded_run: one subprocess of eight simulated devices).
+SHARED_WORKER = {"test_multihost": "sharded", "test_sharding": "sharded"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under ``-n N --dist loadgroup`` every test module runs whole in one worker (its module
+    fixtures, compiled once, serve all its tests), and the modules of ``SHARED_WORKER`` together."""
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2]
+        item.add_marker(pytest.mark.xdist_group(SHARED_WORKER.get(module, module)))

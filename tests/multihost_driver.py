@@ -32,6 +32,7 @@ GENERATE = {
     "fixed": "data=1,model=8",
 }
 CONVERTED = "fixed"  # also decoded from the converted checkpoint (heads across the two processes)
+TEXT_REFERENCE = "rps"  # the one setting the one-process reference also runs through generate (its text)
 PROMPT_BUCKET = "16"
 SERVE_MESH = "data=2,model=4"
 SERVE = ["--policy", "threshold", "--threshold", "0.7", "--batch-sizes", "2", "--warmup-lengths", "none"]
@@ -58,12 +59,16 @@ def captured(main, argv: list[str]) -> dict:
     return {"code": code, "stdout": out.getvalue()}
 
 
-def run_front_ends(model: Path, out: Path, cluster: list[str]) -> dict:
+def run_front_ends(model: Path, out: Path, cluster: list[str], settings_run: list[str] | None = None) -> dict:
+    """Every front end's run: ``generate`` for each of ``settings_run`` (default all of ``GENERATE``,
+    and ``CONVERTED`` again from the Orbax checkpoint), then ``bench`` and ``evaluate``."""
     from psd_jax import bench, evaluate, generate
 
     settings = {**DECODERS, **CACHED}
     runs = {}
     for name, mesh in GENERATE.items():
+        if settings_run is not None and name not in settings_run:
+            continue
         argv = ["--model", str(model), "--mesh", mesh, "--prompt-bucket", PROMPT_BUCKET, "--json"]
         argv += ["--prompt", text(PROMPTS[0]), "--prompt-ids", ",".join(map(str, PROMPTS[1]))]
         runs[f"generate {name}"] = captured(generate.main, argv + flags(settings[name]) + cluster)

@@ -28,7 +28,7 @@ import pytest
 from psd_jax import multihost
 
 from conftest import OFFLINE
-from multihost_driver import CONVERTED, GENERATE, SERVE_PROMPTS, SERVED_NAME
+from multihost_driver import CONVERTED, GENERATE, SERVE_PROMPTS, SERVED_NAME, TEXT_REFERENCE
 
 DRIVER = Path(__file__).with_name("multihost_driver.py")
 HEARTBEAT_S = 10  # the serving processes wait half of it for each other's confirmation
@@ -54,7 +54,7 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(word_model, tmp_path_factory):
+def cluster(word_model, sharded_process, tmp_path_factory):
     out = tmp_path_factory.mktemp("two-processes")
     port, coordinator = free_port(), f"127.0.0.1:{free_port()}"
     env = dict(
@@ -99,28 +99,29 @@ def generated(stdout: str) -> list[list]:
 
 @pytest.mark.parametrize("setting", list(GENERATE))
 def test_generate_equals_one_process(cluster, sharded_run, setting):
-    """Text and token ids in one batch: process 0 prints exactly the one process's JSON lines (ids,
-    text, model calls), which are the tokens of sharded_decode's direct decode on that mesh."""
-    run, reference = cluster.run(0)[f"generate {setting}"], sharded_run["front_ends"]["runs"][f"generate {setting}"]
-    assert run["code"] == reference["code"] == 0
-    got, want = generated(run["stdout"]), generated(reference["stdout"])
-    assert got == want
-    assert want == sharded_run["meshes"][GENERATE[setting]][setting]
-    assert [json.loads(line)["text"] for line in run["stdout"].splitlines()] == [
-        json.loads(line)["text"] for line in reference["stdout"].splitlines()
-    ]
+    """Text and token ids in one batch: process 0 prints the tokens and model calls of
+    sharded_decode's direct decode on that mesh in one process, and (for ``TEXT_REFERENCE``)
+    exactly the JSON lines one process's ``generate`` prints."""
+    run = cluster.run(0)[f"generate {setting}"]
+    assert run["code"] == 0
+    assert generated(run["stdout"]) == sharded_run["meshes"][GENERATE[setting]][setting]
+    if setting == TEXT_REFERENCE:
+        reference = sharded_run["front_ends"]["runs"][f"generate {setting}"]
+        untimed = lambda out: [  # noqa: E731
+            {k: v for k, v in json.loads(line).items() if k not in ("seconds", "compile_seconds")}
+            for line in out.splitlines()
+        ]
+        assert reference["code"] == 0 and untimed(run["stdout"]) == untimed(reference["stdout"])
 
 
 def test_converted_checkpoint_restores_each_process_blocks(cluster, sharded_run):
     """The float32 Orbax conversion, restored by every process with the mesh's sharding, decodes as
     the safetensors directory does, and as one process does."""
     run = cluster.run(0)
-    got, want = (
-        run[f"generate {CONVERTED} converted"],
-        sharded_run["front_ends"]["runs"][f"generate {CONVERTED} converted"],
-    )
-    assert got["code"] == want["code"] == 0
-    assert generated(got["stdout"]) == generated(want["stdout"]) == generated(run[f"generate {CONVERTED}"]["stdout"])
+    got = run[f"generate {CONVERTED} converted"]
+    assert got["code"] == 0
+    assert generated(got["stdout"]) == generated(run[f"generate {CONVERTED}"]["stdout"])
+    assert generated(got["stdout"]) == sharded_run["meshes"][GENERATE[CONVERTED]][CONVERTED]
 
 
 def test_only_process_zero_prints_and_writes(cluster):
