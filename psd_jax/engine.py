@@ -173,13 +173,12 @@ class Loop:
         return rules.committable(jnp, state.canvas, start, state.done, self.dcfg.block_length, self.mcfg.mask_id)
 
     def next_block_drafts(self, state: DecodeState, rows: jax.Array) -> jax.Array:
-        """[B, N] the next block's positions ``rows`` may draft (``draft_next_block``): none for a
-        row whose generation ends with its current block."""
+        """[B, N] the masked positions of the next block of ``rows``, which PSD may draft
+        (``draft_next_block``): none for a row whose generation ends with its current block."""
         nxt = state.block + 1
         live = rows & ~state.done & (nxt < state.values.num_blocks)
         start = self.block_span(nxt)[0]
-        b = self.dcfg.block_length
-        return rules.next_block_drafts(jnp, state.canvas, state.pred.conf, start, live, b, self.mcfg.mask_id)
+        return rules.committable(jnp, state.canvas, start, ~live, self.dcfg.block_length, self.mcfg.mask_id)
 
     def advance(self, canvas, block, step, done, values: RowValues, before=None):
         """Move rows whose block is complete to the next block; stop rows at their last block

@@ -39,11 +39,12 @@ class Recommendation:
 
     @property
     def tuned(self) -> bool:
-        return bool(self.provenance)
+        """Read from the directory's file (not the library default)."""
+        return self.source != LIBRARY_SOURCE
 
     def origin(self) -> str:
         """Where the setting came from, for a front end's output."""
-        if self.source != LIBRARY_SOURCE:
+        if self.tuned:
             return f"tuned, from {self.source}"
         return f"the library default ({LIBRARY_SOURCE}; no {RECOMMENDED_FILE} in the model directory)"
 

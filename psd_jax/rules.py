@@ -103,16 +103,6 @@ def committable(xp, canvas: Array, start: Array, done: Array, block_length: int,
     return (canvas == mask_id) & in_block(xp, canvas.shape[-1], start, block_length) & ~done[:, None]
 
 
-def next_block_drafts(xp, canvas: Array, conf: Array, start: Array, live: Array, block_length: int, mask_id: int):
-    """The positions of each row's next block (its block starting at ``start`` [B] is the current
-    one's successor) that ``draft_next_block`` may draft: its masked positions but the least
-    confident one, so that drafts never complete it (only ``live`` [B] rows: the next block exists
-    within the row's generation and the row decodes)."""
-    masked = (canvas == mask_id) & in_block(xp, canvas.shape[-1], start, block_length) & live[:, None]
-    count = xp.sum(xp.astype(masked, xp.int32), axis=-1)
-    return masked & (ranks(xp, conf, masked) < (count - 1)[:, None])
-
-
 def _isin(x: Array, values: tuple[int, ...]) -> Array:
     out = x == values[0]
     for value in values[1:]:
@@ -332,13 +322,15 @@ def psd_candidates(xp, conf, token, s0, chosen, valid, step, dcfg: DecodeConfig,
     """PSD's candidates [B, D+1, N] (s0, then s_j = s_{j-1} + level j with F(x)'s tokens), the
     levels [B, D, N] and the leading candidates each row can choose [B] (acceptance stops at the
     first empty level, so the levels after it are never chosen). ``ahead`` [B, N]
-    (``draft_next_block``): the next block's positions a level may draft once the block's own are
-    used up, ranked after them (``next_block_drafts``)."""
+    (``draft_next_block``): the next block's masked positions; a level drafts them, all but the
+    least confident (so that drafts never complete that block), once the block's own are used up."""
     remaining = valid & ~chosen
     rank = ranks(xp, conf, remaining)  # confidence descending, ties to the lower position
-    if ahead is not None:
+    if ahead is not None:  # after the block's own, in their own confidence order, never the last one
         own = xp.sum(xp.astype(remaining, xp.int32), axis=-1)
-        rank = xp.where(remaining, rank, ranks(xp, conf, ahead) + own[:, None])
+        ahead_rank = ranks(xp, conf, ahead)
+        ahead = ahead & (ahead_rank < (xp.sum(xp.astype(ahead, xp.int32), axis=-1) - 1)[:, None])
+        rank = xp.where(remaining, rank, ahead_rank + own[:, None])
         remaining = remaining | ahead
     levels = draft_levels(xp, rank, remaining, draft_sizes(xp, chosen, step, dcfg, counts))
     cumulative = xp.cumulative_sum(xp.astype(levels, xp.int32), axis=1) > 0
