@@ -26,7 +26,8 @@ os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAG
 # the next compile crashes the interpreter. Programs are shared between tests through the
 # shared fixtures' models; when the mappings near the limit, every model drops its programs (the later
 # tests recompile what they need).
-MAX_MAPPINGS = 40_000
+MAX_MAPPINGS = 40_000  # checked after each module
+MAX_MAPPINGS_IN_A_MODULE = 55_000  # checked after each test
 
 
 def mappings() -> int:
@@ -34,21 +35,35 @@ def mappings() -> int:
         return maps.read().count(b"\n")
 
 
-@pytest.fixture(autouse=True)
+def _clear_every_program() -> None:
+    import gc
+
+    import jax
+
+    from psd_jax.api import LoadedModel
+
+    for obj in gc.get_objects():
+        if issubclass(type(obj), LoadedModel):  # type(): isinstance reads __class__, which some modules warn on
+            obj.clear_programs()
+    jax.clear_caches()
+    gc.collect()
+
+
+@pytest.fixture(scope="module", autouse=True)
 def _bounded_compiled_programs():
+    """Between modules: a module's servers and fixtures keep their programs while it runs (a server
+    counts its compiles), and the next module starts below ``MAX_MAPPINGS``."""
     yield
     if os.path.exists("/proc/self/maps") and mappings() > MAX_MAPPINGS:
-        import gc
+        _clear_every_program()
 
-        import jax
 
-        from psd_jax.api import LoadedModel
-
-        for obj in gc.get_objects():
-            if issubclass(type(obj), LoadedModel):  # type(): isinstance reads __class__, which some modules warn on
-                obj.clear_programs()
-        jax.clear_caches()
-        gc.collect()
+@pytest.fixture(autouse=True)
+def _bounded_compiled_programs_within_a_module():
+    """Within a module only near the kernel's limit, which one module's programs stay well below."""
+    yield
+    if os.path.exists("/proc/self/maps") and mappings() > MAX_MAPPINGS_IN_A_MODULE:
+        _clear_every_program()
 
 
 def llada2_mini_config():
