@@ -66,6 +66,20 @@ def _bounded_compiled_programs_within_a_module():
         _clear_every_program()
 
 
+@pytest.fixture(autouse=True)
+def _harness_log_to_this_tests_stderr():
+    """The harness binds its log handler to the stderr of the test that first configured it (a
+    captured stream, closed after that test); each test's warnings go to its own stderr, as in a
+    process of its own."""
+    import logging
+    import sys
+
+    for handler in logging.getLogger("lm_eval").handlers if "lm_eval" in sys.modules else ():
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            handler.setStream(sys.stderr)
+    yield
+
+
 def llada2_mini_config():
     """LLaDA2.0-mini's real config, with the special ids beside it (the real config.json names none)."""
     import json

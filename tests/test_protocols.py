@@ -122,11 +122,13 @@ def parsed(argv: list[str]):
     return HarnessCLI()._parser.parse_args(["run", *argv])
 
 
-def test_user_flags_override_the_protocols():
+def test_user_flags_override_the_protocols(caplog):
     p = PROTOCOLS["dream-instruct-humaneval"]
     user = ["--model_args", "pretrained=ckpt/dream,dtype=float32", "--batch_size", "8", "--limit", "5"]
     user += ["--gen_kwargs", "top_p=0.95", "--tasks", "humaneval_fenced"]
-    args = parsed(merged(p, user, HarnessCLI))
+    with caplog.at_level("WARNING"):
+        args = parsed(merged(p, user, HarnessCLI))
+    assert not [r for r in caplog.records if "Overwriting" in r.getMessage()]  # no overlap reaches the harness
     assert args.model_args == {**p.model_args(), "pretrained": "ckpt/dream", "dtype": "float32"}
     assert args.gen_kwargs == {**p.gen_kwargs(), "top_p": 0.95}
     assert args.tasks == ["humaneval_fenced"] and args.batch_size == "8" and args.limit == 5

@@ -2,8 +2,8 @@
 
 ``--protocol NAME`` puts the protocol's harness flags (``protocols.Protocol.harness_argv``) before
 the user's own; a flag the user gives replaces the protocol's, except ``--model_args`` and
-``--gen_kwargs``, which the harness merges key by key with the later value winning (so
-``--model_args pretrained=ckpt/llada-8b,batch...`` overrides just those keys). What the user set is
+``--gen_kwargs``, which are merged key by key (so ``--model_args pretrained=ckpt/llada-8b,batch...``
+overrides just those keys: they are left out of the protocol's flag, and the harness sees no overlap). What the user set is
 read with the harness's own parser. ``--dry-run`` prints the resulting command instead of running
 it. A protocol names the Hugging Face checkpoint upstream evaluated; without a ``pretrained`` model
 argument that is a local directory, the run is refused with the download command, and a directory
@@ -22,7 +22,7 @@ from pathlib import Path
 from ..config import DecodeConfigError
 from ..errors import InputError
 from ..recommended import check_settings_name
-from .protocols import PROTOCOLS, Protocol
+from .protocols import PROTOCOLS, Protocol, joined
 
 LIST, PROTOCOL, DRY_RUN, SETTINGS = "--list-protocols", "--protocol", "--dry-run", "--settings"
 MERGED = ("model_args", "gen_kwargs")  # the harness merges these flags key by key
@@ -123,7 +123,15 @@ def merged(protocol: Protocol, user: list[str], harness_cli: type) -> list[str]:
     parser = harness_cli()._parser
     empty, given = vars(parser.parse_args(["run"])), vars(parser.parse_args(["run", *user]))
     replaced = {dest for dest, value in given.items() if empty.get(dest, _MISSING) != value} - set(MERGED)
-    kept = [arg for group in _flags(protocol.harness_argv()) if group[0][2:] not in replaced for arg in group]
+    own = {"model_args": protocol.model_args(), "gen_kwargs": protocol.gen_kwargs()}
+    kept: list[str] = []
+    for group in _flags(protocol.harness_argv()):
+        dest = group[0][2:]
+        if dest in MERGED:  # the user's keys replace the protocol's here, so the harness merges no overlap
+            left = {k: v for k, v in own[dest].items() if k not in (given.get(dest) or {})}
+            group = [group[0], joined(left)] if left else []
+        if dest not in replaced:
+            kept += group
     return kept + user
 
 
