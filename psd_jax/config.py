@@ -72,6 +72,7 @@ class DecodeConfig:
     # PSD
     depth: int = 3
     acceptance: Literal["tokens", "strict"] = "tokens"
+    accept_confidence: float = 0.0  # tokens acceptance: drafts also need this verifier confidence
     draft_rate: int | None = None
     draft_next_block: bool = False  # drafts continue into the next block (docs/algorithms.md "PSD")
     # RPS
@@ -141,6 +142,8 @@ FIELD_HELP: dict[str, str] = {
     "decoder": "plain (the policy alone), psd (parallel speculative decoding) or rps (ripple-pivot search)",
     "depth": "PSD: draft levels verified per call (D)",
     "acceptance": "PSD: tokens (a level is accepted if its tokens are the verifier's argmax) or strict (lossless)",
+    "accept_confidence": "PSD, tokens acceptance: a drafted token is accepted only where the verifier's "
+    "confidence in it is >= this (0: off)",
     "draft_rate": "PSD: positions per draft level (default: the policy's own commit count)",
     "draft_next_block": "PSD: once the block's masked positions are drafted, draft on into the next block "
     "(tokens acceptance, no cache, policy fixed/threshold/factor)",
@@ -197,6 +200,7 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "dream_eps": (lambda v: 0.0 < v < 1.0, "must be in (0, 1)"),
     "depth": (lambda v: v >= 0, "(PSD) must be >= 0"),
     "draft_rate": (lambda v: v is None or v >= 1, "(PSD) must be >= 1"),
+    "accept_confidence": (lambda v: 0.0 <= v <= 1.0, "(PSD) must be in [0, 1] (0: off)"),
     "k_max": (lambda v: v >= 1, "(RPS) must be >= 1"),
     "ratio": (lambda v: 0.0 <= v <= 1.0, "(RPS) must be in [0, 1]"),
     "pivot_tau": (lambda v: 0.0 <= v <= 1.0, "(RPS) must be in [0, 1]"),
@@ -304,6 +308,10 @@ USED_ONLY_WITH: dict[str, tuple[Callable[[DecodeConfig], bool], str]] = {
     "dream_eps": (lambda c: c.policy == "dream", "policy 'dream'"),
     "depth": (lambda c: c.decoder == "psd", "decoder 'psd'"),
     "acceptance": (lambda c: c.decoder == "psd", "decoder 'psd'"),
+    "accept_confidence": (
+        lambda c: c.decoder == "psd" and c.acceptance == "tokens",
+        "decoder 'psd' with acceptance 'tokens' (strict accepts only the policy's own choice)",
+    ),
     "draft_rate": (
         lambda c: c.decoder == "psd" and c.policy != "fixed",
         "decoder 'psd' with a policy other than 'fixed' (fixed drafts the schedule's own counts)",

@@ -344,10 +344,15 @@ def psd_accepted(
 ):
     """Hierarchical acceptance: per row the number of leading consistent levels [B] (0 for rows
     not ``live``). Level j is consistent when non-empty and F(s_{j-1})'s tokens
-    (``verified_token[:, j - 1]``) equal its drafts; ``strict`` also asks that the policy run on
+    (``verified_token[:, j - 1]``) equal its drafts (with ``accept_confidence`` > 0, where
+    F(s_{j-1})'s confidence ``verified_conf`` is at least that value); ``strict`` also asks that the policy run on
     F(s_{j-1}) at step + j chooses exactly its positions (lossless)."""
     draft_token = candidates[:, 1:]
-    consistent = xp.all(~levels | (verified_token[:, :-1] == draft_token), axis=-1) & xp.any(levels, axis=-1)
+    agrees = verified_token[:, :-1] == draft_token
+    if dcfg.acceptance == "tokens" and dcfg.accept_confidence > 0:  # a program with the gate; its value per row
+        least = per_row(dcfg.accept_confidence if values is None else values.accept_confidence, 3)
+        agrees = agrees & (verified_conf[:, :-1] >= least)
+    consistent = xp.all(~levels | agrees, axis=-1) & xp.any(levels, axis=-1)
     if dcfg.acceptance == "strict":
         b, d, n = levels.shape
         valid_prev = valid[:, None, :] & (candidates[:, :-1] == mask_id)

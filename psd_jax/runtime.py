@@ -3,7 +3,8 @@
 A compiled decode is selected by the settings that set shapes or code paths (lengths, block length,
 policy, decoder, cache, depth, k_max, confidence, steps, whether a row samples, is filtered by
 top-p/top-k or is guided): ``program_settings``. The values the rules compare against (threshold,
-factor, temperature, top_p, top_k, cfg scale, RPS's ratio, pivot_tau and lam), each row's own
+factor, temperature, top_p, top_k, cfg scale, RPS's ratio, pivot_tau and lam, PSD's
+accept_confidence), each row's own
 generation length within the canvas, and
 each row's PRNG key are arrays with one entry per row (``RowValues``, ``row_keys``), inputs of the
 compiled program. So rows with different thresholds or temperatures share one batch, a new value
@@ -24,7 +25,9 @@ from .config import DecodeConfig
 from .sampling import filters_set
 
 # DecodeConfig fields read at run time from ``RowValues`` instead of the compiled settings.
-RUNTIME_FIELDS = ("threshold", "factor", "temperature", "top_p", "top_k", "cfg_scale", "ratio", "pivot_tau", "lam")
+RUNTIME_FIELDS = (
+    "threshold", "factor", "temperature", "top_p", "top_k", "cfg_scale", "ratio", "pivot_tau", "lam", "accept_confidence"
+)  # fmt: skip
 _INT_FIELDS = ("top_k",)
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(DecodeConfig)}
 # A program that filters (some row has top_p < 1 or top_k > 0): any top_p below 1 marks it; the
@@ -34,13 +37,15 @@ _FILTERING = {"top_p": 0.5, "top_k": 0}
 
 def program_settings(settings: DecodeConfig, gen_length: int | None = None) -> DecodeConfig:
     """The settings that select a compiled program for ``settings``: every runtime value at its
-    default, except that ``temperature``, ``cfg_scale`` and the top-p/top-k filters keep whether
-    they are on (1.0: sampling, guided; ``top_p`` 0.5: filtering; the code differs), and
+    default, except that ``temperature``, ``cfg_scale``, ``accept_confidence`` and the top-p/top-k
+    filters keep whether they are on (1.0: sampling, guided; 0.5: gated; ``top_p`` 0.5: filtering;
+    the code differs), and
     ``gen_length`` is the canvas's (``None``: the settings' own). ``steps`` stays: it sets the
     schedule's count table, a constant of the program."""
     changes = {name: _DEFAULTS[name] for name in RUNTIME_FIELDS}
     changes["temperature"] = 1.0 if settings.temperature > 0 else 0.0
     changes["cfg_scale"] = 1.0 if settings.cfg_scale > 0 else 0.0
+    changes["accept_confidence"] = 0.5 if settings.accept_confidence > 0 else 0.0  # PSD gates its drafts
     if filters_set(settings):
         changes.update(_FILTERING)
     if gen_length is not None and gen_length != settings.gen_length:
@@ -68,6 +73,7 @@ class RowValues:
     ratio: jax.Array
     pivot_tau: jax.Array
     lam: jax.Array
+    accept_confidence: jax.Array
     num_blocks: jax.Array  # int32: the row's gen_length / block_length (its last block + 1)
 
     @classmethod

@@ -100,6 +100,23 @@ def test_rows_with_different_runtime_values_and_lengths_share_a_program(lms, cac
     assert lm.compiled_programs == programs + 4
 
 
+def test_psd_rows_with_different_confidence_gates_share_a_program(lms):
+    """PSD's ``accept_confidence`` is a runtime value: rows gated differently (and one joining with a
+    new gate) share one program, and each row gets its own decode's tokens and model calls."""
+    lm = lms["llada-tiny"]
+    psd = SETTINGS["psd-dual"]
+    gates = [0.3, 0.9, 0.6]
+    rows = [psd.replace(accept_confidence=g) for g in gates]
+    run = lm.start_rows(PROMPTS[:2], rows[:2], [0, 0], batch_size=3, prompt_bucket=BUCKET)
+    programs = lm.compiled_programs
+    got = drive(run, {1: [("join", 2, PROMPTS[2], rows[2])]})
+    assert lm.compiled_programs == programs + 2  # the block call and the join, once each
+    alone_runs = [alone(lm, PROMPTS[r], rows[r]) for r in range(3)]
+    assert [got[-1], got[-2], got[0]] == alone_runs
+    ungated = [alone(lm, PROMPTS[r], psd) for r in range(3)]
+    assert [calls for _, calls in alone_runs] != [calls for _, calls in ungated]  # the gate refused drafts
+
+
 def test_regrouping_keeps_every_row(lms):
     """A batch grows from 2 to 4 rows (its rows swapped), takes a third request, then shrinks to the
     rows still running; every request decodes as alone."""

@@ -25,6 +25,7 @@ LENGTHS = dict(gen_length=48, block_length=16)
 SETTINGS = {
     "fixed-1-d15": DecodeConfig(**LENGTHS, decoder="psd", depth=15, draft_next_block=True),
     "fixed-2-d11": DecodeConfig(**LENGTHS, steps=24, decoder="psd", depth=11, draft_next_block=True),
+    "fixed-1-d15-conf": DecodeConfig(**LENGTHS, decoder="psd", depth=15, draft_next_block=True, accept_confidence=0.7),
     "threshold-d5": DecodeConfig(
         **LENGTHS, policy="threshold", threshold=0.9, decoder="psd", depth=5, draft_next_block=True
     ),
@@ -63,7 +64,8 @@ def policy_commit(conf: np.ndarray, masked: np.ndarray, step: int, dcfg: DecodeC
 
 def decode_by_definition(driver: Driver, prompts: list[list[int]], row: int, dcfg: DecodeConfig):
     """Row ``row``'s decode as algorithms.md defines it: (generated tokens, model calls, the most
-    positions of a next block one accepted iteration committed)."""
+    positions of a next block one accepted iteration committed, the levels refused only by
+    ``accept_confidence``)."""
     lm, p = driver.lm, driver.prompt_length
     mask_id, stops, eos = lm.config.mask_id, set(lm.config.stop_ids), lm.config.eos_id
     ids, attention = driver.inputs(prompts)
@@ -79,7 +81,7 @@ def decode_by_definition(driver: Driver, prompts: list[list[int]], row: int, dcf
     counts = step_counts(dcfg)
     x = canvases[row].copy()
     token, conf = forward(x)
-    calls, block, step, crossed = 1, 0, 0, 0
+    calls, block, step, crossed, gated = 1, 0, 0, 0, 0
     positions = np.arange(x.shape[0])
     while True:
         here = (positions >= p + block * b) & (positions < p + (block + 1) * b)
@@ -109,8 +111,14 @@ def decode_by_definition(driver: Driver, prompts: list[list[int]], row: int, dcf
                 s[-1][level] = token[level]
             accepted = 0
             for j, level in enumerate(levels[: len(s) - 1], start=1):
-                verifier, _ = forward(s[j - 1])
+                verifier, verifier_conf = forward(s[j - 1])
                 if not (verifier[level] == token[level]).all():
+                    break
+                if (
+                    dcfg.accept_confidence > 0
+                    and not (verifier_conf[level] >= np.float32(dcfg.accept_confidence)).all()
+                ):
+                    gated += 1  # the tokens agree, the verifier is not confident enough in them
                     break
                 accepted = j
             x = s[accepted]
@@ -127,7 +135,7 @@ def decode_by_definition(driver: Driver, prompts: list[list[int]], row: int, dcf
                 break
             block += 1
             step = max(step - spb, 0) if dcfg.policy == "fixed" else 0
-    return x[p:].tolist(), calls, crossed
+    return x[p:].tolist(), calls, crossed, gated
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
@@ -135,12 +143,13 @@ def test_compiled_loop_equals_the_for_loop_definition(lm, prompts, name):
     dcfg = SETTINGS[name]
     driver = Driver(lm, dcfg, batch=len(prompts), prompt_length=max(map(len, prompts)))
     compiled = lm.generate(prompts, dcfg, prompt_bucket=None)
-    crossed = 0
+    crossed = gated = 0
     for row, g in enumerate(compiled):
-        tokens, calls, row_crossed = decode_by_definition(driver, prompts, row, dcfg)
+        tokens, calls, row_crossed, row_gated = decode_by_definition(driver, prompts, row, dcfg)
         assert g.output_ids == tokens[: len(g.output_ids)] and g.nfe == calls, (name, row)
-        crossed = max(crossed, row_crossed)
+        crossed, gated = max(crossed, row_crossed), gated + row_gated
     assert crossed > 0, f"{name}: no iteration drafted into the next block; the test would be vacuous"
+    assert (gated > 0) == (dcfg.accept_confidence > 0), f"{name}: the confidence gate refused {gated} levels"
 
 
 def test_drafting_on_saves_calls_over_drafts_in_the_block(lm, prompts):

@@ -133,7 +133,8 @@ def setting_name(c: DecodeConfig) -> str:
         strict = "strict-" if c.acceptance == "strict" else ""
         rate = f"-r{c.draft_rate}" if c.draft_rate is not None else ""
         beyond = "-next" if c.draft_next_block else ""
-        name = f"psd-{strict}{policy}-d{c.depth}{rate}{beyond}"
+        gate = f"-conf{c.accept_confidence:g}" if c.accept_confidence > 0 else ""
+        name = f"psd-{strict}{policy}-d{c.depth}{rate}{beyond}{gate}"
     elif c.decoder == "rps":
         defaults = DecodeConfig()
         variant = "".join(
