@@ -45,7 +45,7 @@ PROMPT_CASES = {"llada-tiny": "llada-tiny.generate_s24.", "dream-tiny": "dream-t
 GEOMETRY = {"llada-tiny": dict(gen_length=48, block_length=16), "dream-tiny": dict(gen_length=32, block_length=16)}
 # Compared with the JAX engine (one XLA compile each, which is what this file's time goes to).
 SETTINGS = {
-    "psd-tokens": dict(policy="threshold", threshold=0.9, decoder="psd", depth=3),
+    "psd-tokens": dict(policy="threshold", threshold=0.9, decoder="psd", depth=3, accept_confidence=0.5),
     "psd-strict": dict(policy="fixed", steps="half", decoder="psd", depth=2, acceptance="strict"),
     "rps": dict(policy="threshold", threshold=0.9, decoder="rps", k_max=5),
     # steps per block (DecodeConfig.steps_per_block): 4 of the 16 positions per step unless more pass

@@ -54,13 +54,25 @@ def default_rungs(n_search: int, first: int = 50) -> list[int]:
     return [*rungs, n_search]
 
 
+def smoothed_se(won: int, lost: int, n: int) -> float:
+    """Standard error of the mean of ``n`` paired differences (``won`` of +1, ``lost`` of −1, the
+    rest 0) with one +1 and one −1 added. Without them, a candidate that agrees with the base on
+    the first 50 problems would have SE 0 and look certainly lossless."""
+    won, lost, n = won + 1, lost + 1, n + 2
+    mean = (won - lost) / n
+    variance = (won + lost - n * mean**2) / (n - 1)
+    return math.sqrt(max(variance, 0.0) / n)
+
+
 def compare(base: dict[int, Outcome], other: dict[int, Outcome], ids: list[int], z: float) -> dict:
     """``other`` against ``base`` on the same problems: accuracies, the paired difference
     (other − base, a fraction) with its standard error and the bounds ``difference ± z·SE``,
-    NFE per prompt, TPF and the TPF ratio. With one problem (no SE) the bounds are infinite."""
+    NFE per prompt, TPF and the TPF ratio. The SE is that of the per-problem differences with one
+    problem won and one lost added (``smoothed_se``): agreement on every problem so far is not
+    certainty. The base against itself has SE 0."""
     pair = paired_difference("".join(str(base[i].correct) for i in ids), "".join(str(other[i].correct) for i in ids))
-    se = pair["standard_error"]
-    half = z * se if math.isfinite(se) else math.inf
+    se = 0.0 if other is base else smoothed_se(pair["only_b"], pair["only_a"], len(ids))
+    half = z * se
     nfe, base_nfe = (sum(o[i].nfe for i in ids) for o in (other, base))
     tokens, base_tokens = (sum(o[i].tokens for i in ids) for o in (other, base))
     tpf, base_tpf = tokens / max(nfe, 1), base_tokens / max(base_nfe, 1)
@@ -99,7 +111,7 @@ class SearchResult:
     last: dict[str, dict]  # every candidate's numbers at the last rung it reached, with its status
     base: dict  # the base against itself on the last rung (accuracy, NFE, TPF)
     frontier: list[str]  # non-dominated settings of the last rung (base included), fewest NFE first
-    choice: str | None  # the lowest-NFE candidate within max_loss on the last rung
+    choice: str | None  # the lowest-NFE candidate within max_loss on the last rung (by its bound if any)
 
 
 def successive_halving(
@@ -120,7 +132,9 @@ def successive_halving(
     cannot be the choice while the safe one stays within the loss), and the safe one goes on. Of
     the rest, those whose point estimate is within the loss first, each group fewest calls
     first, the leading half (at least ``keep_min``) goes on. On the last rung the lowest-NFE
-    candidate whose point estimate is within ``max_loss`` is chosen."""
+    candidate whose lower bound is within ``max_loss`` is chosen or, if none is, the lowest-NFE
+    one whose point estimate is: the fastest of many that look good enough is selected partly for
+    its luck, and the bound asks for a margin against that."""
     survivors = list(candidates)
     last: dict[str, dict] = {}
     history: list[dict] = []
@@ -151,7 +165,13 @@ def successive_halving(
             elif n in beaten:
                 status = "slower than a safe one"
             elif final:
-                status = "within max loss" if stats[n]["difference"] >= -max_loss else "over max loss"
+                status = (
+                    "within max loss (bound)"
+                    if stats[n]["lower"] >= -max_loss
+                    else "within max loss"
+                    if stats[n]["difference"] >= -max_loss
+                    else "over max loss"
+                )
             else:
                 status = "kept" if n in kept else "halved"
             last[n] = {"rung": size, "status": status, **stats[n]}
@@ -168,7 +188,9 @@ def successive_halving(
         survivors = kept
     final_stats = {n: s for n, s in last.items() if s["rung"] == rungs[-1]}
     feasible = [n for n in survivors if final_stats[n]["difference"] >= -max_loss]
-    choice = min(feasible, key=lambda n: _order(final_stats[n])) if feasible else None
+    confident = [n for n in feasible if final_stats[n]["lower"] >= -max_loss]
+    pool = confident or feasible  # within the loss by the lower bound if any is, else by the point estimate
+    choice = min(pool, key=lambda n: _order(final_stats[n])) if pool else None
     if choice is not None:
         last[choice]["status"] = "chosen"
     frontier = pareto_frontier({base_name: base_stats, **final_stats})

@@ -17,6 +17,7 @@ from ..config import MAX_BRANCHES, DecodeConfig, DecodeConfigError, check_for_mo
 
 THRESHOLDS = (0.7, 0.8, 0.9, 0.95, 0.98)
 FACTORS = (0.5, 1.0)
+GATES = (0.9, 0.95, 0.98)  # PSD's accept_confidence
 
 
 def canonical(settings: DecodeConfig) -> str:
@@ -55,8 +56,9 @@ def default_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
     five of them and PSD on threshold-0.9 uncached; PSD (tokens acceptance) at the searched depths on the fixed and the 0.9/0.95
     threshold bases, at depth 3 on the others; strict PSD on fixed-1 (both caches) and threshold-0.9; RPS on the
     threshold bases with its defaults and two variants; deep PSD on fixed-1 uncached, and PSD
-    drafting into the next block (``draft_next_block``) on fixed-1 and the 0.9/0.95 thresholds; a
-    few settings at a second block length."""
+    drafting into the next block (``draft_next_block``) on fixed-1 and the 0.9/0.95 thresholds, and
+    on fixed-1 with its drafts gated by the verifier's confidence (``accept_confidence``, also
+    within the block); a few settings at a second block length."""
     bases = _bases(gen_length)
     space: list[dict[str, Any]] = []
 
@@ -87,6 +89,29 @@ def default_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
     ):
         for depth in sorted({min(d, MAX_BRANCHES - 1) for d in reach if d >= 1}):  # drafts into the next block
             add({**bases[name], "decoder": "psd", "depth": depth, "draft_next_block": True}, cache="none")
+    deep = (block_length - 1, block_length + block_length // 2 - 1, 2 * block_length - 2)
+    for gate in GATES:  # drafts also need the verifier's confidence (accept_confidence)
+        for depth in sorted({min(d, MAX_BRANCHES - 1) for d in deep if d >= 1}):
+            add(
+                {
+                    **bases["fixed-1"],
+                    "decoder": "psd",
+                    "depth": depth,
+                    "draft_next_block": True,
+                    "accept_confidence": gate,
+                },
+                cache="none",
+            )
+        if gate > GATES[0]:
+            add(
+                {
+                    **bases["fixed-1"],
+                    "decoder": "psd",
+                    "depth": min(block_length - 1, MAX_BRANCHES - 1),
+                    "accept_confidence": gate,
+                },
+                cache="none",
+            )
     for name in ("threshold-0.9", "threshold-0.8", "threshold-0.7"):
         add({**bases[name], "decoder": "rps"})
     add({**bases["threshold-0.9"], "decoder": "rps", "k_max": 5})
