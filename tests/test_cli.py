@@ -249,7 +249,7 @@ def test_demo_applies_flags_on_top_of_the_recommended_setting(monkeypatch):
     ((settings, _),) = _demo_calls(monkeypatch, ["--depth", "5"])
     assert settings == DecodeConfig(gen_length=48, **{**shipped, "depth": 5})
     ((settings, _),) = _demo_calls(monkeypatch, ["--decoder", "rps"])  # PSD's settings dropped, the rest kept
-    expected = {k: v for k, v in shipped.items() if k not in ("depth", "draft_next_block")}
+    expected = {k: v for k, v in shipped.items() if k not in ("depth", "draft_next_block", "accept_confidence")}
     assert settings == DecodeConfig(gen_length=48, **{**expected, "decoder": "rps"})
 
 
