@@ -107,7 +107,9 @@ def describe(settings: DecodeConfig) -> str:
     if settings.decoder == "psd":
         parts.append(f"depth {settings.depth}")
         if settings.draft_next_block:
-            parts.append("drafting into the next block")
+            parts.append("into the next block")
+        if settings.accept_confidence > 0:
+            parts.append(f"confidence gate {settings.accept_confidence:g}")
     if settings.cache != "none":
         parts.append(f"{settings.cache} cache")
     return ", ".join(parts)
