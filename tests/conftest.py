@@ -66,17 +66,31 @@ def _bounded_compiled_programs_within_a_module():
         _clear_every_program()
 
 
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is when written to (a test's capture, or the terminal)."""
+
+    def write(self, text: str) -> int:
+        import sys
+
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        import sys
+
+        sys.stderr.flush()
+
+
 @pytest.fixture(autouse=True)
 def _harness_log_to_this_tests_stderr():
     """The harness binds its log handler to the stderr of the test that first configured it (a
-    captured stream, closed after that test); each test's warnings go to its own stderr, as in a
-    process of its own."""
+    captured stream, closed after that test); its warnings go to the running test's stderr, as in
+    a process of its own."""
     import logging
     import sys
 
     for handler in logging.getLogger("lm_eval").handlers if "lm_eval" in sys.modules else ():
-        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-            handler.setStream(sys.stderr)
+        if type(handler) is logging.StreamHandler:  # the harness's own (pytest attaches subclasses here too)
+            handler.stream = _CurrentStderr()  # not setStream: it flushes the old stream, which may be closed
     yield
 
 
