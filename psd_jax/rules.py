@@ -349,7 +349,7 @@ def psd_accepted(
     F(s_{j-1}) at step + j chooses exactly its positions (lossless)."""
     draft_token = candidates[:, 1:]
     agrees = verified_token[:, :-1] == draft_token
-    if dcfg.acceptance == "tokens" and dcfg.accept_confidence > 0:  # a program with the gate; its value per row
+    if dcfg.accept_confidence > 0:  # a program with the gate (tokens acceptance only); its value per row
         least = per_row(dcfg.accept_confidence if values is None else values.accept_confidence, 3)
         agrees = agrees & (verified_conf[:, :-1] >= least)
     consistent = xp.all(~levels | agrees, axis=-1) & xp.any(levels, axis=-1)

@@ -105,6 +105,12 @@ def _promise(stats: dict, max_loss: float) -> tuple:
     return (stats["difference"] < -max_loss, *_order(stats))
 
 
+def _final_status(stats: dict, max_loss: float) -> str:
+    if stats["lower"] >= -max_loss:
+        return "within max loss (bound)"
+    return "within max loss" if stats["difference"] >= -max_loss else "over max loss"
+
+
 @dataclasses.dataclass
 class SearchResult:
     rungs: list[dict]  # per rung: size, who was evaluated, who was dropped and why
@@ -165,13 +171,7 @@ def successive_halving(
             elif n in beaten:
                 status = "slower than a safe one"
             elif final:
-                status = (
-                    "within max loss (bound)"
-                    if stats[n]["lower"] >= -max_loss
-                    else "within max loss"
-                    if stats[n]["difference"] >= -max_loss
-                    else "over max loss"
-                )
+                status = _final_status(stats[n], max_loss)
             else:
                 status = "kept" if n in kept else "halved"
             last[n] = {"rung": size, "status": status, **stats[n]}

@@ -82,36 +82,20 @@ def default_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
         add({**bases["fixed-1"], "decoder": "psd", "depth": depth, "acceptance": "strict"}, cache="none")
     for depth in (7, block_length - 1):  # deep tokens-acceptance PSD uncached: no block-start refresh call
         add({**bases["fixed-1"], "decoder": "psd", "depth": min(depth, MAX_BRANCHES - 1)}, cache="none")
-    for name, reach in (
-        ("fixed-1", (7, block_length - 1, block_length + block_length // 2 - 1, 2 * block_length - 2)),
-        ("threshold-0.9", (3, 7)),
-        ("threshold-0.95", (3, 7)),
-    ):
-        for depth in sorted({min(d, MAX_BRANCHES - 1) for d in reach if d >= 1}):  # drafts into the next block
-            add({**bases[name], "decoder": "psd", "depth": depth, "draft_next_block": True}, cache="none")
+
+    def capped(reach: tuple[int, ...]) -> list[int]:
+        return sorted({min(d, MAX_BRANCHES - 1) for d in reach if d >= 1})
+
     deep = (block_length - 1, block_length + block_length // 2 - 1, 2 * block_length - 2)
+    for name, reach in (("fixed-1", (7, *deep)), ("threshold-0.9", (3, 7)), ("threshold-0.95", (3, 7))):
+        for depth in capped(reach):  # drafts into the next block
+            add({**bases[name], "decoder": "psd", "depth": depth, "draft_next_block": True}, cache="none")
+    gated = {**bases["fixed-1"], "decoder": "psd"}
     for gate in GATES:  # drafts also need the verifier's confidence (accept_confidence)
-        for depth in sorted({min(d, MAX_BRANCHES - 1) for d in deep if d >= 1}):
-            add(
-                {
-                    **bases["fixed-1"],
-                    "decoder": "psd",
-                    "depth": depth,
-                    "draft_next_block": True,
-                    "accept_confidence": gate,
-                },
-                cache="none",
-            )
-        if gate > GATES[0]:
-            add(
-                {
-                    **bases["fixed-1"],
-                    "decoder": "psd",
-                    "depth": min(block_length - 1, MAX_BRANCHES - 1),
-                    "accept_confidence": gate,
-                },
-                cache="none",
-            )
+        for depth in capped(deep):
+            add({**gated, "depth": depth, "draft_next_block": True, "accept_confidence": gate}, cache="none")
+        if gate > GATES[0]:  # within the block
+            add({**gated, "depth": min(block_length - 1, MAX_BRANCHES - 1), "accept_confidence": gate}, cache="none")
     for name in ("threshold-0.9", "threshold-0.8", "threshold-0.7"):
         add({**bases[name], "decoder": "rps"})
     add({**bases["threshold-0.9"], "decoder": "rps", "k_max": 5})
