@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,13 +71,9 @@ class _CurrentStderr:
     """Writes to whatever ``sys.stderr`` is when written to (a test's capture, or the terminal)."""
 
     def write(self, text: str) -> int:
-        import sys
-
         return sys.stderr.write(text)
 
     def flush(self) -> None:
-        import sys
-
         sys.stderr.flush()
 
 
@@ -86,7 +83,6 @@ def _harness_log_to_this_tests_stderr():
     captured stream, closed after that test); its warnings go to the running test's stderr, as in
     a process of its own."""
     import logging
-    import sys
 
     for handler in logging.getLogger("lm_eval").handlers if "lm_eval" in sys.modules else ():
         if type(handler) is logging.StreamHandler:  # the harness's own (pytest attaches subclasses here too)
@@ -150,7 +146,6 @@ def sharded_process(word_model, tmp_path_factory):
     command-line front ends there as one process (the multi-process tests' reference). Started
     early by the multi-process tests so that it runs while their two processes wait on each other."""
     import subprocess
-    import sys
 
     env = dict(
         os.environ,
