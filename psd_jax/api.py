@@ -503,7 +503,10 @@ class BlockDecode:
     def prepare_regroup(self, size: int):
         """The compiled move of this decode's rows to ``size`` rows (``regroup``), compiled now if
         it is not yet (a server compiles them at start-up)."""
-        index = jax.ShapeDtypeStruct((size,), jnp.int32)
+        # The index is replicated (``regroup`` places it on every device): compiled for that layout,
+        # not one the partitioner picks.
+        whole = None if self.lm.mesh is None else NamedSharding(self.lm.mesh, PartitionSpec())
+        index = jax.ShapeDtypeStruct((size,), jnp.int32, sharding=whole)
         args = (self.lm.params, self._state, index)
         return self._compiled(decode_regroup, "regroup", args, (index,))
 

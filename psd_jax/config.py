@@ -15,6 +15,8 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+
 if TYPE_CHECKING:
     from models import ModelConfig
 
@@ -129,12 +131,13 @@ FIELD_HELP: dict[str, str] = {
     "confidence": "the score a policy ranks positions by (upstream aliases low_confidence, maskgit_plus, topk_margin, neg_entropy)",
     "threshold": "threshold policy: commit every position with confidence >= this (and the most confident one); "
     "threshold_schedule: those with confidence > this if at least the schedule's count, else the top count",
-    "factor": "factor policy: Fast-dLLM's dynamic rule, commit the leading k with confidence >= 1 - factor / (k + 2)",
-    "temperature": "0: greedy; > 0: Gumbel-max sampling at this temperature",
+    "factor": "factor policy: Fast-dLLM's dynamic rule, commit the leading k with confidence >= 1 - factor / (k + 2) "
+    "(0 to 100)",
+    "temperature": "0: greedy; > 0: Gumbel-max sampling at this temperature (1e-4 to 100)",
     "top_p": "keep the most probable tokens whose probabilities add up to top_p before the token is drawn, "
     "as Dream's top_p_logits (1: off; the family's sampler decides where it applies: docs/algorithms.md)",
     "top_k": "keep the top_k most probable tokens before the token is drawn, as Dream's top_k_logits (0: off)",
-    "cfg_scale": "classifier-free guidance scale (0: off; not with a KV cache)",
+    "cfg_scale": "classifier-free guidance scale, 0 to 100 (0: off; not with a KV cache)",
     "logits_eos_inf": "never predict EOS (LLaDA's generate.py option)",
     "confidence_eos_eot_inf": "remove EOT before the confidence softmax (LLaDA's generate.py option)",
     "eos_early_stop": "stop a row once a finished block holds EOS/EOT",
@@ -150,7 +153,7 @@ FIELD_HELP: dict[str, str] = {
     "k_max": "RPS: candidate values of the pivot (branches per call)",
     "ratio": "RPS: keep a pivot value only if its probability >= ratio * the top one's",
     "pivot_tau": "RPS: a pivot needs top-k_max probability mass >= this",
-    "lam": "RPS: weight of the pivot value's log-probability in a branch's score",
+    "lam": "RPS: weight of the pivot value's log-probability in a branch's score (0 to 100)",
     "cache": "block KV cache (Fast-dLLM): none, prefix or dual",
 }
 
@@ -186,17 +189,26 @@ def _check_types(c: DecodeConfig) -> None:
             _fail(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
 
 
-# (test, message) per field: the value ranges a decode can run with.
+# The runtime values' ranges (``runtime.RUNTIME_FIELDS``): each is a float32 input of the compiled
+# loop, so a value must stay meaningful once cast (1e308 is inf there, and 1e-50 is 0), and its
+# arithmetic finite: logits / temperature, the guidance scale's (s + 1) * (cond - uncond), RPS's
+# lam * log p. Upstream's values are a few units; the bounds leave two orders of magnitude above them.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 100.0
+TEMPERATURE_RANGE = f"must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]"
+MAX_SCALE = 100.0  # cfg_scale, factor, lam
+
+# (test, message) per field: the value ranges a decode can run with (checked on the value and, for
+# a float, on its float32 cast: ``_as_float32``).
 _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "gen_length": (lambda v: v > 0, "must be positive"),
     "block_length": (lambda v: v > 0, "must be positive"),
     "steps": (lambda v: v is None or v > 0, "must be positive"),
     "threshold": (lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"),
-    "factor": (lambda v: v > 0, "must be positive"),
-    "temperature": (lambda v: v >= 0, "must be >= 0"),
+    "factor": (lambda v: 0 < v <= MAX_SCALE, f"must be in (0, {MAX_SCALE:g}]"),
+    "temperature": (lambda v: v == 0 or MIN_TEMPERATURE <= v <= MAX_TEMPERATURE, TEMPERATURE_RANGE),
     "top_p": (lambda v: 0.0 < v <= 1.0, "must be in (0, 1] (1: off)"),
     "top_k": (lambda v: v >= 0, "must be >= 0 (0: off)"),
-    "cfg_scale": (lambda v: v >= 0, "must be >= 0"),
+    "cfg_scale": (lambda v: 0 <= v <= MAX_SCALE, f"must be in [0, {MAX_SCALE:g}] (0: off)"),
     "dream_eps": (lambda v: 0.0 < v < 1.0, "must be in (0, 1)"),
     "depth": (lambda v: v >= 0, "(PSD) must be >= 0"),
     "draft_rate": (lambda v: v is None or v >= 1, "(PSD) must be >= 1"),
@@ -204,14 +216,24 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "k_max": (lambda v: v >= 1, "(RPS) must be >= 1"),
     "ratio": (lambda v: 0.0 <= v <= 1.0, "(RPS) must be in [0, 1]"),
     "pivot_tau": (lambda v: 0.0 <= v <= 1.0, "(RPS) must be in [0, 1]"),
-    "lam": (lambda v: v >= 0, "(RPS) must be >= 0"),
+    "lam": (lambda v: 0 <= v <= MAX_SCALE, f"(RPS) must be in [0, {MAX_SCALE:g}]"),
 }
+
+
+def _as_float32(value: Any) -> Any:
+    """A float as the compiled loop holds it (``runtime.RowValues``: float32); anything else as it is."""
+    return float(np.float32(value)) if isinstance(value, float) else value
 
 
 def _check_values(c: DecodeConfig) -> None:
     for name, (ok, message) in _RANGES.items():
-        if not ok(getattr(c, name)):
-            _fail(f"{name} {message}, got {getattr(c, name)!r}")
+        value = getattr(c, name)
+        if not ok(value):
+            _fail(f"{name} {message}, got {value!r}")
+        with np.errstate(over="ignore"):
+            cast = _as_float32(value)
+        if not ok(cast):
+            _fail(f"{name} {message}, got {value!r} ({cast!r} as float32, the decode's precision)")
     if c.gen_length % c.block_length:
         _fail(f"block_length {c.block_length} does not divide gen_length {c.gen_length}")
     if c.policy != "threshold_schedule" and c.total_steps % c.num_blocks:

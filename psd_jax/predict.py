@@ -138,12 +138,19 @@ def logits_to_prediction(
     if filters_set(dcfg):  # a filtering program: each row's own top-p / top-k
         active = hot if not sampler.filters_at_greedy else jnp.ones_like(hot)
         drawn = jnp.where(active[:, None, None], filtered(drawn, sampling.top_p, sampling.top_k, sampler.order), drawn)
+    if dcfg.temperature > 0 or filters_set(dcfg):
+        # Tempering can turn the mask's -inf into NaN (-inf times a reciprocal flushed to zero), and a
+        # NaN wins an argmax: [MASK] stays out of the draw whatever the temperature.
+        drawn = drawn.at[..., mcfg.mask_id].set(-jnp.inf)
     token = jnp.argmax(logits, axis=-1)
     if dcfg.temperature > 0:
         # Gumbel-max: argmax(l/T + G) samples softmax(l/T), as LLaDA's add_gumbel_noise does.
         gumbel = jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[1:], jnp.float32))(sample_keys)
         token = jnp.where(hot[:, None], jnp.argmax(drawn + gumbel, axis=-1), token)
-    token = token.astype(jnp.int32)
+    # A committed position must hold a token: where every logit is -inf (or NaN) the argmax may be the
+    # mask id (index 0), and a step that writes [MASK] commits nothing; such a row ends with EOS
+    # instead of decoding forever.
+    token = jnp.where(token == mcfg.mask_id, mcfg.eos_id, token).astype(jnp.int32)
     if sampler.confidence == "sampled":
         logits = drawn
     if dcfg.confidence_eos_eot_inf and mcfg.eot_id is not None:

@@ -224,13 +224,24 @@ def step_counts(dcfg: DecodeConfig) -> np.ndarray | None:
     return None
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def rank_keys(xp, conf: Array, valid: Array) -> Array:
+    """Ascending sort keys of ``conf`` [B, N]: ``-conf`` for valid positions, clipped into the finite
+    float32 range (a NaN confidence counts as the lowest), and ``+inf`` for invalid ones. So every
+    valid position sorts before every invalid one whatever the scores are (NaN, +-inf): a policy's
+    top-ranked position is always committable, and a step always commits one."""
+    finite = xp.clip(-xp.where(xp.isnan(conf), -float("inf"), conf), min=-FLOAT32_MAX, max=FLOAT32_MAX)
+    return xp.where(valid, finite, float("inf"))
+
+
 def ranks(xp, conf: Array, valid: Array) -> Array:
     """Rank of each valid position by confidence (0 = most confident), ties to the lower position;
     invalid positions rank after every valid one (their order among themselves is not used).
 
-    One stable sort on ``-conf`` with invalid positions keyed ``+inf``, then its inverse
-    permutation (confidences are finite)."""
-    order = xp.argsort(xp.where(valid, -conf, float("inf")), axis=-1, stable=True)
+    One stable sort on ``rank_keys``, then its inverse permutation."""
+    order = xp.argsort(rank_keys(xp, conf, valid), axis=-1, stable=True)
     return xp.argsort(order, axis=-1, stable=True)
 
 
@@ -247,7 +258,7 @@ def factor_count(xp, conf: Array, valid: Array, remaining: Array, factor: float)
     Upstream quirk kept: when the first failing rank is the last one, everything is committed.
     """
     n = conf.shape[-1]
-    sorted_conf = -xp.sort(xp.where(valid, -conf, float("inf")), axis=-1)  # descending, invalid last
+    sorted_conf = -xp.sort(rank_keys(xp, conf, valid), axis=-1)  # descending, invalid last
     k = _arange(xp, n, conf)
     passes = (sorted_conf >= 1.0 - factor / (k + 2.0)) | (k == 0)
     leading = leading_true(xp, passes & (k < remaining[:, None]))

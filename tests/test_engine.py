@@ -175,9 +175,56 @@ def test_logits_eos_inf_and_random_remasking(lms):
     assert lm.generate([PROMPTS[0]], rnd, seed=1)[0].output_ids != lm.generate([PROMPTS[0]], rnd, seed=2)[0].output_ids
 
 
+# Runtime values no checked setting can hold (DecodeConfig refuses them), given to the compiled loop
+# directly: they turn logits and confidences into NaN and inf (the mask's -inf tempered to NaN,
+# inf - inf in guidance, lam * -inf in RPS's scores). Every setting commits at least one position
+# per step whatever the scores are, so each row's block takes at most block_length calls.
+UNBOUNDED = {
+    "psd-sampled": (
+        DecodeConfig(gen_length=32, block_length=16, policy="threshold", temperature=0.5, decoder="psd", depth=2),
+        {"temperature": np.inf, "threshold": np.nan},
+    ),
+    "psd-sampled-dual": (
+        DecodeConfig(
+            gen_length=32, block_length=16, policy="threshold", temperature=0.5, decoder="psd", depth=2, cache="dual"
+        ),
+        {"temperature": np.float32(3e38), "threshold": np.inf},
+    ),
+    "rps-guided": (
+        DecodeConfig(gen_length=32, block_length=16, policy="factor", cfg_scale=1.0, decoder="rps", k_max=4),
+        {"cfg_scale": np.inf, "factor": np.nan, "lam": np.inf, "pivot_tau": np.nan},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(UNBOUNDED))
+def test_decode_ends_whatever_the_runtime_values(lms, name):
+    from psd_jax.runtime import RowValues, program_settings, row_keys
+
+    lm = lms["llada-tiny"]
+    settings, unbounded = UNBOUNDED[name]
+    ids, mask = _padded(lm, PROMPTS, 16)
+    values = RowValues.of([settings] * len(PROMPTS))
+    values = values.replace(**{k: np.full(len(PROMPTS), v, np.float32) for k, v in unbounded.items()})
+    keys = row_keys([0] * len(PROMPTS), range(len(PROMPTS)))
+    out = decode(lm.graphdef, lm.params, ids, mask, keys, values, mcfg=lm.config, dcfg=program_settings(settings))
+    canvas, row_nfe = np.asarray(out.canvas), np.asarray(out.row_nfe)
+    assert not (canvas[:, 16:] == lm.config.mask_id).any()
+    # One call per committed position at most (the first forward, and with the cache a block-start
+    # refresh beside each block's window calls).
+    calls_per_position = 2 if settings.cache != "none" else 1
+    assert (row_nfe <= 1 + calls_per_position * settings.gen_length).all(), row_nfe
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
+        (dict(temperature=1e308), r"temperature must be 0 \(greedy\) or in \[0.0001, 100\], got 1e\+308"),
+        (dict(temperature=1e-50), r"temperature must be 0 \(greedy\) or in \[0.0001, 100\], got 1e-50"),
+        (dict(cfg_scale=1e308), r"cfg_scale must be in \[0, 100\] \(0: off\), got 1e\+308"),
+        (dict(policy="factor", factor=1e39), r"factor must be in \(0, 100\], got 1e\+39"),
+        (dict(decoder="rps", lam=101.0), r"lam \(RPS\) must be in \[0, 100\], got 101.0"),
+        (dict(policy="threshold", threshold=1e-50), r"threshold must be in \(0, 1\], got 1e-50 \(0.0 as float32"),
         (dict(gen_length=48, block_length=20), "block_length 20 does not divide gen_length 48"),
         (dict(gen_length=48, block_length=16, steps=20), "steps 20 is not divisible by the number of blocks 3"),
         (dict(threshold=1.5), r"threshold must be in \(0, 1\], got 1.5"),

@@ -176,6 +176,29 @@ def test_commit_mask_is_the_policy(xp, policy, seed):
         assert set(np.flatnonzero(chosen[row]).tolist()) == loop_commit(conf[row], valid[row], int(step[row]), dcfg)
 
 
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_every_step_commits_whatever_the_scores(xp, policy):
+    """NaN and infinite confidences (a model or a setting gone wrong): a policy still commits only
+    committable positions, and at least one per row that has any (the scheduled policies exactly
+    their count), so a block ends within its step bound instead of looping."""
+    dcfg = POLICIES[policy]
+    rng = np.random.default_rng(7)
+    conf = rng.choice(np.array([np.nan, np.inf, -np.inf, 0.5], np.float32), (B, N))
+    conf[2], conf[3] = np.nan, -np.inf  # rows of NaN only and of -inf only
+    valid = rng.random((B, N)) < 0.5
+    valid[0], valid[1:4, 5] = False, True
+    step = np.array([0, 0, 1, 2, 9])
+    chosen = host(rules.commit_mask(xp, to(xp, conf), to(xp, valid), to(xp, step), dcfg, _counts(xp, dcfg)))
+    assert not (chosen & ~valid).any()
+    counts, remaining = rules.step_counts(dcfg), valid.sum(-1)
+    for row in range(1, B):
+        if counts is None:
+            assert chosen[row].sum() >= 1
+        else:
+            scheduled = remaining[row] if step[row] >= len(counts) - 1 else min(counts[step[row]], remaining[row])
+            assert chosen[row].sum() >= scheduled if policy == "threshold_schedule" else chosen[row].sum() == scheduled
+
+
 def test_every_policy_has_a_commit_rule():
     from psd_jax.config import POLICIES as ALL
 

@@ -119,6 +119,7 @@ def logits_to_prediction(
             logits = logits / dcfg.temperature
     else:
         token = torch.argmax(logits, dim=-1)
+    token = torch.where(token == mcfg.mask_id, mcfg.eos_id, token)  # as the engine: a commit writes a token
     if dcfg.confidence_eos_eot_inf and mcfg.eot_id is not None:
         logits[..., mcfg.eot_id] = -torch.inf
     probs = torch.softmax(logits, dim=-1)
