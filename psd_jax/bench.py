@@ -263,6 +263,7 @@ def pareto_plot(
 
 
 MATRIX_FIELDS = ("gen_length", "block_length", "cache")  # the DecodeConfig fields every setting shares
+BENCH_DEFAULTS = {"cache": "dual"}  # the fast mode the documentation's tables use, unless asked otherwise
 
 
 def add_model_flags(p: ArgumentParser) -> None:
@@ -292,7 +293,7 @@ def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m psd_jax.bench", description=__doc__)
     add_model_flags(p)
     p.add_argument("--data", help="jsonl with question/answer fields (default: the model directory's test.jsonl)")
-    add_decode_flags(p, MATRIX_FIELDS)
+    add_decode_flags(p, MATRIX_FIELDS, BENCH_DEFAULTS)
     p.add_argument(
         "--decoders",
         help="comma-separated settings of the matrix (default: all but the opt-in ones); --list shows names; "
@@ -320,8 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster = multihost.cluster_from(args)
         model_dir = model_directory(args.model)
-        # The fast mode the documentation's tables use, unless asked otherwise.
-        base = model_settings(model_dir, {"cache": "dual", **decode_fields(args)})
+        base = model_settings(model_dir, {**BENCH_DEFAULTS, **decode_fields(args)})
         known = [*decoder_settings(base.gen_length), RECOMMENDED_NAME]
         if args.list:
             print("\n".join(f"{name} (only with --all or --decoders)" if name in OPT_IN else name for name in known))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from .config import BOOL_FIELDS, CHOICES, FIELD_HELP, FLOAT_FIELDS, INT_FIELDS, DecodeConfig, DecodeConfigError
@@ -43,13 +43,18 @@ def _default_text(field: str) -> str:
     return "policy's own" if default is None else str(default).lower() if isinstance(default, bool) else str(default)
 
 
-def add_decode_flags(parser: argparse.ArgumentParser, fields: Sequence[str] | None = None) -> None:
-    """Add one flag per ``DecodeConfig`` field (or per field of ``fields``) to ``parser``."""
+def add_decode_flags(
+    parser: argparse.ArgumentParser, fields: Sequence[str] | None = None, defaults: Mapping[str, Any] | None = None
+) -> None:
+    """Add one flag per ``DecodeConfig`` field (or per field of ``fields``) to ``parser``; ``defaults``
+    are the front end's own defaults where they differ from ``DecodeConfig``'s (shown in ``--help``)."""
     group = parser.add_argument_group("decoding settings (DecodeConfig fields; docs/algorithms.md)")
+    defaults = defaults or {}
     for f in dataclasses.fields(DecodeConfig):
         if fields is not None and f.name not in fields:
             continue
-        help_text = f"{FIELD_HELP[f.name]} (default: {_default_text(f.name)})"
+        default_text = str(defaults[f.name]) if f.name in defaults else _default_text(f.name)
+        help_text = f"{FIELD_HELP[f.name]} (default: {default_text})"
         kwargs: dict[str, Any] = {"default": None, "dest": f.name, "help": help_text}
         if f.name in BOOL_FIELDS:
             kwargs["action"] = argparse.BooleanOptionalAction

@@ -79,7 +79,10 @@ def prompts_from(args) -> list:
             lines = Path(args.prompt_file).read_text().splitlines()
         except OSError as exc:
             raise InputError(f"--prompt-file {args.prompt_file}: {exc.strerror}") from None
-        prompts += [line for line in lines if line.strip()]
+        given = [line for line in lines if line.strip()]
+        if not given:  # a user who names a file asks for its prompts, never for the demo
+            raise InputError(f"--prompt-file {args.prompt_file} holds no prompt: every line is empty")
+        prompts += given
     for text in args.prompt_ids:
         try:
             prompts.append([int(t) for t in text.replace(" ", "").split(",") if t])

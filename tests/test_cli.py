@@ -205,6 +205,18 @@ def test_generate_prompt_file_errors(capsys, tmp_path):
     assert "missing.txt" in _one_line_error(capsys)
     assert generate_main(TINY[:2]) == 2  # no prompt, and the golden directory has no test.jsonl
     assert "no prompt given" in _one_line_error(capsys)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    # On the shipped model (which has a demo): a file of no prompts is an error, never the demo.
+    assert generate_main(["--prompt-file", str(empty)]) == 2
+    assert _one_line_error(capsys) == f"error: --prompt-file {empty} holds no prompt: every line is empty"
+
+
+def test_bench_help_states_the_cache_it_runs(capsys):
+    from psd_jax.bench import BENCH_DEFAULTS, build_parser
+
+    help_text = " ".join(build_parser().format_help().split())
+    assert BENCH_DEFAULTS["cache"] == "dual" and "none, prefix or dual (default: dual)" in help_text
 
 
 def test_text_prompt_on_the_shipped_model_uses_its_chat_template(capsys):
