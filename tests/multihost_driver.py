@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from sharded_decode import CACHED, DECODERS
+from sharded_decode import CACHED, DECODERS, block_decode_rows
 from word_model import PROMPTS, TASK, converted, text
 
 # (mesh, setting of sharded_decode): every decoder, uncached and with the dual cache, rows over
@@ -35,7 +35,7 @@ CONVERTED = "fixed"  # also decoded from the converted checkpoint (heads across 
 TEXT_REFERENCE = "rps"  # the one setting the one-process reference also runs through generate (its text)
 PROMPT_BUCKET = "16"
 SERVE_MESH = "data=2,model=4"
-SERVE = ["--policy", "threshold", "--threshold", "0.7", "--batch-sizes", "2", "--warmup-lengths", "none"]
+SERVE = ["--policy", "threshold", "--threshold", "0.7", "--batch-sizes", "1,2", "--warmup-lengths", "none"]
 SERVED_NAME = "word-model"
 SERVE_PROMPTS = [text(PROMPTS[0]), text(PROMPTS[1]), "w5 w6 w7 w8 w9"]  # three clients: two rows and a join
 
@@ -94,7 +94,7 @@ def serve_argv(model: Path, port: int) -> list[str]:
 def main(model: str, out: str, *rest: str) -> None:
     import argparse
 
-    from psd_jax import multihost
+    from psd_jax import load_model, multihost
     from psd_jax.serve import cli
 
     parser = argparse.ArgumentParser()
@@ -106,7 +106,13 @@ def main(model: str, out: str, *rest: str) -> None:
     multihost.start(multihost.cluster_from(args))  # before any output is captured
     out_dir = Path(out)
     runs = run_front_ends(Path(model), out_dir, cluster)
-    (out_dir / f"run-{process_index(cluster)}.json").write_text(json.dumps(runs))
+    # A running batch that grows, takes joined rows and shrinks, its programs split over both processes.
+    runs["block_decode"] = block_decode_rows(load_model(model, mesh=SERVE_MESH))
+    # Written whole under a temporary name, then renamed: a reader never sees a part of it. A server
+    # answers /health only once every process follows it, so after this on every process.
+    written = out_dir / f"run-{process_index(cluster)}.json"
+    written.with_suffix(".part").write_text(json.dumps(runs))
+    written.with_suffix(".part").rename(written)
     if args.serve is not None:
         sys.exit(cli.main(serve_argv(Path(model), args.serve) + cluster))
 

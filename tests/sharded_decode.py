@@ -180,7 +180,103 @@ def front_end_references(word_model: str, out: str) -> dict:
     settings = model_settings(word_model, {"policy": "threshold", "threshold": 0.7})
     served = [lm.generate([prompt], settings, prompt_bucket=int(PROMPT_BUCKET))[0] for prompt in SERVE_PROMPTS]
     answers = [{"text": g.text, "token_ids": g.output_ids[: g.tokens], "model_calls": g.nfe} for g in served]
-    return {"runs": runs, "served": answers}
+    single = load_model(word_model)
+    block_decode = [[g.output_ids, g.nfe] for p, s in SERVE_ROWS for g in single.generate([p], s, prompt_bucket=16)]
+    return {"runs": runs, "served": answers, "block_decode_reference": block_decode}
+
+
+# Serving on a mesh: a running batch that grows (regroup 2 -> 4), takes joined rows with their own
+# runtime values, and shrinks (regroup 4 -> 2) as rows finish; then the HTTP server on the mesh,
+# continuous and static, with concurrent requests of different lengths and thresholds.
+SERVE_MESH = "data=2,model=4"
+SERVE_BASE = DecodeConfig(gen_length=32, block_length=16, policy="threshold", threshold=0.7)
+SERVE_ROWS = [
+    (PROMPTS[0], SERVE_BASE),
+    (PROMPTS[1], SERVE_BASE.replace(threshold=0.5)),
+    (PROMPTS[1][2:] + [77, 301], SERVE_BASE.replace(threshold=0.9)),
+    (PROMPTS[0][4:], SERVE_BASE.replace(gen_length=16)),
+]
+SERVE_SIZES = (1, 2, 4)
+
+
+def block_decode_rows(lm) -> list[list]:
+    """``SERVE_ROWS`` through one ``BlockDecode`` with joins and regroups (each row's generated ids
+    and model calls), as the continuous batcher drives it."""
+    (p0, s0), (p1, s1), (p2, s2), (p3, s3) = SERVE_ROWS
+    run = lm.start_rows([p0, p1], [s0, s1], [0, 0], batch_size=2, prompt_bucket=16, gen_length=32)
+    run.advance()
+    run.regroup([0, 1, -1, -1])
+    run.join([2, 3], [p2, p3], [s2, s3], [0, 0])
+    rows, got = [0, 1, 2, 3], {}
+    while len(got) < len(SERVE_ROWS):
+        progress = run.advance()
+        for at, row in enumerate(rows):
+            if row is not None and progress.done[at] and row not in got:
+                got[row] = [progress.generated[at, : progress.gen_length[at]].tolist(), int(progress.nfe[at])]
+        live = [at for at, row in enumerate(rows) if row is not None and row not in got]
+        if live and len(live) <= 2 and run.size == 4:  # the batch shrinks to the rows still decoding
+            run.regroup(live + [-1] * (2 - len(live)))
+            rows = [rows[at] for at in live] + [None] * (2 - len(live))
+    return [got[row] for row in range(len(SERVE_ROWS))]
+
+
+def served_rows(lm, batching: str) -> dict:
+    """``SERVE_ROWS`` as concurrent HTTP requests (token ids) to a server of ``lm``: each answer's
+    token ids and model calls, and the batcher's counts."""
+    import socket
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    import uvicorn
+
+    from psd_jax.serve import build_app
+
+    app = build_app(
+        lm, SERVE_BASE, name="tiny", batch_sizes=SERVE_SIZES, prompt_bucket=16, batching=batching, max_wait_ms=100
+    )
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        while not server.started:
+            assert thread.is_alive(), "the server did not start"
+            time.sleep(0.05)
+
+        def complete(row: int) -> list:
+            prompt, settings = SERVE_ROWS[row]
+            time.sleep(0.3 * row)  # arrivals spread over the first rows' blocks: joins and regroups
+            body = {"model": "tiny", "prompt": prompt, "max_tokens": settings.gen_length}
+            body["threshold"] = settings.threshold
+            answer = httpx.post(f"{url}/v1/completions", json=body, timeout=600).json()
+            return [answer["choices"][0]["token_ids"], answer["usage"]["model_calls"]]
+
+        with ThreadPoolExecutor(len(SERVE_ROWS)) as pool:
+            answers = list(pool.map(complete, range(len(SERVE_ROWS))))
+        health = httpx.get(f"{url}/health", timeout=60).json()
+    finally:
+        server.should_exit = True
+        thread.join(60)
+        sock.close()
+    return {"answers": answers, "failed_batches": health["failed_batches"], "batches": health["batches"]}
+
+
+def serving_on_a_mesh(ckpt: str) -> dict:
+    single = load_model(ckpt)
+    lm = load_model(ckpt, mesh=SERVE_MESH)
+    reference = []
+    for prompt, settings in SERVE_ROWS:
+        (g,) = single.generate([prompt], settings, prompt_bucket=16)
+        reference.append([g.output_ids, g.nfe, g.tokens])
+    out = {"reference": reference, "block_decode": block_decode_rows(lm)}
+    for batching in ("continuous", "static"):
+        start = time.perf_counter()
+        out[batching] = served_rows(lm, batching)
+        print(f"serving {batching} on {SERVE_MESH}: {time.perf_counter() - start:.1f}s", file=sys.stderr)
+    return out
 
 
 def main(ckpt: str, moe_ckpt: str | None = None, word_model: str | None = None, out_dir: str | None = None) -> None:
@@ -208,6 +304,7 @@ def main(ckpt: str, moe_ckpt: str | None = None, word_model: str | None = None, 
             ]
             print(f"{mesh} {name}: {time.perf_counter() - start:.1f}s", file=sys.stderr)
     out["int8"] = quantized_meshes(ckpt)
+    out["serving"] = serving_on_a_mesh(ckpt)
     if moe_ckpt is not None:
         out["moe"] = moe_meshes(moe_ckpt)
         out["moe_int8"] = quantized_expert_mesh(moe_ckpt)

@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -127,7 +128,8 @@ def test_converted_checkpoint_restores_each_process_blocks(cluster, sharded_run)
 def test_only_process_zero_prints_and_writes(cluster):
     runs = cluster.run(1)
     assert set(runs) == set(cluster.run(0))
-    assert all(r["code"] == 0 and r["stdout"] == "" for r in runs.values()), runs
+    front_ends = {name: run for name, run in runs.items() if name != "block_decode"}
+    assert all(r["code"] == 0 and r["stdout"] == "" for r in front_ends.values()), runs
     assert not (cluster.out / "bench-1").exists() and not (cluster.out / "eval-1").exists()
 
 
@@ -163,8 +165,8 @@ def test_evaluate_writes_one_result_equal_to_one_process(cluster, sharded_run):
 
 
 def test_server_answers_concurrent_clients_as_one_process(cluster, sharded_run):
-    """Three clients at once through process 0: two start a batch of two rows, the third joins a row
-    when one finishes; process 1 makes every call with it."""
+    """Three clients at once through process 0 (batch sizes 1 and 2: a batch starts, grows to two rows,
+    and the third request joins a row when one finishes); process 1 makes every call with it."""
 
     def complete(prompt: str) -> dict:
         body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 32}
@@ -183,6 +185,13 @@ def test_server_answers_concurrent_clients_as_one_process(cluster, sharded_run):
     assert got == sharded_run["front_ends"]["served"]
     health = httpx.get(f"{cluster.url}/health", timeout=5).json()
     assert health["requests"] == len(SERVE_PROMPTS) and health["failed_batches"] == 0
+
+
+def test_a_running_batch_on_two_processes_joins_and_regroups_as_one_device(cluster, sharded_run):
+    """The block-by-block decode that grows from 2 to 4 rows, takes two joined rows and shrinks to
+    2, on data=2,model=4 across the two processes: each row's ids and model calls are one device's
+    decode of it alone."""
+    assert cluster.run(0)["block_decode"] == sharded_run["front_ends"]["block_decode_reference"]
 
 
 def test_losing_a_process_fails_requests_and_stops_the_server(cluster):
@@ -234,3 +243,47 @@ def test_front_ends_refuse_incomplete_cluster_flags_in_one_line(front_end, capsy
     assert main(["--coordinator", "127.0.0.1:1234"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "error: --coordinator needs --num-processes and --process-id too: give all three or none"
+
+
+class _KeyValueStore:
+    """The coordination service's key-value calls the lockstep channel makes, in memory."""
+
+    def __init__(self):
+        self.values: dict[str, bytes] = {}
+        self.changed = threading.Condition()
+
+    def key_value_set_bytes(self, key: str, value: bytes) -> None:
+        with self.changed:
+            self.values[key] = value
+            self.changed.notify_all()
+
+    def blocking_key_value_get_bytes(self, key: str, timeout_ms: int) -> bytes:
+        with self.changed:
+            if not self.changed.wait_for(lambda: key in self.values, timeout_ms / 1000):
+                raise RuntimeError(f"DEADLINE_EXCEEDED: {key}")
+            return self.values[key]
+
+    def key_value_delete(self, key: str) -> None:
+        with self.changed:
+            self.values.pop(key, None)
+
+
+def test_process_zero_opens_its_port_only_once_every_process_follows():
+    """Process 0 waits for each other process to start following its calls (the server's port, so
+    its ``/health``, opens only then), and gives up with one line naming the process that never did."""
+    from psd_jax.serve.lockstep import Call, Channel, NotJoined
+
+    store = _KeyValueStore()
+    leader = Channel(0, 3, timeout_s=5, client=store)
+    followers = [Channel(i, 3, timeout_s=5, client=store) for i in (1, 2)]
+    with pytest.raises(NotJoined, match=r"^process 1 of the 3 serving processes did not start serving within 0.2 s"):
+        leader.wait_for_followers(timeout_s=0.2)
+    calls = [follower.calls() for follower in followers]
+    waiting = threading.Thread(target=leader.wait_for_followers, kwargs={"timeout_s": 60})
+    waiting.start()
+    with ThreadPoolExecutor(2) as pool:
+        received = [pool.submit(next, c) for c in calls]  # each follower marks itself ready, then reads
+        waiting.join(60)
+        assert not waiting.is_alive()
+        leader.send(Call("advance", run=1))
+        assert [r.result(60).op for r in received] == ["advance", "advance"]

@@ -29,6 +29,23 @@ def test_mesh_gives_single_device_tokens(sharded_run, mesh, decoder):
     assert sharded_run["meshes"][mesh][decoder] == sharded_run["reference"][decoder]
 
 
+def test_a_running_batch_on_a_mesh_joins_and_regroups_as_one_device(sharded_run):
+    """A block-by-block decode on data=2,model=4 that grows from 2 to 4 rows, takes two joined rows
+    (their own thresholds and lengths) and shrinks to 2 as rows finish: every row's ids and model
+    calls are one device's decode of it alone."""
+    run = sharded_run["serving"]
+    assert run["block_decode"] == [[ids, nfe] for ids, nfe, _ in run["reference"]]
+
+
+@pytest.mark.parametrize("batching", ["continuous", "static"])
+def test_the_server_on_a_mesh_answers_as_one_device(sharded_run, batching):
+    """Concurrent requests of different lengths and thresholds to a server on data=2,model=4: each
+    answer (ids up to EOS, model calls) is one device's decode of it alone."""
+    run = sharded_run["serving"]
+    assert run[batching]["failed_batches"] == 0
+    assert run[batching]["answers"] == [[ids[:tokens], nfe] for ids, nfe, tokens in run["reference"]]
+
+
 def test_every_setting_runs_on_a_tensor_parallel_mesh():
     tensor_parallel = set(MESHES["data=1,model=8"]) | set(MESHES["data=2,model=4"])
     assert tensor_parallel == set(DECODERS) | set(CACHED)

@@ -271,11 +271,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if cluster is not None and multihost.process_count() > 1:
-        from .lockstep import Channel
+        from .lockstep import Channel, NotJoined
 
         channel = Channel(jax_process_index(), multihost.process_count(), cluster.heartbeat_timeout_s / 2)
         if not multihost.is_main():
             return follow_process_zero(lm, channel, args.max_programs)
+        try:
+            channel.wait_for_followers()
+        except NotJoined as exc:
+            exit_now(f"error: {exc}")
         lm = LockstepModel(lm, channel)
     app = build_app(
         lm,

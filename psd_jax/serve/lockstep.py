@@ -66,6 +66,11 @@ class Call:
 
 
 PING, EXIT = "ping", "exit"  # no work; stop following (the server has stopped)
+JOIN_TIMEOUT_S = 600.0  # how long process 0 waits, before it opens its port, for the others to follow
+
+
+class NotJoined(RuntimeError):
+    """Another process did not start following process 0 in time: the server does not start."""
 
 
 def _client():
@@ -118,6 +123,21 @@ class Channel:
             self.on_lost(self.lost)
         raise self.lost
 
+    def wait_for_followers(self, timeout_s: float = JOIN_TIMEOUT_S) -> None:
+        """Process 0, before it opens its port: wait until every other process follows its calls
+        (``calls`` marks it). So a server that answers ``/health`` can decode: no request reaches a
+        process 0 whose calls no other process is there to make yet."""
+        deadline = time.monotonic() + timeout_s
+        for process in range(1, self.processes):
+            left_ms = max(int((deadline - time.monotonic()) * 1000), 1)
+            try:
+                self.client.blocking_key_value_get_bytes(f"{PREFIX}/ready/{process}", left_ms)
+            except Exception as exc:  # DEADLINE_EXCEEDED, or the coordination service's own failure
+                raise NotJoined(
+                    f"process {process} of the {self.processes} serving processes did not start serving within "
+                    f"{timeout_s:g} s ({type(exc).__name__})"
+                ) from None
+
     def _forget(self, number: int) -> None:
         if number < 1:
             return
@@ -165,6 +185,7 @@ class Channel:
         """Every call in order until ``EXIT``, confirmed as soon as it arrives (by a thread of its
         own: a call is confirmed while the one before it still runs here)."""
         inbox: queue.Queue = queue.Queue()
+        self.client.key_value_set_bytes(f"{PREFIX}/ready/{self.process_id}", b"")  # process 0 may open its port
 
         def pump() -> None:
             try:
