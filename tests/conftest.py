@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -139,40 +140,106 @@ def word_model(tmp_path_factory) -> Path:
     return with_tokenizer(tmp_path_factory.mktemp("word-model") / "llada-tiny-words")
 
 
+SHARED_RUN_TIMEOUT_S = 900  # the 8-device subprocess: about 3 minutes alone on two cores
+
+
+def run_root(tmp_path_factory) -> Path:
+    """A directory every worker of this pytest run shares (pytest-xdist: the workers' common base
+    temporary directory; one process alone: its own), and no other run."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+class SharedRun:
+    """tests/sharded_decode.py, run once per pytest run whichever worker asks first: the first
+    worker to create ``claim`` starts the subprocess and, once it has finished, writes its record
+    to ``result`` (under a temporary name, then renamed: it appears whole) or its failure to
+    ``failed``; every other worker waits for one of the two files, with a deadline."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.claim, self.result, self.failed = root / "sharded.claim", root / "sharded.json", root / "sharded.failed"
+        self.proc = None
+
+    def start(self, word_model: Path) -> None:
+        """Start the subprocess here if no worker has yet."""
+        import subprocess
+
+        try:
+            os.close(os.open(self.claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
+        env = dict(
+            os.environ,
+            XLA_FLAGS=f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count=8",
+            JAX_PLATFORMS="cpu",
+            **OFFLINE,
+        )
+        out = self.root / "one-process"
+        out.mkdir()
+        script = Path(__file__).with_name("sharded_decode.py")
+        args = [GOLDENS / "llada-tiny", GOLDENS / "llada2-tiny", word_model, out]
+        with (out / "stdout.txt").open("w") as stdout, (out / "stderr.txt").open("w") as stderr:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(script), *map(str, args)], env=env, stdout=stdout, stderr=stderr
+            )
+
+    def record(self) -> dict:
+        """The subprocess's record: waited for here if this worker started it, else read once the
+        worker that did has written it."""
+        import json
+        import time
+
+        if self.proc is not None and not self.result.exists() and not self.failed.exists():
+            out = self.root / "one-process"
+            try:
+                code = self.proc.wait(timeout=SHARED_RUN_TIMEOUT_S)
+            except Exception:
+                self.proc.kill()
+                code = "killed after the deadline"
+            if code == 0:
+                record = {**json.loads((out / "stdout.txt").read_text().strip().splitlines()[-1]), "out": str(out)}
+                part = self.result.with_suffix(".part")
+                part.write_text(json.dumps(record))
+                part.rename(self.result)
+            else:
+                self.failed.write_text(
+                    f"tests/sharded_decode.py ended with {code}:\n" + (out / "stderr.txt").read_text()[-3000:]
+                )
+        deadline = time.monotonic() + SHARED_RUN_TIMEOUT_S
+        while not (self.result.exists() or self.failed.exists()):
+            assert time.monotonic() < deadline, (
+                f"no record of tests/sharded_decode.py in {self.root} after {SHARED_RUN_TIMEOUT_S} s"
+            )
+            time.sleep(0.5)
+        assert not self.failed.exists(), self.failed.read_text()
+        return json.loads(self.result.read_text())
+
+    def finish(self) -> None:
+        """At this worker's end: a subprocess it started is seen to its end and its record written,
+        since another worker may be waiting for it."""
+        if self.proc is not None and not (self.result.exists() or self.failed.exists()):
+            with contextlib.suppress(AssertionError):
+                self.record()
+
+
 @pytest.fixture(scope="session")
 def sharded_process(word_model, tmp_path_factory):
-    """tests/sharded_decode.py started in the background (``sharded_run`` waits for it): decodes on
-    meshes of 8 simulated devices in one process (llada-tiny, llada2-tiny's expert meshes) and the
-    command-line front ends there as one process (the multi-process tests' reference). Started
-    early by the multi-process tests so that it runs while their two processes wait on each other."""
-    import subprocess
-
-    env = dict(
-        os.environ,
-        XLA_FLAGS=f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count=8",
-        JAX_PLATFORMS="cpu",
-        **OFFLINE,
-    )
-    script = Path(__file__).with_name("sharded_decode.py")
-    out = tmp_path_factory.mktemp("one-process")
-    models = [GOLDENS / "llada-tiny", GOLDENS / "llada2-tiny", word_model, out]
-    logs = out / "stdout.txt", out / "stderr.txt"
-    with logs[0].open("w") as stdout, logs[1].open("w") as stderr:
-        proc = subprocess.Popen([sys.executable, str(script), *map(str, models)], env=env, stdout=stdout, stderr=stderr)
-    yield proc, out, logs
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    """tests/sharded_decode.py started in the background, once per pytest run (``SharedRun``):
+    decodes on meshes of 8 simulated devices in one process (llada-tiny, llada2-tiny's expert
+    meshes, serving on a mesh) and the command-line front ends there as one process (the
+    multi-process tests' reference). Started early by the multi-process tests so that it runs while
+    their two processes wait on each other."""
+    shared = SharedRun(run_root(tmp_path_factory))
+    shared.start(word_model)
+    yield shared
+    shared.finish()
 
 
 @pytest.fixture(scope="session")
 def sharded_run(sharded_process) -> dict:
-    """``sharded_process``'s record, once it has finished. One subprocess, shared by the tests that read it."""
-    import json
-
-    proc, out, (stdout, stderr) = sharded_process
-    assert proc.wait(timeout=900) == 0, stderr.read_text()[-3000:]
-    return {**json.loads(stdout.read_text().strip().splitlines()[-1]), "out": str(out)}
+    """``sharded_process``'s record, once it has finished."""
+    return sharded_process.record()
 
 
 @pytest.fixture(scope="session")
@@ -236,14 +303,19 @@ def tuned_lm(tuned_model_dir):
     return load_model(tuned_model_dir)
 
 
-# Modules that share a session fixture too costly to build twice run in one worker under
-# pytest-xdist (sharded_run: one subprocess of eight simulated devices).
-SHARED_WORKER = {"test_multihost": "sharded", "test_sharding": "sharded"}
+# The suite runs in two workers, each test file whole in one (``-n 2 --dist loadfile``: a module's
+# fixtures are built once); the one fixture several files share, the 8-device subprocess, is run once
+# for both workers (``SharedRun``). The files whose fixtures run subprocesses go first, so those
+# overlap with the rest of the suite instead of trailing it.
+BACKGROUND_FIRST = ("test_multihost", "test_sharding", "test_device_check")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under ``-n N --dist loadgroup`` every test module runs whole in one worker (its module
-    fixtures, compiled once, serve all its tests), and the modules of ``SHARED_WORKER`` together."""
-    for item in items:
+    """Files in collection order, but ``BACKGROUND_FIRST`` first (pytest-xdist hands files to the
+    workers in this order)."""
+
+    def first(item) -> int:
         module = item.module.__name__.rpartition(".")[2]
-        item.add_marker(pytest.mark.xdist_group(SHARED_WORKER.get(module, module)))
+        return BACKGROUND_FIRST.index(module) if module in BACKGROUND_FIRST else len(BACKGROUND_FIRST)
+
+    items.sort(key=first)  # stable: each file's tests keep their order
