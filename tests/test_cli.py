@@ -40,7 +40,7 @@ def _one_line_error(capsys) -> str:
         (dict(temperature=math.nan), "temperature must be finite, got nan"),
         (dict(policy="factor", factor=math.nan), "factor must be finite"),
         (dict(decoder="rps", lam=math.nan), "lam must be finite"),
-        (dict(decoder="rps", lam=-0.1), r"lam \(RPS\) must be >= 0"),
+        (dict(decoder="rps", lam=-0.1), r"lam \(RPS\) must be in \[0, 100\]"),
         (dict(decoder="rps", pivot_tau=1.5), r"pivot_tau \(RPS\) must be in \[0, 1\], got 1.5"),
         (dict(decoder="rps", pivot_tau=-0.5), r"pivot_tau \(RPS\) must be in \[0, 1\]"),
         (dict(decoder="rps", ratio=2.0), r"ratio \(RPS\) must be in \[0, 1\]"),

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from ..api import LoadedModel
 from ..config import DecodeConfig
@@ -28,14 +28,17 @@ from ..recommended import NAME, named_settings
 from .answers import pieces
 from .auth import check_bearer
 from .batcher import Batcher, Ticket, default_batch_sizes
-from .errors import RequestError, error_body
+from .body import read_json
+from .errors import InternalError, RequestError, error_body
 from .limits import ServerLimits
 from .metrics import CONTENT_TYPE, Outcome, ServerMetrics
-from .requests import ServedModel, parse_request, read_json
-from .responses import DONE, ResponseWriter
+from .requests import ServedModel, parse_request
+from .responses import DONE, ResponseWriter, event
 
 log = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.1
+CLIENT_CLOSED = 499  # nginx's status for a request whose client left before the answer
+UNROUTED = "other"  # the metrics' endpoint of a /v1/ request no route takes (a label per path would be unbounded)
 
 
 def create_app(
@@ -57,38 +60,52 @@ def create_app(
         task.cancel()
         batcher.close()
 
-    app = FastAPI(title="psd-jax", lifespan=lifespan)
+    # With a key, the schema and its interactive pages are not served: a browser page cannot send
+    # the bearer key, and a guarded server should not publish its surface to whoever asks.
+    docs = {"docs_url": None, "redoc_url": None, "openapi_url": None} if api_key is not None else {}
+    app = FastAPI(title="psd-jax", lifespan=lifespan, **docs)
     app.state.metrics, app.state.batcher = metrics, batcher
-    app.add_exception_handler(RequestError, _request_error)
     app.add_exception_handler(HTTPException, _http_error)
 
-    def outcome(request: Request) -> Outcome:
-        """The request's metrics record (by route); refused here without the key, before its body is read."""
+    async def counted(request: Request, answer: Callable[[Outcome], Awaitable[Response]]) -> Response:
+        """A ``/v1/*`` route's ``answer``, with the key checked first (before the body is read) and
+        the request counted once by its outcome whatever happens: a refusal is its OpenAI error, a
+        client gone mid-body is ``client_closed``, and a bug is a logged 500 that fails only this
+        request."""
         record = Outcome(metrics, request.scope["route"].path)
-        if api_key is not None:
-            try:
+        try:
+            if api_key is not None:
                 check_bearer(request.headers.get("authorization"), api_key)
-            except RequestError as exc:
-                record.refused(exc.status)
-                raise
-        return record
+            return await answer(record)
+        except RequestError as exc:
+            record.refused(exc.status)
+            return _error_response(exc)
+        except ClientDisconnect:
+            record.client_closed()
+            return Response(status_code=CLIENT_CLOSED)  # nobody reads it
+        except Exception:
+            log.exception("%s %s failed", request.method, request.url.path)
+            record.failed()
+            return _error_response(InternalError())
 
     v1 = APIRouter(prefix="/v1")
 
     @v1.get("/models")
-    async def models(request: Request) -> dict:
-        record = outcome(request)
-        card = {"id": served.name, "object": "model", "created": 0, "owned_by": "psd-jax"}
-        record.answered()
-        return {"object": "list", "data": [{**card, "max_model_len": served.lm.config.max_length}]}
+    async def models(request: Request) -> Response:
+        async def listed(record: Outcome) -> Response:
+            card = {"id": served.name, "object": "model", "created": 0, "owned_by": "psd-jax"}
+            record.answered()
+            return JSONResponse({"object": "list", "data": [{**card, "max_model_len": served.lm.config.max_length}]})
+
+        return await counted(request, listed)
 
     @v1.post("/completions")
-    async def completions(request: Request):
-        return await _answer(request, "completion", served, batcher, outcome(request))
+    async def completions(request: Request) -> Response:
+        return await counted(request, lambda record: _answer(request, "completion", served, batcher, record))
 
     @v1.post("/chat/completions")
-    async def chat_completions(request: Request):
-        return await _answer(request, "chat", served, batcher, outcome(request))
+    async def chat_completions(request: Request) -> Response:
+        return await counted(request, lambda record: _answer(request, "chat", served, batcher, record))
 
     app.include_router(v1)
 
@@ -103,25 +120,25 @@ def create_app(
     return app
 
 
-async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
+def _error_response(exc: RequestError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """Starlette's own refusals (no such route, 404; a method the route does not take, 405); under
+    ``/v1/`` they are counted too, under one endpoint label whatever the path."""
+    if request.url.path.startswith("/v1/"):
+        Outcome(request.app.state.metrics, UNROUTED).refused(exc.status_code)
     return JSONResponse(error_body(str(exc.detail), code=str(exc.status_code)), status_code=exc.status_code)
 
 
-async def _answer(request: Request, endpoint: str, served: ServedModel, batcher: Batcher, record: Outcome):
-    try:
-        body = await read_json(request, served.limits.max_body_bytes)
-        decode_request = parse_request(body, endpoint, served)
-        ticket = batcher.submit(decode_request)
-    except RequestError as exc:
-        record.refused(exc.status)
-        raise
+async def _answer(request: Request, endpoint: str, served: ServedModel, batcher: Batcher, record: Outcome) -> Response:
+    body = await read_json(request, served.limits.max_body_bytes)
+    decode_request = parse_request(body, endpoint, served)
+    ticket = batcher.submit(decode_request)
     writer = ResponseWriter(endpoint, served.name)
     if decode_request.stream:
-        return StreamingResponse(_stream(request, ticket, writer, served, record), media_type="text/event-stream")
+        return _Events(_stream(request, ticket, writer, served, record), ticket, record)
     answer = asyncio.create_task(_whole(ticket, writer, served))
     gone = asyncio.create_task(_disconnected(request))
     try:
@@ -129,17 +146,15 @@ async def _answer(request: Request, endpoint: str, served: ServedModel, batcher:
     finally:
         gone.cancel()
         ticket.cancel()  # no-op once answered; frees the row when the client left first
-    if not answer.done():
-        answer.cancel()
+        left = not answer.done()
+        if left:
+            answer.cancel()
+    if left:
         record.cancelled()
-        return JSONResponse(error_body("the client disconnected", code="client_closed"), status_code=499)
-    try:
-        response, usage = answer.result()
-    except RequestError as exc:
-        record.refused(exc.status)
-        raise
+        return JSONResponse(error_body("the client disconnected", code="client_closed"), status_code=CLIENT_CLOSED)
+    response, usage = answer.result()  # a RequestError (timeout, failed decode) is counted by ``counted``
     record.answered(usage)
-    return response
+    return JSONResponse(response)
 
 
 async def _whole(ticket: Ticket, writer: ResponseWriter, served: ServedModel) -> tuple[dict, dict[str, Any]]:
@@ -148,6 +163,24 @@ async def _whole(ticket: Ticket, writer: ResponseWriter, served: ServedModel) ->
         texts.append(piece.text)
         ids += piece.token_ids
     return writer.body("".join(texts), ids, piece), piece.usage
+
+
+class _Events(StreamingResponse):
+    """A stream of server-sent events whose end, however it comes (the last event, the client
+    leaving, the response cancelled before its first event), frees the row and counts the request."""
+
+    def __init__(self, events: AsyncIterator[str], ticket: Ticket, record: Outcome):
+        super().__init__(events, media_type="text/event-stream")
+        self.ticket, self.record = ticket, record
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except ClientDisconnect:  # an ASGI 2.4 server reports a failed send so
+            pass
+        finally:
+            self.ticket.cancel()
+            self.record.cancelled()  # a no-op once answered or failed
 
 
 async def _stream(
@@ -169,7 +202,11 @@ async def _stream(
         record.answered(piece.usage)
     except RequestError as exc:
         record.refused(exc.status)
-        yield f"data: {json.dumps(exc.body())}\n\n"
+        yield event(exc.body())
+    except Exception:  # a bug: the response has started, so the client gets it as an error event
+        log.exception("%s %s failed mid-stream", request.method, request.url.path)
+        record.failed()
+        yield event(InternalError().body())
     finally:  # the client left (the response is cancelled) or the answer is complete
         gone.cancel()
         ticket.cancel()

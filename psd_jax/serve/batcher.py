@@ -17,10 +17,12 @@ its slowest row. Several running batches (different keys) take turns, one block 
 ``max_wait`` join it, up to the largest size; the batch is padded to the next compiled size and
 decodes until its last row is done (the behaviour before continuous batching, for comparison).
 
-In both, a request whose client left is stopped at the next block boundary, a request past its
-deadline (``request_timeout_s``) is stopped there with a clear error, and a decode that raises
-fails only its own batch's requests. Greedy rows decode exactly as alone; a sampled row draws
-from its own seed's key, so with a seed it gets ``generate([prompt], seed=seed)``'s answer too.
+In both, a request whose client left is stopped at the next block boundary; a request past its
+deadline (``request_timeout_s``) gets its error at the deadline itself (a timer on the event loop,
+so a long block call cannot hold it back) and its row is stopped at the next boundary; a decode
+that raises fails only its own batch's requests. Greedy rows decode exactly as alone; a sampled
+row draws from its own seed's key, so with a seed it gets ``generate([prompt], seed=seed)``'s
+answer too.
 """
 
 from __future__ import annotations
@@ -67,20 +69,23 @@ class Failed:
 class Ticket:
     """A queued or running request: the worker thread puts its updates on ``events``."""
 
-    def __init__(self, request: DecodeRequest, key: tuple, loop: asyncio.AbstractEventLoop, timeout_s=None):
+    def __init__(self, request: DecodeRequest, key: tuple, loop: asyncio.AbstractEventLoop):
         self.request, self.key, self._loop = request, key, loop
         self.events: asyncio.Queue = asyncio.Queue()
         self.arrived = time.monotonic()
-        self.deadline = None if timeout_s is None else self.arrived + timeout_s
         self.cancelled = False
+        self.timed_out = False  # set before ``cancelled``, so the worker never counts it as cancelled too
+        self.finished = False  # its last update is sent (set by the worker thread)
+        self.timer: asyncio.TimerHandle | None = None  # its deadline (``request_timeout_s``)
         self.seed = request.seed if request.seed is not None else random.randrange(2**32) if request.sampled else 0
 
     def cancel(self) -> None:
-        """The answer is no longer wanted (client gone, stop string): free the row."""
+        """The answer is no longer wanted (client gone, stop string, deadline): free the row. On the
+        event loop."""
         self.cancelled = True
-
-    def expired(self, now: float) -> bool:
-        return self.deadline is not None and now >= self.deadline
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def put(self, event: RowUpdate | Failed) -> None:
         """Called from the worker thread."""
@@ -176,11 +181,25 @@ class Batcher:
             raise ShuttingDown()
         if len(self._pending) >= self.max_queue:
             raise QueueFull(self.max_queue)
-        ticket = Ticket(request, self.batch_key(request), asyncio.get_running_loop(), self.request_timeout_s)
+        loop = asyncio.get_running_loop()
+        ticket = Ticket(request, self.batch_key(request), loop)
+        if self.request_timeout_s is not None:
+            ticket.timer = loop.call_later(self.request_timeout_s, self._time_out, ticket)
         self._pending.append(ticket)
         self.count("requests")
         self._arrival.set()
         return ticket
+
+    def _time_out(self, ticket: Ticket) -> None:
+        """The request's deadline: its client gets the 504 now, even while a block call runs (a
+        check between calls could be late by a whole call); its row is freed at the next boundary."""
+        ticket.timer = None
+        if ticket.cancelled or ticket.finished:
+            return
+        ticket.timed_out = True
+        ticket.cancel()
+        self.count("timed_out")
+        ticket.put(Failed(RequestTimedOut(self.request_timeout_s)))
 
     def canvas_length(self, settings: DecodeConfig, prompt_length: int) -> int:
         """The canvas's generation length for a request: its own rounded up to the generation
@@ -209,6 +228,7 @@ class Batcher:
             self._drop_cancelled()
             if self.batching == "static":
                 batch = await self._next_static_batch()
+                self._running = [batch]  # where a drain finds its requests
             else:
                 await self._work()
                 self._admit()
@@ -259,17 +279,18 @@ class Batcher:
                 await asyncio.wait_for(self._arrival.wait(), wait)
 
     def _drop_cancelled(self) -> None:
-        gone = [t for t in self._pending if t.cancelled]
-        if gone:
-            self.count("cancelled", len(gone))
-            self._pending = [t for t in self._pending if not t.cancelled]
-        now = time.monotonic()
-        late = [t for t in self._pending if t.expired(now)]
-        for ticket in late:
-            ticket.put(Failed(RequestTimedOut(self.request_timeout_s)))
-        if late:
-            self.count("timed_out", len(late))
-            self._pending = [t for t in self._pending if t not in late]
+        self._pending = self._wanted(self._pending)
+
+    def _wanted(self, tickets: list[Ticket]) -> list[Ticket]:
+        """``tickets`` less the cancelled ones, which are counted."""
+        self._count_cancelled([t for t in tickets if t.cancelled])
+        return [t for t in tickets if not t.cancelled]
+
+    def _count_cancelled(self, tickets: list[Ticket]) -> None:
+        """Cancelled requests leaving the queue or a row; one that timed out was counted at its deadline."""
+        cancelled = sum(not t.timed_out for t in tickets)
+        if cancelled:
+            self.count("cancelled", cancelled)
 
     # ---------------------------------------------------------------------------- worker side
     def decode(self, batch: Running) -> None:
@@ -278,7 +299,8 @@ class Batcher:
         try:
             if self.batching == "static":
                 self._start(batch)
-                while batch.run is not None and not batch.run.done:
+                # until its rows are done, or all stopped (a stopped row is done only after a call)
+                while batch.run is not None and not batch.run.done and any(t is not None for t in batch.tickets):
                     self._block(batch)
             else:
                 self._join(batch)
@@ -293,7 +315,7 @@ class Batcher:
     def _start(self, batch: Running) -> None:
         """A new decode of the batch's joining requests, at the smallest size that holds them: all
         of them start together (their first forward is one call)."""
-        tickets = batch.joining
+        tickets = batch.joining = self._wanted(batch.joining)
         if not tickets:
             return
         size = self.size_for(len(tickets))
@@ -318,6 +340,7 @@ class Batcher:
             self._start(batch)
             return
         self._retire(batch)
+        batch.joining = self._wanted(batch.joining)
         need = self.size_for(batch.live)
         if need != batch.run.size:
             self._regroup(batch, need)
@@ -351,19 +374,10 @@ class Batcher:
         batch.sent = [batch.sent[r] for r in rows] + [0] * (size - len(rows))
 
     def _retire(self, batch: Running) -> None:
-        """Stop rows whose request was cancelled or is past its deadline; free them."""
-        now, gone = time.monotonic(), []
-        for row, ticket in enumerate(batch.tickets):
-            if ticket is None:
-                continue
-            if ticket.cancelled:
-                self.count("cancelled")
-            elif ticket.expired(now):
-                self.count("timed_out")
-                ticket.put(Failed(RequestTimedOut(self.request_timeout_s)))
-            else:
-                continue
-            gone.append(row)
+        """Stop rows whose request was cancelled (client gone, stop string, deadline); free them."""
+        gone = [row for row, ticket in enumerate(batch.tickets) if ticket is not None and ticket.cancelled]
+        self._count_cancelled([batch.tickets[row] for row in gone])
+        for row in gone:
             batch.tickets[row] = None
         batch.run.stop(gone)
 
@@ -386,6 +400,7 @@ class Batcher:
             if final == batch.sent[row] and not done:
                 continue
             generated = progress.generated[row, : progress.gen_length[row]]
+            ticket.finished = done  # before its last update: a deadline after it does not fail it
             ticket.put(RowUpdate(generated, final, done, int(progress.nfe[row])))
             batch.sent[row] = final
             if done:
@@ -426,9 +441,12 @@ class Batcher:
         loop.call_later(seconds, self._fail_remaining)
 
     def _fail_remaining(self, error: RequestError | None = None) -> None:
+        """Every request still wanted ends now with ``error``; their rows are freed at the next block
+        boundary, so a shutdown waits for the block call in flight at most."""
         for ticket in self._pending + [t for r in self._running for t in r.tickets + r.joining if t is not None]:
-            ticket.cancel()
-            ticket.put(Failed(error or ShuttingDown()))
+            if not ticket.cancelled:
+                ticket.cancel()
+                ticket.put(Failed(error or ShuttingDown()))
         self._pending = []
 
     def fail(self, error: RequestError) -> None:

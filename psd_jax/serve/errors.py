@@ -33,7 +33,15 @@ class RequestError(Exception):
 
 
 def error_body(message: str, kind: str = INVALID_REQUEST, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    """OpenAI's error object; the message and ``param`` may quote what the client sent (a field
+    name with a lone surrogate), so they are made writable as UTF-8 first."""
+    param = None if param is None else printable(param)
+    return {"error": {"message": printable(message), "type": kind, "param": param, "code": code}}
+
+
+def printable(text: str) -> str:
+    """``text`` with what UTF-8 cannot encode (lone surrogates) written as ``\\udXXX`` escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class Unauthorized(RequestError):
@@ -84,6 +92,19 @@ class QueueFull(RequestError):
             f"the server is busy: {limit} requests are already waiting; retry later",
             code="server_busy",
             status=503,
+            kind="server_error",
+        )
+
+
+class InternalError(RequestError):
+    """A bug in the server, not the request's fault: the client learns only that much, the log gets
+    the traceback."""
+
+    def __init__(self):
+        super().__init__(
+            "the server failed to answer this request (an internal error; it is logged)",
+            code="internal_error",
+            status=500,
             kind="server_error",
         )
 

@@ -20,7 +20,7 @@ from ..api import LoadedModel
 from .batcher import Batcher
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-OUTCOMES = ("ok", "bad_request", "unauthorized", "busy", "timed_out", "failed", "cancelled")
+OUTCOMES = ("ok", "bad_request", "unauthorized", "busy", "timed_out", "failed", "cancelled", "client_closed")
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TPF_BUCKETS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0)
 OCCUPANCY_BUCKETS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
@@ -124,7 +124,16 @@ class Outcome:
         self._record(outcome_of(status))
 
     def cancelled(self) -> None:
+        """The client left while its request was queued or decoding."""
         self._record("cancelled")
+
+    def client_closed(self) -> None:
+        """The client left before it had sent its whole body: nothing was parsed or queued."""
+        self._record("client_closed")
+
+    def failed(self) -> None:
+        """The server failed to answer (a bug: it is logged), as a 500 or a stream's error event."""
+        self._record("failed")
 
     def answered(self, usage: dict[str, Any] | None = None) -> None:
         """An answer was sent in whole; ``usage`` (absent for ``/v1/models``) adds its tokens and calls."""

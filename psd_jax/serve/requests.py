@@ -11,18 +11,16 @@ so a bad request never reaches (or breaks) a batch. OpenAI fields this server do
 are accepted only at their neutral value (``n=1``, ``logprobs=0``, ...): a setting is refused rather
 than silently ignored, as ``DecodeConfig`` does.
 
-The server's limits (``limits.ServerLimits``) are checked here too: the body's size while it is
-read (413), then the prompt's tokens, the generation positions, PSD depth and RPS branches, and
+The server's limits (``limits.ServerLimits``) are checked here too (the body's size, nesting,
+integers and Unicode before, as it is read: ``body``): the prompt's tokens, the generation positions, PSD depth and RPS branches, and
 which settings a request may change (400, ``code: "limit_exceeded"`` or ``"override_not_allowed"``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
-from collections.abc import AsyncIterable
-from typing import Any, Protocol
+from typing import Any
 
 from ..api import InputError, LoadedModel, check_seed, left_pad
 from ..config import CONFIDENCE_ALIASES, DecodeConfig, DecodeConfigError
@@ -102,40 +100,6 @@ class DecodeRequest:
     def sampled(self) -> bool:
         """Whether the answer depends on the PRNG key (then ``seed`` decides it)."""
         return self.settings.temperature > 0 or self.settings.confidence == "random"
-
-
-class Body(Protocol):
-    """What ``read_json`` reads: Starlette's ``Request``."""
-
-    headers: Any
-
-    def stream(self) -> AsyncIterable[bytes]: ...
-
-
-async def read_json(request: Body, limit: int) -> Any:
-    """The request body as JSON, refused (413) past ``limit`` bytes: at once from its Content-Length,
-    and while reading, so a chunked body without one stops being read at the limit."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
-    try:
-        return json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(f"the request body is not valid JSON: {exc}") from None
-
-
-def _too_large(limit: int) -> RequestError:
-    return RequestError(
-        f"the request body exceeds this server's limit of {limit} bytes (--max-body-bytes)",
-        code=LIMIT_CODE,
-        status=413,
-    )
 
 
 def parse_request(body: Any, endpoint: str, served: ServedModel) -> DecodeRequest:
