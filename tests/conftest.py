@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,17 +21,6 @@ FAST_COMPILE_FLAGS = (
     "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false"
 )
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAGS}".strip()
-
-# JAX's persistent compilation cache, one per pytest run: made by the first process that loads this
-# file (pytest-xdist's controller, before it starts the workers) and inherited through the
-# environment by the workers and every subprocess (the 8-device run, the two-process cluster, the
-# device check), so a program that several of them compile is compiled once. A key covers the
-# program, the devices and the XLA flags; a hit runs the same executable a compile would give.
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    _cache = tempfile.mkdtemp(prefix="psd-jax-tests-xla-cache-")
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
-    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the tiny models' programs compile in < 1 s
 
 
 # Every XLA:CPU program keeps a few hundred memory mappings of its code, and this suite compiles

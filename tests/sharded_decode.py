@@ -242,8 +242,9 @@ def served_rows(lm, batching: str) -> dict:
     thread.start()
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     try:
+        deadline = time.monotonic() + 120
         while not server.started:
-            assert thread.is_alive(), "the server did not start"
+            assert thread.is_alive() and time.monotonic() < deadline, "the server on the mesh did not start in 120 s"
             time.sleep(0.05)
 
         def complete(row: int) -> list:

@@ -386,21 +386,26 @@ def test_a_failing_decode_fails_only_its_requests(server, lm, monkeypatch):
 
 def test_client_that_leaves_mid_stream_frees_its_row(server, lm, monkeypatch):
     """The row of a client that disconnects is stopped at the next block boundary."""
-    real, calls = BlockDecode.advance, []
+    real, calls, left = BlockDecode.advance, [], threading.Event()
 
-    def slow_advance(run):  # the first block at once, then slowly: the client leaves in between
+    def held_advance(run):  # the first block at once; the second once the server has seen the client leave
         calls.append(run)
         if len(calls) > 1:
-            time.sleep(1.0)
+            assert left.wait(TIMEOUT_S), "the server did not notice the client leave"
         return real(run)
 
-    monkeypatch.setattr(BlockDecode, "advance", slow_advance)
+    monkeypatch.setattr(BlockDecode, "advance", held_advance)
     cancelled = health(server)["cancelled"]
     counted = sample(metrics(server), "psd_jax_requests_total", endpoint="/v1/completions", outcome="cancelled")
     body = {"model": "default", "prompt": QUESTIONS[5], "stream": True, "eos_early_stop": False}
     with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=TIMEOUT_S) as reply:
         first = next(line for line in reply.iter_lines() if line.startswith("data: "))
         assert json.loads(first[6:])["choices"][0]["finish_reason"] is None
+    deadline = time.monotonic() + TIMEOUT_S
+    while sample(metrics(server), "psd_jax_requests_total", endpoint="/v1/completions", outcome="cancelled") == counted:
+        assert time.monotonic() < deadline, "the request was not counted cancelled"
+        time.sleep(0.02)
+    left.set()
     wait_for(server, cancelled=cancelled + 1, running=0)
     assert sample(metrics(server), "psd_jax_requests_total", endpoint="/v1/completions", outcome="cancelled") == (
         counted + 1
@@ -697,6 +702,14 @@ def test_a_request_past_its_timeout_gets_504_and_frees_its_row(lm, defaults, mon
         assert sample(metrics(url), "psd_jax_requests_total", endpoint="/v1/completions", outcome="timed_out") == 1
 
 
+def _health_status(url: str) -> int | None:
+    """/health's status code, or None once the server no longer listens."""
+    try:
+        return httpx.get(f"{url}/health", timeout=10).status_code
+    except httpx.ConnectError:
+        return None
+
+
 def test_sigterm_drains_and_exits_0(tmp_path):
     """SIGTERM: a running request still gets its answer, a new one is refused, the process exits 0."""
     import signal
@@ -724,12 +737,17 @@ def test_sigterm_drains_and_exits_0(tmp_path):
             answer = pool.submit(httpx.post, f"{url}/v1/completions", json=body, timeout=120)
             wait_for(url, running=1)
             proc.send_signal(signal.SIGTERM)
-            time.sleep(0.5)  # the signal handled: no new connection, or a 503 from the draining server
+            # Handled on the server's loop: /health says draining, then the port closes.
+            deadline = time.monotonic() + TIMEOUT_S
+            while (status := _health_status(url)) == 200:
+                assert time.monotonic() < deadline, "the server did not start draining"
+                time.sleep(0.02)
+            assert status in (503, None), status
             try:
-                refused = httpx.post(f"{url}/v1/completions", json=body, timeout=10).status_code == 503
-            except httpx.HTTPError:
-                refused = True
-            assert refused
+                refused = httpx.post(f"{url}/v1/completions", json=body, timeout=10)
+                assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_shutting_down"
+            except httpx.ConnectError:
+                pass  # no longer listening
             reply = answer.result(timeout=120)
         assert reply.status_code == 200 and reply.json()["usage"]["model_calls"] == 384  # decoded to the end
         assert proc.wait(timeout=30) == 0

@@ -11,6 +11,7 @@ import logging
 import socket
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
@@ -150,15 +151,35 @@ def post(url: str, route: str, raw: bytes, key: str | None = None) -> httpx.Resp
     return httpx.post(f"{url}/v1/{route}", content=raw, headers=headers, timeout=TIMEOUT_S)
 
 
+# Uploads whose handler has started reading the body, by the X-Upload header their client sent.
+READING: dict[str, threading.Event] = {}
+
+
+@pytest.fixture(autouse=True)
+def _reads_are_seen(monkeypatch):
+    """The app's body reader marks the upload it starts on (``abandon_upload`` waits for it)."""
+    real = psd_jax.serve.app.read_json
+
+    async def read_json(request, limit):
+        upload = request.headers.get("x-upload")
+        if upload in READING:
+            READING[upload].set()
+        return await real(request, limit)
+
+    monkeypatch.setattr(psd_jax.serve.app, "read_json", read_json)
+
+
 def abandon_upload(url: str, key: str | None = None) -> None:
-    """Promise a body of 1000 bytes, send part of it, and close the connection."""
-    where = urlparse(url)
+    """Promise a body of 1000 bytes, send part of it, and close the connection once the handler is
+    reading the body (so the server has taken the request: it must count it)."""
+    where, upload = urlparse(url), uuid.uuid4().hex
+    READING[upload] = threading.Event()
     head = f"POST /v1/completions HTTP/1.1\r\nHost: {where.netloc}\r\nContent-Type: application/json\r\n"
     head += f"Authorization: Bearer {key}\r\n" if key else ""
-    head += "Content-Length: 1000\r\n\r\n"
+    head += f"X-Upload: {upload}\r\nContent-Length: 1000\r\n\r\n"
     with socket.create_connection((where.hostname, where.port), timeout=TIMEOUT_S) as sock:
         sock.sendall(head.encode() + b'{"prompt": "' + b"x" * 100)
-        time.sleep(0.2)  # the handler is reading the body when the client goes
+        assert READING[upload].wait(TIMEOUT_S), "the server never started reading the upload"
 
 
 def requests_total(scraped: dict) -> float:
@@ -409,6 +430,8 @@ def test_a_drain_ends_a_static_batch_after_drain_seconds(lm, defaults, monkeypat
         batcher.loop.call_soon_threadsafe(batcher.begin_drain, 0.2)
         reply = answer.result(TIMEOUT_S)
         assert reply.status_code == 503 and reply.json()["error"]["code"] == "server_shutting_down"
+        drained_health = httpx.get(f"{url}/health", timeout=TIMEOUT_S)  # a load balancer stops sending
+        assert (drained_health.status_code, drained_health.json()["status"]) == (503, "draining")
         assert time.monotonic() - drained < 1.4, "failed at the drain's end, not after the batch's blocks"
         deadline = time.monotonic() + 10
         while health(url)["running"]:

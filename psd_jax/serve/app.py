@@ -110,8 +110,12 @@ def create_app(
     app.include_router(v1)
 
     @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok", "model": served.name, **batcher.stats()}
+    async def health() -> JSONResponse:
+        """200 while the server takes requests; 503 once it is draining (SIGTERM) or can no longer
+        decode (a serving process lost), so a load balancer stops sending before requests get 503s."""
+        status = "failed" if batcher.failure is not None else "draining" if batcher.draining else "ok"
+        body = {"status": status, "model": served.name, **batcher.stats()}
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     @app.get("/metrics")
     async def scrape() -> Response:
