@@ -187,7 +187,7 @@ def requests_total(scraped: dict) -> float:
 
 
 def until_counted(url: str, want: float, **labels) -> dict:
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + TIMEOUT_S
     while sample(scraped := metrics(url), REQUESTS, **labels) < want:
         assert time.monotonic() < deadline, (labels, sample(scraped, REQUESTS, **labels), want)
         time.sleep(0.05)
@@ -282,11 +282,12 @@ def test_a_bug_in_a_handler_is_a_json_500_logged_once_and_counted_failed(hostile
 # ------------------------------------------------------------------------------ counted once each
 def test_metrics_count_every_v1_request_once_by_outcome(lm, defaults, monkeypatch):  # noqa: F811
     """A known mix to one server: each outcome grows by what was sent, the total by every request."""
-    delays: list[float] = []
+    holds: list = []  # what the next block calls wait for, one each, as the test asks
     real_advance, real_parse = BlockDecode.advance, psd_jax.serve.app.parse_request
 
-    def advance(run):  # the delays the test asks for, one per block call
-        time.sleep(delays.pop(0) if delays else 0.0)
+    def advance(run):
+        if holds:
+            holds.pop(0)()
         return real_advance(run)
 
     def parse(body, *args):  # a bug, for one prompt
@@ -307,22 +308,25 @@ def test_metrics_count_every_v1_request_once_by_outcome(lm, defaults, monkeypatc
         api_key=KEY,
         request_timeout_s=2.0,
     )
+    # The streams' program (eos_early_stop off: every block runs) compiled before serving, as the
+    # default's: a compile within a request would run past its 2 s deadline.
+    app.state.batcher.warm_up(lm.settings(defaults).replace(eos_early_stop=False), (BUCKET,))
     monkeypatch.setattr(BlockDecode, "advance", advance)
     monkeypatch.setattr(psd_jax.serve.app, "parse_request", parse)
     with running(app) as url:
-        api = client(url, KEY)
+        api, every_block = client(url, KEY), {"eos_early_stop": False}
         before = metrics(url)
         api.models.list()
         api.completions.create(model="default", prompt=QUESTIONS[0])
         api.chat.completions.create(model="default", messages=[{"role": "user", "content": QUESTIONS[1]}])
-        assert list(api.completions.create(model="default", prompt=QUESTIONS[2], stream=True))
+        assert list(api.completions.create(model="default", prompt=QUESTIONS[2], stream=True, extra_body=every_block))
         statuses = [
             post(url, "completions", json.dumps({"prompt": PROMPT, "min_p": 0.1}).encode(), KEY).status_code,
             post(url, "completions", json.dumps({"prompt": PROMPT}).encode(), "sk-wrong").status_code,
             post(url, "completions", json.dumps({"prompt": "x" * 5000}).encode(), KEY).status_code,
             post(url, "completions", json.dumps({"prompt": "boom"}).encode(), KEY).status_code,
         ]
-        delays[:] = [3.0]  # one block call past the 2 s deadline
+        holds[:] = [lambda: time.sleep(3.0)]  # one block call past the 2 s deadline
         statuses.append(post(url, "completions", json.dumps({"prompt": PROMPT}).encode(), KEY).status_code)
         statuses += [
             httpx.get(f"{url}/v1/completions", headers={"authorization": f"Bearer {KEY}"}).status_code,
@@ -330,11 +334,14 @@ def test_metrics_count_every_v1_request_once_by_outcome(lm, defaults, monkeypatc
         ]
         assert statuses == [400, 401, 413, 500, 504, 405, 404]
         wait_for(url, running=0)
-        delays[:] = [0.0, 1.0, 1.0]  # the first block at once, then slowly: the client leaves in between
+        left = threading.Event()  # the first block at once, the second once the server saw the client leave
+        holds[:] = [lambda: None, lambda: left.wait(TIMEOUT_S)]
         body = {"model": "default", "prompt": QUESTIONS[5], "stream": True, "eos_early_stop": False}
         headers = {"authorization": f"Bearer {KEY}"}
         with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=headers, timeout=TIMEOUT_S) as reply:
             assert next(line for line in reply.iter_lines() if line.startswith("data: "))
+        until_counted(url, 1, endpoint="/v1/completions", outcome="cancelled")
+        left.set()
         abandon_upload(url, KEY)
         until_counted(url, 1, endpoint="/v1/completions", outcome="client_closed")
         wait_for(url, running=0, cancelled=1, timed_out=1)
