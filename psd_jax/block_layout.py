@@ -18,6 +18,16 @@ from models import ModelConfig
 from .config import DecodeConfig
 
 
+def canvas_length(prompt_length: int, dcfg: DecodeConfig, block_causal: bool) -> int:
+    """Positions of a decode's canvas for prompts left-padded to ``prompt_length``: the prompt and
+    gen_length; block-causal, the first decoded block's start (``BlockLayout.start``), then
+    gen_length and one block more (the most a row needs: its first decoded block also holds its
+    prompt's tail)."""
+    if not block_causal:
+        return prompt_length + dcfg.gen_length
+    return prompt_length // dcfg.block_length * dcfg.block_length + dcfg.gen_length + dcfg.block_length
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class BlockLayout:
     """Block-causal canvas rows (docs/algorithms.md "LLaDA2.0"). Blocks are aligned from each row's
@@ -50,9 +60,8 @@ class BlockLayout:
         return self.start + self.tail
 
     def total_length(self, dcfg: DecodeConfig) -> int:
-        """Canvas positions: the first decoded block's start, then gen_length and one block more
-        (the most a row needs: its first decoded block also holds its prompt's tail)."""
-        return self.start + dcfg.gen_length + dcfg.block_length
+        """Canvas positions (``canvas_length``)."""
+        return canvas_length(self.padded_length, dcfg, block_causal=True)
 
     def last_block(self, gen_length: int | jax.Array) -> jax.Array:
         """[B] each row's last block: upstream decodes ceil((tail + gen_length) / B) blocks

@@ -46,6 +46,7 @@ from models import ModelConfig
 
 from . import rules
 from .block_layout import BlockLayout, initial_canvas, output_canvas
+from .calls import CallShape, call_shapes
 from .config import DecodeConfig
 from .decoders import Proposal, decoder_for, forward_size_index, forward_sizes, initial_stats, propose
 from .predict import (
@@ -75,6 +76,7 @@ class DecodeState:
     nfe: jax.Array  # () model calls
     sequence_forwards: jax.Array  # () sequences processed by the model
     iteration: jax.Array  # ()
+    calls: jax.Array  # [S] int32: model calls by shape, in the order of ``Loop.call_shapes``
     keys: jax.Array  # [B, 2] uint32: each row's PRNG key (runtime.row_keys)
     values: RowValues  # [B] each: the rows' runtime values
     fresh: jax.Array  # [B] bool: the row's first forward is still to come (joined, decode_join)
@@ -86,7 +88,7 @@ class DecodeState:
 
 
 ROW_FIELDS = ("canvas", "pred", "block", "step", "done", "row_nfe", "keys", "values", "fresh", "stats", "stale")
-COUNTERS = ("nfe", "sequence_forwards", "iteration")
+COUNTERS = ("nfe", "sequence_forwards", "iteration", "calls")
 
 
 def constrain_state(state: DecodeState, mcfg: ModelConfig) -> DecodeState:
@@ -146,6 +148,15 @@ class Loop:
         """Where a call computes logits (``rules.logit_window``, the PyTorch backend's too)."""
         window = rules.logit_window(self.dcfg, self.prompt_length, self.region_length, block)
         return None if window is None else LogitWindow(*window)
+
+    @property
+    def call_shapes(self) -> tuple[CallShape, ...]:
+        """The shapes of call this decode may make, in the order of its ``calls`` counters."""
+        return call_shapes(self.dcfg, self.total_length, self.layout is not None)
+
+    def count_call(self, calls: jax.Array, index: int | jax.Array, made: jax.Array | int = 1) -> jax.Array:
+        """``calls`` with ``made`` (0 or 1) more call of shape ``index``."""
+        return calls + made * jax.nn.one_hot(index, len(self.call_shapes), dtype=jnp.int32)
 
     @property
     def window_lengths(self) -> tuple[int, ...]:
@@ -252,6 +263,7 @@ def init_state(
         nfe=jnp.array(1, jnp.int32),
         sequence_forwards=jnp.array(batch * (2 if loop.dcfg.cfg_scale > 0 else 1), jnp.int32),
         iteration=jnp.array(0, jnp.int32),
+        calls=loop.count_call(jnp.zeros(len(loop.call_shapes), jnp.int32), 0),  # full 1, or refresh: shape 0
         keys=keys,
         values=values,
         fresh=jnp.zeros(batch, bool),
@@ -275,11 +287,14 @@ def step(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeSta
     _, _, _, done_after_s0 = loop.advance(proposal.s0, state.block, state.step + 1, state.done, values, state.canvas)
     live = ~done_after_s0
     keys, sub = split_rows(state.keys, 2)
-    preds, calls, forwarded = _forward_leading(
+    preds, calls, forwarded, shape = _forward_leading(
         proposal, live, state.pred, lambda candidates: loop.call(candidates, attention_mask, sub, values, state.block)
     )
     sequences = sequences_forwarded(state.canvas.shape[0], forwarded, loop.dcfg)
-    new = _apply_choice(loop, state, proposal, preds, live & ~fresh, state.done | fresh, keys, live, calls, sequences)
+    by_shape = loop.count_call(state.calls, shape, calls)
+    new = _apply_choice(
+        loop, state, proposal, preds, live & ~fresh, state.done | fresh, keys, live, calls, sequences, by_shape
+    )
     return new.replace(done=new.done & ~(fresh & ~state.done), fresh=jnp.zeros_like(fresh))
 
 
@@ -297,7 +312,8 @@ def _forward_leading(
     ``variant_index``) runs the model; no call at all when no row needs one (the predictions are
     then ``pred`` repeated). Branch 0 is that skip; branch 1 + i * V + v forwards the first
     ``forward_sizes(K)[i]`` candidates (the fewest covering every row's choosable ones: PSD
-    levels, RPS branches) with variant v. Returns (predictions, calls made, candidates forwarded).
+    levels, RPS branches) with variant v. Returns (predictions, calls made, candidates forwarded,
+    the call's index i * V + v among the forwarding branches: its shape, ``calls.call_shapes``).
     """
     k = proposal.candidates.shape[1]
     sizes = forward_sizes(k)
@@ -311,7 +327,7 @@ def _forward_leading(
     skip = lambda _: _broadcast(pred, k)  # noqa: E731
     preds = jax.lax.switch(branch, [skip] + [forward(size, v) for size in sizes for v in variants], None)
     calls = (branch > 0).astype(jnp.int32)
-    return preds, calls, calls * jnp.asarray(sizes)[size_index]
+    return preds, calls, calls * jnp.asarray(sizes)[size_index], jnp.maximum(branch - 1, 0)
 
 
 def _apply_choice(
@@ -325,6 +341,7 @@ def _apply_choice(
     row_calls: jax.Array,
     calls: jax.Array,
     sequences: jax.Array,
+    by_shape: jax.Array,
     **cached,
 ) -> DecodeState:
     """The tail shared by both steps: each row's choice, its canvas and forward, block advance, counters.
@@ -347,6 +364,7 @@ def _apply_choice(
         nfe=state.nfe + calls,
         sequence_forwards=state.sequence_forwards + sequences,
         iteration=state.iteration + 1,
+        calls=by_shape,
         keys=keys,
         values=state.values,
         fresh=state.fresh,
@@ -395,11 +413,11 @@ def _block_refresh(loop: Loop, attention_mask: jax.Array, state: DecodeState, ro
     needs it). The previous block is final, so its keys/values, written into the cache here, are
     exact for the rest of the decode; the current block's predictions replace the rows'. A fresh
     row (joined, its prompt not in the cache yet) gets the full forward ``init_state`` gives a new
-    decode instead (``_refresh``). Returns (pred, cache, calls made)."""
+    decode instead (``_refresh``). Returns (pred, cache, (full calls, window calls) made)."""
     pred, cache, window_calls = _block_window_refresh(loop, attention_mask, state, rows & ~state.fresh, keys)
     state = state.replace(pred=pred, cache=cache)
     pred, cache, full_calls = _refresh(loop, attention_mask, state, rows & state.fresh, keys)
-    return pred, cache, window_calls + full_calls
+    return pred, cache, (full_calls, window_calls)
 
 
 def _block_window_refresh(loop: Loop, attention_mask: jax.Array, state: DecodeState, rows, keys: jax.Array):
@@ -450,8 +468,13 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
     keys, refresh_key, window_key = split_rows(state.keys, 3)
     waiting, refresh = rules.cache_phase(jnp, state.stale, state.done)
     primed = refresh & state.fresh  # joined rows: this refresh is their first forward
-    refresh_fn = _refresh if loop.layout is None else _block_refresh
-    pred, cache, refresh_calls = refresh_fn(loop, attention_mask, state, refresh, refresh_key)
+    if loop.layout is None:
+        pred, cache, refresh_calls = _refresh(loop, attention_mask, state, refresh, refresh_key)
+        by_shape = loop.count_call(state.calls, 0, refresh_calls)
+    else:
+        pred, cache, (full_calls, window_calls) = _block_refresh(loop, attention_mask, state, refresh, refresh_key)
+        by_shape = loop.count_call(loop.count_call(state.calls, 0, full_calls), 1, window_calls)
+        refresh_calls = full_calls + window_calls
 
     frozen = state.done | waiting | primed  # waiting rows are frozen like finished ones
     valid = loop.committable(state.replace(done=frozen))
@@ -463,12 +486,15 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
     windowed = live & (block_after_s0 == state.block)  # rows whose forward is a window call
     start, _ = loop.block_span(state.block)
     # Static window lengths (dual: the block; prefix: buckets up to gen_length); the shortest one
-    # covering every windowed row's rest of its generation is used.
+    # covering every windowed row's rest of its generation is used (dual: the block, always).
     lengths = loop.window_lengths
-    bucket = rules.covering_index(jnp, lengths, jnp.max(jnp.where(windowed, loop.row_end(state.values) - start, 0)))
+    rest = jnp.max(jnp.where(windowed, loop.row_end(state.values) - start, 0))
+    bucket = jnp.minimum(rules.covering_index(jnp, lengths, rest), len(lengths) - 1)
     call = partial(_window_call, loop, attention_mask, cache, pred, start, window_key, state.values)
-    preds, window_calls, forwarded = _forward_leading(proposal, windowed, pred, call, lengths, bucket)
+    preds, window_calls, forwarded, shape = _forward_leading(proposal, windowed, pred, call, lengths, bucket)
     sequences = refresh_calls * batch + sequences_forwarded(batch, forwarded, dcfg)
+    first_window = 1 if loop.layout is None else 2  # after refresh (and block_refresh): calls.call_shapes
+    by_shape = loop.count_call(by_shape, first_window + shape, window_calls)
     new = _apply_choice(
         loop,
         state,
@@ -480,6 +506,7 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
         refresh.astype(jnp.int32) + windowed.astype(jnp.int32),
         refresh_calls + window_calls,
         sequences,
+        by_shape,
         cache=cache,
         stale=state.stale,
     )
@@ -575,7 +602,9 @@ def run_python_loop(loop: Loop, prompt_ids, attention_mask, keys, values, max_it
 def finish(state: DecodeState, canvas: jax.Array | None = None) -> DecodeOutput:
     """The decode's record; ``canvas`` (``output_canvas``) replaces the state's own if given."""
     canvas = state.canvas if canvas is None else canvas
-    return DecodeOutput(canvas, state.row_nfe, state.nfe, state.sequence_forwards, state.iteration, state.stats)
+    return DecodeOutput(
+        canvas, state.row_nfe, state.nfe, state.sequence_forwards, state.iteration, state.stats, state.calls
+    )
 
 
 def _loop_for(model, prompt_length: int, mcfg: ModelConfig, dcfg: DecodeConfig) -> Loop:

@@ -21,6 +21,7 @@ class DecodeOutput(NamedTuple):
     sequence_forwards: Any  # () sequences the model processed
     iterations: Any  # () loop iterations
     stats: dict  # per-row decoder statistics (``Decoder.stat_shapes``)
+    calls: Any = None  # [S] model calls by shape (``calls.call_shapes``; the JAX engine's)
 
 
 @dataclasses.dataclass
@@ -36,6 +37,7 @@ class Generation:
     seconds: float  # wall time of the batch's decode (compilation excluded)
     compile_seconds: float
     stats: dict[str, Any]
+    calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # the batch's, by shape (calls.py)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -49,8 +51,10 @@ def generations(
     seconds: float,
     compile_seconds: float,
     to_numpy: Callable = np.asarray,
+    calls: list[dict[str, Any]] | None = None,
 ) -> list[Generation]:
-    """One ``Generation`` per row of ``out``; ``to_numpy`` reads the backend's arrays."""
+    """One ``Generation`` per row of ``out``; ``to_numpy`` reads the backend's arrays; ``calls``:
+    the batch's model calls by shape (``calls.call_records``), given to every row."""
     canvas = to_numpy(out.canvas)[:, prompt_length:]
     row_nfe = to_numpy(out.row_nfe)
     stats = {k: to_numpy(v) for k, v in out.stats.items()}
@@ -67,6 +71,7 @@ def generations(
             seconds=seconds,
             compile_seconds=compile_seconds,
             stats={k: v[row].tolist() for k, v in stats.items()},
+            calls=list(calls or []),
         )
         for row in range(canvas.shape[0])
     ]

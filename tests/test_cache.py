@@ -46,6 +46,18 @@ def test_fast_dllm_cache_goldens(lms, cache_cases, cache, thr):
     for k, prompt, row in zip(pre, prompts, out):
         assert row.output_ids == cache_cases[k + "output"][0, len(prompt) :].tolist()
         assert row.nfe == int(cache_cases[k + "nfe"])
+    # The batch's calls by shape: with a cache one block-start refresh per block (rows move through
+    # blocks together) and windows of the block (dual) or of the rest of the canvas (prefix).
+    calls = {(c["kind"], c["candidates"], c["positions"]): c["count"] for c in out[0].calls}
+    assert all(c["batch"] == 2 for c in out[0].calls)
+    assert sum(calls.values()) >= max(r.nfe for r in out)
+    assert sum(n * m * 2 for (_, m, _), n in calls.items()) == out[0].sequence_forwards
+    if cache == "none":
+        assert set(calls) == {("full", 1, 32 + 48)}
+    else:
+        assert calls.pop(("refresh", 1, 32 + 48)) == 3
+        assert {(kind, m) for kind, m, _ in calls} == {("window", 1)}
+        assert {w for _, _, w in calls} <= ({16} if cache == "dual" else {16, 32, 48})
 
 
 @pytest.mark.parametrize(
@@ -110,6 +122,8 @@ def test_cached_while_loop_equals_python_loop(lms):
     np.testing.assert_array_equal(np.asarray(compiled.canvas), np.asarray(oracle.canvas))
     np.testing.assert_array_equal(np.asarray(compiled.row_nfe), np.asarray(oracle.row_nfe))
     assert int(compiled.nfe) == int(oracle.nfe) and int(compiled.sequence_forwards) == int(oracle.sequence_forwards)
+    np.testing.assert_array_equal(np.asarray(compiled.calls), np.asarray(oracle.calls))
+    assert int(np.asarray(compiled.calls).sum()) == int(compiled.nfe)
 
 
 @pytest.mark.parametrize("name", ["llada-tiny-gqa", "dream-tiny"])

@@ -48,6 +48,8 @@ def test_while_loop_equals_python_loop(lms, settings):
     np.testing.assert_array_equal(np.asarray(compiled.row_nfe), np.asarray(oracle.row_nfe))
     assert int(compiled.nfe) == int(oracle.nfe) and int(compiled.iterations) == int(oracle.iterations)
     assert int(compiled.sequence_forwards) == int(oracle.sequence_forwards)
+    np.testing.assert_array_equal(np.asarray(compiled.calls), np.asarray(oracle.calls))
+    assert int(np.asarray(compiled.calls).sum()) == int(compiled.nfe)
     for name in compiled.stats:
         np.testing.assert_array_equal(np.asarray(compiled.stats[name]), np.asarray(oracle.stats[name]))
 
