@@ -1,0 +1,173 @@
+"""Seconds per model call, by shape: measured on this device, or modeled for a named target.
+
+A decode's time is, to a good approximation, the sum over its calls of what each call costs
+(``calls.py``: a decode records its calls by shape). So the cost of a setting on a device is
+``predicted_seconds(calls, costs)``, and a finished search re-ranks for another device without
+decoding again. Two sources of per-call costs:
+
+- ``measure_call_costs``: each shape a decode program uses, compiled alone from that program's own
+  pieces (the engine's call functions on a state of the program) and timed warm on this device,
+  the median of a few runs.
+- ``roofline_call_cost``: a named model on a named chip, ``max(FLOPs / peak, bytes / bandwidth)``
+  per call, with the FLOPs and bytes of the call's shape counted analytically (docs/cost-model.md).
+
+A key is ``"<kind> <candidates>x<positions> b<batch>"`` (``cost_key``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from .block_layout import canvas_length
+from .calls import CallShape, call_shapes
+
+REPEATS = 5  # timed runs of a call; the median is its cost
+
+
+def cost_key(shape: CallShape, batch: int) -> str:
+    return f"{shape.key} b{batch}"
+
+
+def record_key(call: dict[str, Any]) -> str:
+    """The cost key of one of a decode's call records (``calls.call_records``)."""
+    return cost_key(CallShape(call["kind"], call["candidates"], call["positions"]), call["batch"])
+
+
+def predicted_seconds(calls: Iterable[dict[str, Any]], costs: dict[str, float]) -> float:
+    """Seconds of a decode whose calls are ``calls`` (records), with ``costs`` seconds per call by key."""
+    missing = sorted({record_key(c) for c in calls} - set(costs))
+    if missing:
+        raise KeyError(f"no cost for the call shape(s) {missing}")
+    return sum(c["count"] * costs[record_key(c)] for c in calls)
+
+
+# -------------------------------------------------------------------------------- measured here
+
+
+def measure_call_costs(
+    lm, program, prompt_length: int, batch: int, shapes: Iterable[CallShape] | None = None, repeats: int = REPEATS
+) -> dict[str, float]:
+    """Seconds per call of each of ``shapes`` (default: every shape ``program`` may use) at ``batch``
+    rows on a canvas after ``prompt_length`` prompt positions, on ``lm``'s device: each call is
+    compiled alone from the engine's own call functions, run once to warm up, then timed
+    ``repeats`` times (``block_until_ready``); the median is kept. Compilation is not timed."""
+    import jax
+    import jax.numpy as jnp
+
+    from .runtime import RowValues, program_settings, row_keys
+
+    program = program_settings(program)
+    calls = _call_functions(lm, program, prompt_length, batch)
+    wanted = list(calls) if shapes is None else list(shapes)
+    params = lm.params
+    keys = jnp.asarray(row_keys([0] * batch, range(batch)))
+    values = jax.tree.map(jnp.asarray, RowValues.of([program] * batch))
+    out = {}
+    for shape in wanted:
+        fn = calls[shape]
+        compiled = jax.jit(fn).lower(params, keys, values).compile()
+        jax.block_until_ready(compiled(params, keys, values))
+        seconds = []
+        for _ in range(repeats):
+            began = time.perf_counter()
+            jax.block_until_ready(compiled(params, keys, values))
+            seconds.append(time.perf_counter() - began)
+        out[cost_key(shape, batch)] = statistics.median(seconds)
+    return out
+
+
+def _call_functions(lm, program, prompt_length: int, batch: int) -> dict[CallShape, Any]:
+    """Per shape of ``program``, a function (params, keys, values) -> the call's outputs, made of
+    the engine's call functions on a first state of the program (all-mask canvases after
+    ``prompt_length`` pad tokens, every row live)."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from . import engine
+
+    mcfg = lm.config
+    ids = jnp.full((batch, prompt_length), mcfg.pad_id, jnp.int32)
+    prompt_mask = jnp.ones((batch, prompt_length), jnp.int32)
+
+    def state_of(params, keys, values):
+        model = nnx.merge(lm.graphdef, params)
+        loop, mask = engine.loop_and_mask(model, prompt_mask, mcfg, program, values)
+        return loop, mask, engine.init_state(loop, ids, mask, keys, values)
+
+    block_causal = mcfg.block_causal
+    shapes = call_shapes(program, canvas_length(prompt_length, program, block_causal), block_causal)
+    rows = jnp.ones(batch, bool)
+
+    def call(shape: CallShape):
+        def run(params, keys, values):
+            loop, mask, state = state_of(params, keys, values)
+            if shape.kind == "full":
+                canvases = jnp.repeat(state.canvas[:, None], shape.candidates, axis=1)
+                return loop.call(canvases, mask, keys, values, state.block)
+            if shape.kind == "refresh":
+                return engine._refresh(loop, mask, state.replace(fresh=rows), rows, keys)[:2]
+            if shape.kind == "block_refresh":
+                second = state.replace(block=jnp.ones(batch, jnp.int32))
+                return engine._block_window_refresh(loop, mask, second, rows, keys)[:2]
+            canvases = jnp.repeat(state.canvas[:, None], shape.candidates, axis=1)
+            start = loop.block_span(state.block)[0]
+            return engine._window_call(
+                loop, mask, state.cache, state.pred, start, keys, values, canvases, shape.positions
+            )
+
+        return run
+
+    return {shape: call(shape) for shape in shapes}
+
+
+# ------------------------------------------------------------------------------- modeled target
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """Peak dense bfloat16 FLOP/s and memory bandwidth (bytes/s) of one chip, with their source."""
+
+    name: str
+    flops: float
+    bandwidth: float
+    source: str
+
+
+CHIPS = {
+    "h200": Chip(
+        "NVIDIA H200",
+        989e12,
+        4.8e12,
+        "NVIDIA H200 SXM datasheet: 1,979 TFLOPS bf16 with sparsity (989 dense), 4.8 TB/s",
+    ),
+    "tpu-v5e": Chip("TPU v5e", 197e12, 819e9, "Google Cloud TPU v5e documentation: 197 TFLOPS bf16, 819 GB/s"),
+}
+
+
+def roofline_call_cost(mcfg, chip: Chip, shape: CallShape, batch: int, block_length: int, bytes_per_param: int = 2):
+    """Seconds of one call of ``shape`` for the model ``mcfg`` on ``chip``: max(FLOPs / peak,
+    bytes / bandwidth), where the FLOPs are 2 x layer parameters x tokens through the layers, the LM
+    head over the positions a decoder can commit (the block, per canvas) and attention's two products,
+    and the bytes the weights read once, the KV cache read by window calls (written by refreshes)
+    and the tokens' activations in and out of each layer."""
+    d, hd = mcfg.d_model, mcfg.head_dim
+    layer = d * mcfg.n_heads * hd * 2 + d * mcfg.n_kv_heads * hd * 2 + 3 * d * mcfg.mlp_hidden
+    layer_params = layer * mcfg.n_layers
+    head = d * mcfg.vocab_size
+    rows = batch * shape.candidates
+    queries = shape.positions
+    keys = shape.positions if shape.kind in ("full", "refresh") else None
+    kv_per_position = 2 * mcfg.n_layers * mcfg.n_kv_heads * hd * bytes_per_param
+    if keys is None:  # a window attends to the whole cached canvas: its keys are the cache's
+        keys = max(shape.positions, 2 * block_length)
+    committable = min(block_length * (1 if shape.kind != "full" else 2), queries)
+    flops = 2 * layer_params * rows * queries + 2 * head * rows * committable
+    flops += 4 * mcfg.n_layers * rows * queries * keys * mcfg.n_heads * hd
+    weight_bytes = (layer_params + head) * bytes_per_param
+    cache_bytes = kv_per_position * batch * keys if shape.kind in ("window", "block_refresh", "refresh") else 0
+    activation_bytes = 2 * mcfg.n_layers * rows * queries * d * bytes_per_param
+    return max(flops / chip.flops, (weight_bytes + cache_bytes + activation_bytes) / chip.bandwidth)
