@@ -2,10 +2,18 @@
 
 For each decoder setting the same prompts run in the same batches; compilation (ahead of time)
 is timed separately and excluded, a batch that needed a fresh executable is decoded once untimed
-as warm-up, and each batch is timed with ``block_until_ready``. Reported per setting: exact-answer accuracy, mean
-NFE per prompt, tokens per forward (TPF, exact and machine-independent), sequence forwards,
-tokens/s, and speedups against 1-token-per-step decoding measured in the same run. Writes JSON, a Markdown
-table and a Pareto plot (accuracy against TPF and against tokens/s).
+as warm-up, and each batch is timed with ``block_until_ready``. The headline is time: each
+setting's tokens/s against the upstream baseline, one token per step without a cache (LLaDA's
+``generate.py``: ``fixed-1/none``, always run first), measured in the same run, with the paired
+accuracy difference against it beside it; exact-answer accuracy, tokens per forward (TPF, exact and
+machine-independent), NFE per prompt and sequence forwards are the secondary columns, and each
+setting's model calls by shape (``psd_jax.calls``). ``--latency N`` also times the first N problems
+one at a time (batch 1): the time per answer, median and 95th percentile. Writes JSON, a Markdown
+table and a Pareto plot (accuracy against tokens/s, and against TPF).
+
+A setting's name may carry its cache after a slash (``threshold-0.9/dual``, ``fixed-1/none``), so
+one run compares cached and uncached settings on the same batches; a name without one takes
+``--cache`` (default dual). Results name every setting with its cache.
 
 ``--decoders recommended`` (opt-in) adds the model directory's recommended setting
 (``recommended.json``, else ``config.RECOMMENDED``) on the bench's generation length. It is a
@@ -30,15 +38,15 @@ from models.quantize import QUANTIZE
 
 from . import multihost
 from .api import DTYPES, LoadedModel, load_model, model_directory, model_settings
-from .config import DecodeConfig, check_for_model
+from .config import CACHES, DecodeConfig, check_for_model
 from .errors import InputError
-from .flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, positive_int
+from .flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, non_negative_int, positive_int
 from .lengths import check_context
 from .recommended import NAME as RECOMMENDED_NAME
 from .recommended import named_settings
 from .scoring import is_correct, load_jsonl
 
-BASELINE = "fixed-1"
+BASELINE = "fixed-1/none"  # LLaDA's generate.py: one token per step, no cache; every speedup is against it
 SCHEDULE = (
     "schedule-0.95"  # LLaDA2.0's own rule at its generate's defaults (threshold 0.95, block_length steps per block)
 )
@@ -74,6 +82,8 @@ class Row:
     compile_seconds: float = 0.0
     correct_by_problem: list[int] = field(default_factory=list)  # 1/0 per problem, in order
     extra: dict = field(default_factory=dict)
+    calls: dict[str, dict] = field(default_factory=dict)  # the batches' model calls by shape, summed
+    latency: list[float] = field(default_factory=list)  # seconds per answer at batch 1 (--latency)
 
     @property
     def n(self) -> int:
@@ -91,10 +101,31 @@ class Row:
             "tokens_per_second": self.tokens / self.seconds if self.seconds else float("nan"),
             "seconds": self.seconds,
             "compile_seconds": self.compile_seconds,
+            **latency_summary(self.latency),
             "settings": self.settings,
             "correct_by_problem": "".join(map(str, self.correct_by_problem)),
+            "calls": list(self.calls.values()),
             **self.extra,
         }
+
+    def add_calls(self, calls: list[dict]) -> None:
+        """One batch's call records (``Generation.calls``) into the row's sums by shape and batch."""
+        for call in calls:
+            key = (call["kind"], call["candidates"], call["positions"], call["batch"])
+            total = self.calls.setdefault(str(key), {**call, "count": 0})
+            total["count"] += call["count"]
+
+
+def latency_summary(seconds: list[float]) -> dict:
+    """Per-answer seconds at batch 1: how many, the median and the 95th percentile (none when not
+    measured)."""
+    if not seconds:
+        return {}
+    return {
+        "latency_n": len(seconds),
+        "latency_p50": float(np.percentile(seconds, 50)),
+        "latency_p95": float(np.percentile(seconds, 95)),
+    }
 
 
 def decoder_settings(gen_length: int) -> dict[str, dict]:
@@ -117,12 +148,24 @@ def decoder_settings(gen_length: int) -> dict[str, dict]:
     return matrix
 
 
+def split_name(name: str) -> tuple[str, str | None]:
+    """``"threshold-0.9/dual"`` -> ``("threshold-0.9", "dual")``; a name without a cache -> (name, None)."""
+    setting, slash, cache = name.partition("/")
+    return setting, (cache if slash else None)
+
+
 def decoder_matrix(base: DecodeConfig, names: list[str] | None = None) -> dict[str, DecodeConfig]:
-    """DecodeConfigs of the named settings (default: all) on ``base``'s lengths and cache. Only the
-    named ones are built, so a setting the lengths do not allow (``fixed-2`` at block length 1)
-    fails only when asked for."""
+    """DecodeConfigs of the named settings (default: all, on ``base``'s cache) on ``base``'s lengths,
+    each keyed by its name with its cache (``fixed-1/none``): a name's own cache after a slash wins
+    over ``base``'s. Only the named ones are built, so a setting the lengths do not allow
+    (``fixed-2`` at block length 1) fails only when asked for."""
     fields = decoder_settings(base.gen_length)
-    return {name: base.replace(**fields[name]) for name in (fields if names is None else names)}
+    out = {}
+    for name in fields if names is None else names:
+        setting, cache = split_name(name)
+        cache = cache or base.cache
+        out[f"{setting}/{cache}"] = base.replace(**fields[setting], cache=cache)
+    return out
 
 
 def recommended_settings(model_dir: Path, flags: dict, gen_length: int) -> DecodeConfig:
@@ -141,22 +184,19 @@ def run_setting(
     chat: bool | None,
     prompt_bucket: int,
     progress=None,
+    latency: int = 0,
 ) -> Row:
-    """One decoder setting over every batch. Compilation is ahead of time (``LoadedModel``) and
-    reported apart. A batch that needed a fresh executable (the setting's first, or a new prompt
-    bucket) is decoded again and the second run is the one timed: an executable's first run carries
-    one-off costs (on XLA:CPU about 0.8 s for the shipped model, ten times a warm decode of 4
-    prompts), which would otherwise be charged to whichever setting runs first in its shapes."""
+    """One decoder setting over every batch, then (``latency``) its first problems one at a time.
+    Compilation is ahead of time (``LoadedModel``) and reported apart. A batch that needed a fresh
+    executable (the setting's first, or a new prompt bucket) is decoded again and the second run is
+    the one timed (``generate(warm=True)``): an executable's first run carries one-off costs, which
+    would otherwise be charged to whichever setting runs first in its shapes."""
     row = Row(name, dict(vars(settings)))
     batches = [examples[i : i + batch] for i in range(0, len(examples), batch)]
-    prompts = [[ex["question"] for ex in b] for b in batches]
-    for chunk, texts in zip(batches, prompts):
-        results = lm.generate(texts, settings, chat=chat, prompt_bucket=prompt_bucket)
-        if results[0].compile_seconds:
-            row.compile_seconds += results[0].compile_seconds
-            results = lm.generate(texts, settings, chat=chat, prompt_bucket=prompt_bucket)
-        row.seconds += results[0].seconds
+    for chunk in batches:
+        results = _timed_generate(lm, [ex["question"] for ex in chunk], settings, chat, prompt_bucket, row)
         row.sequence_forwards += results[0].sequence_forwards
+        row.add_calls(results[0].calls)
         for r, ex in zip(results, chunk):
             row.correct_by_problem.append(int(is_correct(r.text or "", ex)))
             row.nfe += r.nfe
@@ -165,7 +205,18 @@ def run_setting(
                 row.extra[key] = (np.asarray(row.extra.get(key, 0)) + np.asarray(value)).tolist()
         if progress is not None:
             progress.update(len(chunk))
+    for ex in examples[:latency]:  # the same decodes at batch 1: time per answer
+        row.latency.append(_timed_generate(lm, [ex["question"]], settings, chat, prompt_bucket, None)[0].seconds)
     return row
+
+
+def _timed_generate(lm: LoadedModel, texts: list[str], settings: DecodeConfig, chat, bucket: int, row: Row | None):
+    """``generate`` of a warm executable, its compilation and decode seconds added to ``row``."""
+    results = lm.generate(texts, settings, chat=chat, prompt_bucket=bucket, warm=True)
+    if row is not None:
+        row.compile_seconds += results[0].compile_seconds
+        row.seconds += results[0].seconds
+    return results
 
 
 def paired_difference(correct_a: str, correct_b: str) -> dict:
@@ -190,32 +241,52 @@ def paired_difference(correct_a: str, correct_b: str) -> dict:
 
 
 def with_speedups(summaries: list[dict]) -> list[dict]:
+    """Each summary with its speedups over the baseline (``BASELINE``, measured in the same run):
+    tokens/s, TPF and, at batch 1, the median latency; and its accuracy difference against the
+    baseline on the same problems, paired (``paired_difference``: points and their standard error)."""
     base = next((s for s in summaries if s["name"] == BASELINE), None)
+    if base is None:
+        return summaries
     for s in summaries:
-        if base is not None:
-            s["speedup_tokens_per_second"] = s["tokens_per_second"] / base["tokens_per_second"]
-            s["speedup_tpf"] = s["tpf"] / base["tpf"]
+        s["speedup_tokens_per_second"] = s["tokens_per_second"] / base["tokens_per_second"]
+        s["speedup_tpf"] = s["tpf"] / base["tpf"]
+        if "latency_p50" in s and "latency_p50" in base:
+            s["speedup_latency"] = base["latency_p50"] / s["latency_p50"]
+        pair = paired_difference(base["correct_by_problem"], s["correct_by_problem"])
+        s["accuracy_difference"], s["accuracy_standard_error"] = pair["difference"], pair["standard_error"]
     return summaries
 
 
-def _speedup(summary: dict, key: str) -> str:
-    """A speedup cell; "–" when the run had no ``fixed-1`` to measure it against."""
-    return f"{summary[key]:.2f}x" if key in summary else "–"
+def _cell(summary: dict, key: str, form: str) -> str:
+    """A cell of ``summary[key]`` in ``form``; "–" where the run did not measure it (no baseline, no
+    latency run)."""
+    return form.format(summary[key]) if key in summary else "–"
+
+
+def _difference(summary: dict) -> str:
+    if summary["name"] == BASELINE or "accuracy_difference" not in summary:
+        return "–"
+    se = summary["accuracy_standard_error"]
+    return f"{100 * summary['accuracy_difference']:+.1f} ± {100 * se:.1f}" if se == se else "–"
 
 
 def markdown_table(summaries: list[dict]) -> str:
-    head = "| decoder | accuracy | NFE/prompt | TPF | TPF speedup | seq. forwards | tokens/s | speedup (tok/s) | compile s |\n"
-    head += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    head = (
+        "| decoder | tokens/s | speedup (tok/s) | accuracy | vs baseline (points) | TPF | TPF ratio | NFE/prompt "
+        "| latency p50 s | p95 s | compile s |\n"
+    )
+    head += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
     lines = [
-        f"| {s['name']} | {100 * s['accuracy']:.1f}% | {s['nfe_per_prompt']:.1f} | {s['tpf']:.2f} | "
-        f"{_speedup(s, 'speedup_tpf')} | {s['sequence_forwards']} | {s['tokens_per_second']:.1f} | "
-        f"{_speedup(s, 'speedup_tokens_per_second')} | {s['compile_seconds']:.1f} |"
+        f"| {s['name']} | {s['tokens_per_second']:.1f} | {_cell(s, 'speedup_tokens_per_second', '{:.2f}x')} | "
+        f"{100 * s['accuracy']:.1f}% | {_difference(s)} | {s['tpf']:.2f} | {_cell(s, 'speedup_tpf', '{:.2f}x')} | "
+        f"{s['nfe_per_prompt']:.1f} | {_cell(s, 'latency_p50', '{:.3f}')} | {_cell(s, 'latency_p95', '{:.3f}')} | "
+        f"{s['compile_seconds']:.1f} |"
         for s in summaries
     ]
     return head + "\n".join(lines) + "\n"
 
 
-PLOT_AXES = (("tpf", "tokens per forward (TPF)"), ("tokens_per_second", "tokens/s (warm)"))
+PLOT_AXES = (("tokens_per_second", "tokens/s (warm)"), ("tpf", "tokens per forward (TPF)"))
 
 
 def pareto_plot(
@@ -296,8 +367,17 @@ def build_parser() -> ArgumentParser:
     add_decode_flags(p, MATRIX_FIELDS, BENCH_DEFAULTS)
     p.add_argument(
         "--decoders",
-        help="comma-separated settings of the matrix (default: all but the opt-in ones); --list shows names; "
-        "recommended: the model directory's recommended setting, with its own block length and cache",
+        help="comma-separated settings of the matrix (default: all but the opt-in ones), each with its cache after "
+        "a slash if not --cache's (threshold-0.9/none); --list shows names; recommended: the model directory's "
+        f"recommended setting, with its own block length and cache; {BASELINE} (the speedups' baseline) always runs",
+    )
+    p.add_argument(
+        "--latency",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="also decode the first N problems one at a time (batch 1) and report the time per answer, "
+        "median and 95th percentile (default: 0, off)",
     )
     p.add_argument("--all", action="store_true", help="every setting of the matrix, the opt-in ones too")
     p.add_argument("--list", action="store_true", help="list the decoder settings and exit")
@@ -307,13 +387,23 @@ def build_parser() -> ArgumentParser:
 
 
 def selected_names(args, known: list[str]) -> list[str]:
+    """The settings asked for (known names, each with a cache after a slash where one is given),
+    the baseline first whatever was asked."""
     if not args.decoders:
-        return [n for n in known if args.all or n not in OPT_IN]
-    names = [n.strip() for n in args.decoders.split(",") if n.strip()]
-    unknown = [n for n in names if n not in known]
-    if unknown or not names:
-        raise InputError(f"unknown decoder setting(s) {unknown or [args.decoders]}; see --list")
-    return names
+        names = [n for n in known if args.all or n not in OPT_IN]
+    else:
+        names = [n.strip() for n in args.decoders.split(",") if n.strip()]
+        unknown = [n for n in names if split_name(n)[0] not in known]
+        if unknown or not names:
+            raise InputError(f"unknown decoder setting(s) {unknown or [args.decoders]}; see --list")
+        for name in names:
+            setting, cache = split_name(name)
+            if cache is not None and (setting == RECOMMENDED_NAME or cache not in CACHES):
+                raise InputError(
+                    f"{name}: the cache after the slash must be one of {', '.join(CACHES)} "
+                    f"({RECOMMENDED_NAME} brings its own)"
+                )
+    return [BASELINE, *names]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -329,8 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         names = selected_names(args, known)
         matrix = decoder_matrix(base, [n for n in names if n != RECOMMENDED_NAME])
         if RECOMMENDED_NAME in names:
-            recommended = recommended_settings(model_dir, decode_fields(args), base.gen_length)
-            matrix = {n: recommended if n == RECOMMENDED_NAME else matrix[n] for n in names}
+            matrix[RECOMMENDED_NAME] = recommended_settings(model_dir, decode_fields(args), base.gen_length)
         mcfg = load_config(model_dir)
         for settings in matrix.values():
             check_for_model(settings, mcfg)
@@ -354,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
         "data": str(data),
         "n": len(examples),
         "batch": args.batch,
+        "latency_problems": min(args.latency, len(examples)),
+        "baseline": BASELINE,
         "gen_length": base.gen_length,
         "block_length": base.block_length,
         "cache": base.cache,
@@ -388,9 +479,10 @@ def run_matrix(lm: LoadedModel, matrix: dict[str, DecodeConfig], examples: list[
     with tqdm(total=total, desc="bench", unit="prompt", file=sys.stderr, disable=not multihost.is_main()) as bar:
         for name, settings in matrix.items():
             bar.set_postfix_str(name)
-            rows.append(
-                run_setting(lm, name, settings, examples, args.batch, args.chat, args.prompt_bucket, bar).summary()
+            row = run_setting(
+                lm, name, settings, examples, args.batch, args.chat, args.prompt_bucket, bar, args.latency
             )
+            rows.append(row.summary())
     return with_speedups(rows)
 
 

@@ -26,7 +26,10 @@ from .scoring import load_jsonl
 
 HELD_OUT_FILE = "test.jsonl"
 DEMO_PROBLEMS = 8  # held-out questions the first run answers (one batch per decoder)
-EXPLAIN_STATS = "NFE = model calls; TPF = tokens per forward (generated tokens / NFE): higher TPF, fewer calls."
+EXPLAIN_STATS = (
+    "tokens/s of a warm decode (compilation apart); speedup = tokens/s over one token per step without a cache "
+    "(LLaDA's generate.py).\nNFE = model calls; TPF = tokens per forward (generated tokens / NFE): higher TPF, fewer calls."
+)
 
 
 def build_parser() -> ArgumentParser:
@@ -128,15 +131,16 @@ def run_demo(
     prompt_bucket: int | None = 32,
     origin: str | None = None,
 ) -> None:
-    """Answer held-out questions with ``settings`` and with one token per step, in one batch each;
-    show the first question in full and both decoders' accuracy and stats side by side, and where
-    the setting came from (``origin``: ``Recommendation.origin()``)."""
+    """Answer held-out questions with ``settings`` and with one token per step without a cache
+    (LLaDA's ``generate.py``), in one batch each, timed warm (``generate(warm=True)``); show the
+    first question in full, both decoders' accuracy, speed and calls side by side, and where the
+    setting came from (``origin``: ``Recommendation.origin()``)."""
     from .scoring import extract_answer, gold_answer
 
     baseline = DecodeConfig(gen_length=settings.gen_length, block_length=settings.block_length)
     questions = [ex["question"] for ex in examples]
     runs = [
-        (s, lm.generate(questions, s, seed=seed, chat=chat, prompt_bucket=prompt_bucket))
+        (s, lm.generate(questions, s, seed=seed, chat=chat, prompt_bucket=prompt_bucket, warm=True))
         for s in dict.fromkeys([settings, baseline])
     ]
     references = [gold_answer(ex) for ex in examples]
@@ -166,21 +170,28 @@ def run_demo(
     print()
     width = max(len(describe(s)) for s, _ in runs)
     print(
-        f"{'decoder':<{width}}  answer {shown + 1}  right on {len(examples):<2}  NFE/question   TPF  tokens/s  compile s"
+        f"{'decoder':<{width}}  answer {shown + 1}  right on {len(examples):<2}  tokens/s  speedup  "
+        "NFE/question   TPF  compile s"
     )
+    speed = {s: _tokens_per_second(results) for s, results in runs}
     for s, results in runs:
         answers = [extract_answer(r.text or "") for r in results]
         correct = sum(a == ref for a, ref in zip(answers, references))
         tokens, nfe, r = sum(x.tokens for x in results), sum(x.nfe for x in results), results[0]
-        tps = tokens / r.seconds if r.seconds > 0 else float("inf")
         print(
-            f"{describe(s):<{width}}  {str(answers[shown]):>8}  {correct:>8}/{len(examples):<2}  {nfe / len(results):>12.1f}  "
-            f"{tokens / max(nfe, 1):>4.2f}  {tps:>8.1f}  {r.compile_seconds:>9.2f}"
+            f"{describe(s):<{width}}  {str(answers[shown]):>8}  {correct:>8}/{len(examples):<2}  {speed[s]:>8.1f}  "
+            f"{speed[s] / speed[baseline]:>6.2f}x  {nfe / len(results):>12.1f}  {tokens / max(nfe, 1):>4.2f}  "
+            f"{r.compile_seconds:>9.2f}"
         )
     print(f"(the first {len(examples)} questions of {lm.path / HELD_OUT_FILE}, one batch per decoder)")
     if origin is not None:
         print(f"recommended setting: {origin}")
     print(EXPLAIN_STATS)
+
+
+def _tokens_per_second(results: list[Generation]) -> float:
+    seconds = results[0].seconds  # the batch's
+    return sum(r.tokens for r in results) / seconds if seconds > 0 else float("inf")
 
 
 def print_results(prompts: list, results: list[Generation], as_json: bool) -> None:

@@ -336,7 +336,8 @@ def settings_for(row: dict, prof: Profile):
     from psd_jax.bench import decoder_matrix
 
     base = DecodeConfig(gen_length=prof.gen_length, block_length=prof.block_length, cache=row["cache"])
-    return decoder_matrix(base, [row["setting"]])[row["setting"]]
+    (settings,) = decoder_matrix(base, [row["setting"]]).values()
+    return settings
 
 
 # ------------------------------------------------------------------------------------ measuring

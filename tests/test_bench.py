@@ -15,19 +15,25 @@ from psd_jax.scoring import is_correct, load_jsonl
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    code = bench.main(["--limit", "6", "--batch", "3", "--decoders", "fixed-1,psd-fixed-4-d3", "--out", str(out)])
-    return code, out
+    argv = ["--limit", "6", "--batch", "3", "--decoders", "threshold-0.9/none,psd-fixed-4-d3", "--latency", "2"]
+    return bench.main([*argv, "--out", str(out)]), out
 
 
 def test_bench_writes_json_markdown_and_plot(run):
+    """The baseline (one token per step, no cache) runs first whatever was asked; a name without a
+    cache takes --cache (dual), one with a cache after the slash keeps its own."""
     code, out = run
     assert code == 0
     assert (out / "pareto.png").stat().st_size > 0
     report = json.loads((out / "bench.json").read_text())
-    assert report["meta"]["n"] == 6 and report["meta"]["cache"] == "dual"
-    assert [r["name"] for r in report["results"]] == ["fixed-1", "psd-fixed-4-d3"]
+    assert report["meta"]["n"] == 6 and report["meta"]["cache"] == "dual" and report["meta"]["latency_problems"] == 2
+    names = [r["name"] for r in report["results"]]
+    assert names == ["fixed-1/none", "threshold-0.9/none", "psd-fixed-4-d3/dual"]
+    assert [r["settings"]["cache"] for r in report["results"]] == ["none", "none", "dual"]
     table = (out / "bench.md").read_text().splitlines()
-    assert len(table) == 4 and table[2].startswith("| fixed-1 |") and table[3].startswith("| psd-fixed-4-d3 |")
+    assert table[0].startswith("| decoder | tokens/s | speedup (tok/s) | accuracy | vs baseline (points) |")
+    assert len(table) == 5 and [line.split(" | ")[0] for line in table[2:]] == [f"| {n}" for n in names]
+    assert table[2].split(" | ")[2] == "1.00x" and table[2].split(" | ")[4] == "–"  # the baseline against itself
 
 
 def test_bench_counts_match_a_direct_generate_call(run):
@@ -36,11 +42,10 @@ def test_bench_counts_match_a_direct_generate_call(run):
     rows = {r["name"]: r for r in json.loads((out / "bench.json").read_text())["results"]}
     lm = load_model()
     examples = load_jsonl(lm.path / "test.jsonl")[:6]
-    settings = bench.decoder_matrix(model_settings(lm.path, {"cache": "dual"}))["psd-fixed-4-d3"]
-    results = [
-        r for i in (0, 3) for r in lm.generate([e["question"] for e in examples[i : i + 3]], settings, chat=True)
-    ]
-    row = rows["psd-fixed-4-d3"]
+    settings = bench.decoder_matrix(model_settings(lm.path, {"cache": "dual"}))["psd-fixed-4-d3/dual"]
+    batches = [lm.generate([e["question"] for e in examples[i : i + 3]], settings, chat=True) for i in (0, 3)]
+    results = [r for batch in batches for r in batch]
+    row = rows["psd-fixed-4-d3/dual"]
     assert row["n"] == 6
     assert row["accuracy"] == sum(is_correct(r.text, e) for r, e in zip(results, examples)) / 6
     assert row["correct_by_problem"] == "".join(str(int(is_correct(r.text, e))) for r, e in zip(results, examples))
@@ -48,30 +53,55 @@ def test_bench_counts_match_a_direct_generate_call(run):
     assert row["tokens"] == sum(r.tokens for r in results)
     assert row["tpf"] == pytest.approx(row["tokens"] / sum(r.nfe for r in results))
     assert sum(row["accepted_depth"]) > 0 and len(row["accepted_depth"]) == 4
-    assert rows["fixed-1"]["speedup_tpf"] == 1.0
-    assert row["speedup_tpf"] == pytest.approx(row["tpf"] / rows["fixed-1"]["tpf"])
+    base = rows["fixed-1/none"]
+    assert base["speedup_tpf"] == base["speedup_tokens_per_second"] == 1.0 and base["accuracy_difference"] == 0
+    assert row["speedup_tpf"] == pytest.approx(row["tpf"] / base["tpf"])
+    assert row["speedup_tokens_per_second"] == pytest.approx(row["tokens_per_second"] / base["tokens_per_second"])
+    pair = bench.paired_difference(base["correct_by_problem"], row["correct_by_problem"])
+    assert (row["accuracy_difference"], row["accuracy_standard_error"]) == (pair["difference"], pair["standard_error"])
+
+    # The calls by shape are the two batches' together; the latency is of the first 2 problems alone.
+    def counts(calls):
+        return sorted((c["kind"], c["candidates"], c["positions"], c["batch"], c["count"]) for c in calls)
+
+    summed = {}
+    for batch in batches:
+        for c in batch[0].calls:
+            key = (c["kind"], c["candidates"], c["positions"], c["batch"])
+            summed[key] = summed.get(key, 0) + c["count"]
+    assert counts(row["calls"]) == sorted((*k, n) for k, n in summed.items())
+    assert row["latency_n"] == 2 and 0 < row["latency_p50"] <= row["latency_p95"]
+    assert row["speedup_latency"] == pytest.approx(base["latency_p50"] / row["latency_p50"])
 
 
 def test_bench_rejects_an_unknown_decoder_setting(capsys, tmp_path):
     assert bench.main(["--decoders", "fixed-3", "--out", str(tmp_path)]) == 2
     assert "unknown decoder setting(s) ['fixed-3']" in capsys.readouterr().err
+    assert bench.main(["--decoders", "fixed-1/fast", "--out", str(tmp_path)]) == 2
+    assert "fixed-1/fast: the cache after the slash must be one of none, prefix, dual" in capsys.readouterr().err
+    assert bench.main(["--decoders", "recommended/none", "--out", str(tmp_path)]) == 2
+    assert "(recommended brings its own)" in capsys.readouterr().err
 
 
 def test_bench_default_run_is_the_matrix_without_the_opt_in_settings(capsys):
     assert bench.main(["--list"]) == 0
     listed = capsys.readouterr().out.splitlines()
-    matrix = bench.decoder_matrix(DecodeConfig(gen_length=48, block_length=16))
-    assert len(listed) == len(matrix) + 1 == 35 and listed[-1] == "recommended (only with --all or --decoders)"
+    names = list(bench.decoder_settings(48))
+    assert len(listed) == len(names) + 1 == 35 and listed[-1] == "recommended (only with --all or --decoders)"
     opt_in = [line.split()[0] for line in listed if line.endswith("(only with --all or --decoders)")]
-    assert opt_in == sorted(bench.OPT_IN, key=[*matrix, "recommended"].index) and len(opt_in) == 13
-    assert matrix["schedule-0.95"].steps_per_block == 16  # LLaDA2.0's default: block_length steps per block
+    assert opt_in == sorted(bench.OPT_IN, key=[*names, "recommended"].index) and len(opt_in) == 13
+    matrix = bench.decoder_matrix(DecodeConfig(gen_length=48, block_length=16))
+    assert matrix["schedule-0.95/none"].steps_per_block == 16  # LLaDA2.0's default: block_length steps per block
 
 
 def test_bench_builds_only_the_settings_asked_for(capsys):
     """At block length 1, fixed-1 is a valid setting though fixed-2's 24 steps cannot cover 48
     blocks: only a setting that is asked for is built, and a bad one fails early, naming why."""
     matrix = bench.decoder_matrix(DecodeConfig(gen_length=48, block_length=1, cache="dual"), ["fixed-1"])
-    assert list(matrix) == ["fixed-1"] and (matrix["fixed-1"].steps, matrix["fixed-1"].block_length) == (48, 1)
+    assert list(matrix) == ["fixed-1/dual"] and (matrix["fixed-1/dual"].steps, matrix["fixed-1/dual"].block_length) == (
+        48,
+        1,
+    )
     assert bench.main(["--block-length", "1", "--decoders", "fixed-2"]) == 2
     assert "steps 24 is not divisible by the number of blocks 48" in capsys.readouterr().err
 
@@ -88,10 +118,10 @@ def test_paired_difference_counts_the_discordant_problems():
 
 
 def test_table_without_the_baseline_leaves_speedups_blank():
-    """A run without ``fixed-1`` has nothing to measure speedups against: "–", not "nanx"."""
-    row = bench.Row("fixed-4", {}, nfe=10, tokens=20, seconds=2.0, correct_by_problem=[1, 0]).summary()
+    """Rows without the baseline have nothing to measure speedups against: "–", not "nanx"."""
+    row = bench.Row("fixed-4/dual", {}, nfe=10, tokens=20, seconds=2.0, correct_by_problem=[1, 0]).summary()
     line = bench.markdown_table(bench.with_speedups([row])).splitlines()[2]
-    assert line == "| fixed-4 | 50.0% | 5.0 | 2.00 | – | 0 | 10.0 | – | 0.0 |"
+    assert line == "| fixed-4/dual | 10.0 | – | 50.0% | – | 2.00 | – | 5.0 | – | – | 0.0 |"
 
 
 def test_bench_recommended_runs_the_directorys_setting_with_its_own_cache(
@@ -106,7 +136,8 @@ def test_bench_recommended_runs_the_directorys_setting_with_its_own_cache(
     assert bench.main([*args, "--decoders", "recommended"]) == 0
     report = json.loads((tmp_path / "bench.json").read_text())
     assert report["meta"]["cache"] == "dual"  # the matrix's base
-    (row,) = report["results"]
+    baseline, row = report["results"]
+    assert baseline["name"] == "fixed-1/none"
     tuned = DecodeConfig(gen_length=48, **TUNED)
     assert row["name"] == "recommended" and row["settings"] == dict(vars(tuned))
     examples = load_jsonl(tuned_model_dir / "test.jsonl")[:8]

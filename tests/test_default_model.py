@@ -72,7 +72,10 @@ def test_cli_without_arguments_compares_the_recommended_decoder_with_one_token_p
         assert f"{sum(ok)}/{DEMO_PROBLEMS}" in cells
         assert f"{nfe / DEMO_PROBLEMS:.1f}" in cells and f"{sum(r.tokens for r in results) / nfe:.2f}" in cells
     assert sum(r.nfe for r in runs[0]) < sum(r.nfe for r in runs[1])  # the point: fewer model calls
-    assert out[-1] == EXPLAIN_STATS
+    assert "\n".join(out[-len(EXPLAIN_STATS.splitlines()) :]) == EXPLAIN_STATS
+    # tokens/s of each warm decode, and the recommended setting's over one token per step's
+    speeds, speedups = [float(row.split()[-5]) for row in rows], [row.split()[-4] for row in rows]
+    assert speedups[1] == "1.00x" and abs(float(speedups[0][:-1]) - speeds[0] / speeds[1]) < 0.02
 
 
 def test_decode_defaults_reject_unknown_keys(tmp_path):

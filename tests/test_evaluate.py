@@ -128,7 +128,9 @@ def test_harness_score_equals_bench_problem_by_problem(tmp_path):
     harness = [int(s["exact_match"]) for s in logged]
 
     lm = load_model()
-    settings = decoder_matrix(model_settings(DEFAULT_MODEL_DIR, {}), ["psd-threshold-0.9-d3"])["psd-threshold-0.9-d3"]
+    settings = decoder_matrix(model_settings(DEFAULT_MODEL_DIR, {}), ["psd-threshold-0.9-d3"])[
+        "psd-threshold-0.9-d3/none"
+    ]
     assert settings == parse_eval_args(simple_parse_args_string(model_args)).settings
     examples = load_jsonl(HELD_OUT)[:n]
     row = run_setting(lm, "psd-threshold-0.9-d3", settings, examples, batch, None, 32)

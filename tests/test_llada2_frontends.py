@@ -60,13 +60,13 @@ def test_bench_counts_equal_generate(model_dir, lm, questions, tmp_path):
     examples = load_jsonl(model_dir / "test.jsonl")
     matrix = bench.decoder_matrix(model_settings(model_dir, {"cache": "dual", **LENGTHS}), names)
     for name in names:
-        results = [r for i in (0, 3) for r in lm.generate(questions[i : i + 3], matrix[name], chat=True)]
-        row = rows[name]
+        results = [r for i in (0, 3) for r in lm.generate(questions[i : i + 3], matrix[f"{name}/dual"], chat=True)]
+        row = rows[f"{name}/dual"]
         assert row["n"] == 6 and row["tokens"] == sum(r.tokens for r in results)
         assert row["nfe_per_prompt"] == sum(r.nfe for r in results) / 6
         assert row["correct_by_problem"] == "".join(str(int(is_correct(r.text, e))) for r, e in zip(results, examples))
-    assert rows["psd-schedule-0.95-d3"]["nfe_per_prompt"] < rows["schedule-0.95"]["nfe_per_prompt"]
-    assert sum(rows["psd-schedule-0.95-d3"]["accepted_depth"][1:]) > 0
+    assert rows["psd-schedule-0.95-d3/dual"]["nfe_per_prompt"] < rows["schedule-0.95/dual"]["nfe_per_prompt"]
+    assert sum(rows["psd-schedule-0.95-d3/dual"]["accepted_depth"][1:]) > 0
 
 
 def test_harness_generate_until_equals_generate(model_dir, lm, questions):

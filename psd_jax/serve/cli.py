@@ -23,7 +23,15 @@ from models.quantize import QUANTIZE
 from .. import multihost
 from ..api import DTYPES, InputError, left_pad, load_model, model_directory, model_settings
 from ..config import MAX_BRANCHES, DecodeConfigError, check_for_model
-from ..flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, add_settings_flag, decode_fields, positive_int
+from ..flags import (
+    EXIT_BAD_INPUT,
+    ArgumentParser,
+    add_decode_flags,
+    add_settings_flag,
+    decode_fields,
+    non_negative_int,
+    positive_int,
+)
 from ..recommended import NAME, named_settings
 from ..sharding import MeshError
 from ..tokenizer import TokenizerError
@@ -62,17 +70,6 @@ def port_number(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}") from None
     if not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type for ``--max-depth`` (PSD depth 0 is a decode without drafts)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
     return value
 
 
