@@ -3,12 +3,18 @@ runs when asked for ``recommended`` by name.
 
 A model directory may hold ``recommended.json``, written by ``python -m psd_jax.tune --write``:
 
-    {"settings": {<DecodeConfig fields>}, "provenance": {<how it was chosen: data, accuracy, TPF>}}
+    {"devices": {"cpu": {"settings": {...}, "provenance": {...}, "frontier": [...]}, "gpu": {...}},
+     "settings": {...}, "provenance": {...}}
 
-``settings`` are ``DecodeConfig`` fields applied over the directory's ``decode_defaults.json``
-(they may set the block length the tuner searched). Without the file the library's own
-recommendation (``config.RECOMMENDED``) is used. Field names are checked when the file is read;
-values when the settings are made for a decode (``api.model_settings``), where the lengths are known.
+one choice per device kind (``cpu``, ``gpu``, ``tpu``: the fastest setting within the tuner's loss
+for that kind, measured on it or priced for a modeled target of it, with the frontier it was chosen
+from), and at the top level the latest choice written, which serves a kind the file has no entry
+for (a file of only the top level serves every kind). ``settings`` are ``DecodeConfig`` fields
+applied over the directory's ``decode_defaults.json`` (they may set the block length the tuner
+searched). Without the file the library's own recommendation (``config.RECOMMENDED``) is used.
+Field names are checked when the file is read; values when the settings are made for a decode
+(``api.model_settings``), where the lengths are known. The device asked for is the one this process
+decodes on (``jax.default_backend()``) unless given.
 
 Every front end resolves a settings name (``--settings NAME``, ``settings=NAME``, a request's
 ``"settings"``) with ``named_settings``: ``None`` is the plain defaults, ``recommended`` this
@@ -36,6 +42,8 @@ class Recommendation:
     settings: dict[str, Any]  # DecodeConfig fields over the directory's decode defaults
     provenance: dict[str, Any]  # how it was chosen (empty for the library default)
     source: str  # the file it was read from, or "psd_jax.config.RECOMMENDED"
+    device: str | None = None  # the device kind it was chosen for (None: not said, or the library default)
+    asked: str | None = None  # the device kind it was read for
 
     @property
     def tuned(self) -> bool:
@@ -43,41 +51,84 @@ class Recommendation:
         return self.source != LIBRARY_SOURCE
 
     def origin(self) -> str:
-        """Where the setting came from, for a front end's output."""
-        if self.tuned:
-            return f"tuned, from {self.source}"
-        return f"the library default ({LIBRARY_SOURCE}; no {RECOMMENDED_FILE} in the model directory)"
+        """Where the setting came from and the device it was chosen for, for a front end's output."""
+        if not self.tuned:
+            return f"the library default ({LIBRARY_SOURCE}; no {RECOMMENDED_FILE} in the model directory)"
+        how = self.provenance.get("device")
+        chosen = f" for {self.device}" + (f" ({how})" if how else "") if self.device else ""
+        other = (
+            f"; no choice for {self.asked} in it" if self.device and self.asked and self.asked != self.device else ""
+        )
+        return f"tuned{chosen}, from {self.source}{other}"
 
 
-def read_recommended(model_dir: str | Path | None) -> Recommendation:
-    """The directory's tuned setting if it has one, else the library's ``RECOMMENDED``."""
+def current_device_kind() -> str:
+    """The device kind this process decodes on: cpu, gpu or tpu (``jax.default_backend()``)."""
+    import jax
+
+    return jax.default_backend()
+
+
+def read_recommended(model_dir: str | Path | None, device: str | None = None) -> Recommendation:
+    """The directory's tuned setting for ``device`` (default: this process's device kind) if it has
+    one, else its latest choice, else the library's ``RECOMMENDED``."""
     file = Path(model_dir) / RECOMMENDED_FILE if model_dir is not None else None
     if file is None or not file.is_file():
         return Recommendation(dict(RECOMMENDED), {}, LIBRARY_SOURCE)
+    data = _read(file)
+    device = device or current_device_kind()
+    entry = data.get("devices", {}).get(device)
+    if entry is not None:
+        return Recommendation(entry["settings"], dict(entry.get("provenance") or {}), str(file), device, device)
+    provenance = dict(data.get("provenance") or {})
+    return Recommendation(data["settings"], provenance, str(file), provenance.get("device_kind"), device)
+
+
+def _read(file: Path) -> dict[str, Any]:
+    """``file``'s content, checked: the top-level entry and each device's hold known fields."""
     try:
         data = json.loads(file.read_text())
     except json.JSONDecodeError as exc:
         raise DecodeConfigError(f"{file}: not JSON ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("settings"), dict):
         raise DecodeConfigError(f'{file}: expected {{"settings": {{...}}, "provenance": {{...}}}}')
-    settings = data["settings"]
-    unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(DecodeConfig)})
-    if unknown:
-        raise DecodeConfigError(f"{file}: unknown decoding setting(s) {unknown}")
-    return Recommendation(settings, dict(data.get("provenance") or {}), str(file))
+    devices = data.get("devices", {})
+    if not isinstance(devices, dict) or not all(
+        isinstance(e, dict) and isinstance(e.get("settings"), dict) for e in devices.values()
+    ):
+        raise DecodeConfigError(f'{file}: "devices" must map a device kind to {{"settings": {{...}}, ...}}')
+    known = {f.name for f in dataclasses.fields(DecodeConfig)}
+    for where, entry in [("", data), *((f"devices.{k}: ", e) for k, e in devices.items())]:
+        unknown = sorted(set(entry["settings"]) - known)
+        if unknown:
+            raise DecodeConfigError(f"{file}: {where}unknown decoding setting(s) {unknown}")
+    return data
 
 
-def write_recommended(model_dir: str | Path, settings: DecodeConfig, provenance: dict[str, Any]) -> Path:
+def write_recommended(
+    model_dir: str | Path,
+    settings: DecodeConfig,
+    provenance: dict[str, Any],
+    device: str | None = None,
+    frontier: list[dict[str, Any]] | None = None,
+) -> Path:
     """Store ``settings`` (the fields that differ from ``DecodeConfig``'s defaults, block length
     included; steps only when they are not one per generated token, which holds at any length) as
-    the directory's recommended setting; returns the file written."""
+    the directory's recommended setting for the device kind ``device`` (with the ``frontier`` it
+    was chosen from), and as its latest choice; other kinds' choices in the file are kept. Returns
+    the file written."""
     fields = settings.changed()
     fields.pop("gen_length", None)  # the generation length is the caller's: only the decoder is recommended
     if settings.policy != "threshold_schedule" and settings.steps == settings.gen_length:
         fields.pop("steps")  # one token per step, at any generation length
     fields["block_length"] = settings.block_length
     file = Path(model_dir) / RECOMMENDED_FILE
-    file.write_text(json.dumps({"settings": fields, "provenance": provenance}, indent=2) + "\n")
+    devices = _read(file).get("devices", {}) if file.is_file() else {}
+    provenance = {**provenance, "device_kind": device} if device else provenance
+    if device is not None:
+        devices[device] = {"settings": fields, "provenance": provenance, "frontier": frontier or []}
+    body = {"settings": fields, "provenance": provenance, **({"devices": devices} if devices else {})}
+    file.write_text(json.dumps(body, indent=2) + "\n")
     return file
 
 

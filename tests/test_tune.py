@@ -208,7 +208,13 @@ def test_tune_chooses_within_the_loss_and_strict_psd_is_lossless(run):
     assert strict["nfe_per_prompt"] < report["base"]["nfe_per_prompt"]
     chosen = report["candidates"][report["choice"]]
     within = [c for c in report["candidates"].values() if c["status"] in ("within max loss", "chosen")]
-    assert chosen["difference"] >= 0 and chosen["nfe_per_prompt"] == min(c["nfe_per_prompt"] for c in within)
+    assert report["meta"]["objective"] == "seconds" and report["meta"]["device"] == "this"
+    assert chosen["difference"] >= 0 and chosen["cost_per_prompt"] == min(c["cost_per_prompt"] for c in within)
+    # seconds per prompt: the problems' shares of their batches' measured seconds
+    lines = [json.loads(line) for line in (out / "tune.jsonl").read_text().splitlines()]
+    base_lines = [e for e in lines if e["name"] == report["base"]["name"] and e["phase"] == "search"]
+    assert report["base"]["cost_per_prompt"] == pytest.approx(sum(e["seconds"] for e in base_lines) / 8)
+    assert all(sum(c["count"] for c in e["calls"]) >= max(e["nfe"]) for e in lines)
     assert report["confirmation"]["n"] == 4 and report["confirmation"]["name"] == report["choice"]
     assert (out / "frontier.png").stat().st_size > 0
     assert f"{report['choice']} **(chosen)**" in (out / "tune.md").read_text()
@@ -239,6 +245,52 @@ def test_a_resumed_run_decodes_nothing_and_reports_the_same(run, model_dir, dev,
         assert second[key] == report[key]
 
 
+def test_a_finished_log_re_ranks_for_a_modeled_device_without_decoding(run, model_dir, dev, tmp_path, monkeypatch):
+    """``--rerank --device h200@32`` prices the logged decodes' calls by shape for the H200 (the
+    tuned model's config, 32 rows per call) and ``--rerank --objective calls`` counts them: neither
+    decodes, each problem costs its batch's share, and ``--write`` stores each choice under its
+    device kind."""
+    from psd_jax.calls import CallShape
+    from psd_jax.costs import CHIPS, roofline_call_cost
+
+    out, report = run
+
+    def no_decode(*a, **k):
+        raise AssertionError("decoded again")
+
+    monkeypatch.setattr(tune_log, "decode_batch", no_decode)
+    monkeypatch.setattr("psd_jax.api.load_model", no_decode)
+    log = ["--log", str(out / "tune.jsonl"), "--rerank"]
+    assert tune.main(args(model_dir, dev, tmp_path / "h200", *log, "--device", "h200@32", "--write")) == 0
+    modeled = json.loads((tmp_path / "h200" / "tune.json").read_text())
+    assert modeled["meta"]["device"] == f"h200:{model_dir.name}@32" and modeled["meta"]["problems_decoded"] == 0
+    mcfg = load_config(model_dir)
+    lines = [json.loads(line) for line in (out / "tune.jsonl").read_text().splitlines()]
+    base_lines = [e for e in lines if e["name"] == report["base"]["name"] and e["phase"] == "search"]
+    # A batch's calls, each at 32 rows, serve 32 problems: each of its problems is charged 1/32 of them.
+    priced = sum(
+        len(e["problems"])
+        * c["count"]
+        * roofline_call_cost(mcfg, CHIPS["h200"], CallShape(*list(c.values())[:3]), 32, 16)
+        for e in base_lines
+        for c in e["calls"]
+    )
+    assert modeled["base"]["cost_per_prompt"] == pytest.approx(priced / 32 / 8)
+    assert tune.main(args(model_dir, dev, tmp_path / "calls", *log, "--objective", "calls")) == 0
+    by_calls = json.loads((tmp_path / "calls" / "tune.json").read_text())
+    assert by_calls["base"]["cost_per_prompt"] == by_calls["base"]["nfe_per_prompt"]
+    within = [c for c in by_calls["candidates"].values() if c["status"] in ("within max loss", "chosen")]
+    assert by_calls["candidates"][by_calls["choice"]]["nfe_per_prompt"] == min(c["nfe_per_prompt"] for c in within)
+    # Both choices kept, each for its kind; this CPU reads its own.
+    cpu, gpu = read_recommended(model_dir, "cpu"), read_recommended(model_dir, "gpu")
+    assert cpu.device == "cpu" and cpu.provenance["name"] == report["choice"]
+    assert gpu.device == "gpu" and gpu.provenance["name"] == modeled["choice"]
+    assert gpu.provenance["device"] == f"seconds modeled for h200:{model_dir.name}@32"
+    assert "tuned for cpu (seconds measured on cpu)" in read_recommended(model_dir).origin()
+    tpu = read_recommended(model_dir, "tpu")  # no choice of its own: the latest one written
+    assert tpu.provenance["name"] == modeled["choice"] and "no choice for tpu in it" in tpu.origin()
+
+
 def test_a_resumed_run_decodes_only_what_the_log_lacks(run, model_dir, dev, tmp_path, monkeypatch):
     """Without the chosen setting's confirmation line, a restart decodes exactly those problems; a
     half-written last line is skipped and the next entry starts on a line of its own."""
@@ -254,10 +306,10 @@ def test_a_resumed_run_decodes_only_what_the_log_lacks(run, model_dir, dev, tmp_
     decoded, real = [], tune_log.decode_batch
     monkeypatch.setattr(tune_log, "decode_batch", lambda lm, s, ex, *a: decoded.append(len(ex)) or real(lm, s, ex, *a))
     assert tune.main(args(model_dir, dev, tmp_path / "out", "--log", str(log))) == 0
-    assert (
-        decoded == [4]
-        and json.loads((tmp_path / "out" / "tune.json").read_text())["confirmation"] == report["confirmation"]
-    )
+    timed = ("cost_per_prompt", "speedup")  # seconds: the decode was timed again
+    untimed = lambda c: {k: v for k, v in c.items() if k not in timed}  # noqa: E731
+    again = json.loads((tmp_path / "out" / "tune.json").read_text())["confirmation"]
+    assert decoded == [4] and untimed(again) == untimed(report["confirmation"])
     assert json.loads(log.read_text().splitlines()[-1])["phase"] == "confirm"
 
 
@@ -288,7 +340,8 @@ def test_written_setting_round_trips_through_bench_and_generate(run, model_dir, 
             logged.update({i: (c, n) for i, c, n in zip(entry["problems"], entry["correct"], entry["nfe"])})
     argv = ["--model", str(model_dir), "--data", str(dev), "--limit", "4", "--batch", "4", "--decoders", "recommended"]
     assert bench.main([*argv, "--out", str(tmp_path / "bench")]) == 0
-    row = json.loads((tmp_path / "bench" / "bench.json").read_text())["results"][0]
+    baseline, row = json.loads((tmp_path / "bench" / "bench.json").read_text())["results"]
+    assert baseline["name"] == "fixed-1/none" and row["name"] == "recommended"
     assert [int(c) for c in row["correct_by_problem"]] == [logged[i][0] for i in range(4)]
     assert row["nfe_per_prompt"] == sum(logged[i][1] for i in range(4)) / 4
     question = json.loads(dev.read_text().splitlines()[0])["question"]

@@ -1,10 +1,14 @@
-"""``python -m psd_jax.tune``: the decoding setting with the fewest model calls (NFE) whose accuracy
-stays within ``--max-loss`` points of a base setting, on your development set.
+"""``python -m psd_jax.tune``: the fastest decoding setting whose accuracy stays within ``--max-loss``
+points of a base setting, on your development set.
 
-The problems are split (seeded) into a search part and a confirmation part. Successive halving
-over growing prefixes of the search part compares every candidate with the base problem by
-problem; the lowest-NFE candidate within the loss on the last rung is chosen, then measured once
-against the base on the confirmation part, which the search never saw. docs/tuning.md.
+Fastest in seconds on a device (``--objective seconds``, the default): this one, as its decodes
+took (``--device this``), or a modeled target priced from the decodes' model calls by shape
+(``--device h200:MODEL_DIR@32``); or in model calls (``--objective calls``). The problems are split
+(seeded) into a search part and a confirmation part. Successive halving over growing prefixes of the
+search part compares every candidate with the base problem by problem; the cheapest candidate
+within the loss on the last rung is chosen, then measured once against the base on the
+confirmation part, which the search never saw. A finished log re-ranks for another objective or
+device without decoding again. docs/tuning.md.
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ from models import load_config
 from ..api import model_directory, model_settings
 from ..bench import add_model_flags, check_prompts, decoder_settings
 from ..config import DecodeConfig, check_for_model
+from ..costs import CHIPS
 from ..errors import InputError
 from ..flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields
 from ..scoring import load_jsonl
 from . import log as tune_log
+from .devices import OBJECTIVES, THIS, objective_for, parse_device
 from .report import interval, write_reports
-from .search import compare, default_rungs, split, successive_halving
+from .search import NotEvaluated, Objective, compare, default_rungs, split, successive_halving
 from .space import SPACES, build_space, setting_name
 
 BASE_CACHE = "none"  # a named base runs uncached: the reference is the model's own decode
@@ -61,7 +67,31 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--log", help="resumable JSONL log of every decode (default OUT/tune.jsonl)")
     p.add_argument("--out", default="tune_out", help="directory for tune.json, tune.md, frontier.png")
     p.add_argument(
-        "--write", action="store_true", help="store the chosen setting as the model directory's recommended.json"
+        "--objective",
+        choices=OBJECTIVES,
+        default="seconds",
+        help="what the choice minimises at equal accuracy: seconds per answer on --device, or model calls "
+        "(default: seconds)",
+    )
+    p.add_argument(
+        "--device",
+        default=THIS,
+        metavar="DEVICE",
+        help="this: the seconds the decodes took here; or a modeled target CHIP[:MODEL_DIR][@BATCH] "
+        f"(chips: {', '.join(CHIPS)}; MODEL_DIR: a config.json to price, default the tuned model's; BATCH: "
+        "rows per call, default --batch) priced from the decodes' calls by shape (default: this)",
+    )
+    p.add_argument(
+        "--rerank",
+        action="store_true",
+        help="decode nothing: rank what --log holds for --objective/--device (a candidate the log lacks at a rung "
+        "stops there; the choice is confirmed if the log holds its confirmation)",
+    )
+    p.add_argument(
+        "--write",
+        action="store_true",
+        help="store the choice in the model directory's recommended.json, as the setting for this device's kind "
+        "(or the modeled target's: gpu for h200, tpu for tpu-v5e)",
     )
     return p
 
@@ -82,6 +112,8 @@ class Plan:
     rungs: list[int]
     context: dict[str, Any]
     log: Path
+    objective: Objective
+    device_kind: str  # recommended.json's key for the choice: cpu, gpu or tpu
 
 
 def resolve_base(text: str, model_dir: Path, lengths: dict[str, Any]) -> tuple[str, DecodeConfig]:
@@ -166,9 +198,12 @@ def prepare(args) -> Plan:
         "prompt_bucket": args.prompt_bucket,
     }
     log = Path(args.log) if args.log else Path(args.out) / "tune.jsonl"
+    target = parse_device(args.device, model_dir, args.batch)
+    objective = objective_for(args.objective, target, defaults.block_length)
+    kind = this_device_kind() if target is None else target.kind
     return Plan(
         model_dir, data, examples, base_name, base, space.candidates, space.dropped,
-        search_ids, confirm_ids, rungs, context, log,
+        search_ids, confirm_ids, rungs, context, log, objective, kind,
     )  # fmt: skip
 
 
@@ -186,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:  # a prompt that does not fit the context, found when the model loads
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except NotEvaluated as exc:  # --rerank of a log that lacks the base
+        print(f"error: --rerank: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 def run(plan: Plan, args) -> int:
@@ -198,20 +236,34 @@ def run(plan: Plan, args) -> int:
 
     bar = tune_log.progress_bar()
     evaluator = tune_log.LoggedEvaluator(
-        plan.log, plan.context, plan.examples, load, args.batch, args.chat, args.prompt_bucket, bar
+        plan.log, plan.context, plan.examples, load, args.batch, args.chat, args.prompt_bucket, bar, not args.rerank
     )
     max_loss = args.max_loss / 100
     result = successive_halving(
-        plan.base_name, plan.base, plan.candidates, plan.rungs, plan.search_ids, evaluator, max_loss, args.z
+        plan.base_name,
+        plan.base,
+        plan.candidates,
+        plan.rungs,
+        plan.search_ids,
+        evaluator,
+        max_loss,
+        args.z,
+        objective=plan.objective,
     )
     confirmation = None
     if result.choice is not None:
         evaluator.phase = "confirm"
         chosen = plan.candidates[result.choice]
         evaluator.plan([plan.base, chosen], plan.confirm_ids)
-        base_out = evaluator.results(plan.base_name, plan.base, plan.confirm_ids)
-        chosen_out = evaluator.results(result.choice, chosen, plan.confirm_ids)
-        confirmation = {"name": result.choice, **compare(base_out, chosen_out, plan.confirm_ids, args.z)}
+        try:
+            base_out = evaluator.results(plan.base_name, plan.base, plan.confirm_ids)
+            chosen_out = evaluator.results(result.choice, chosen, plan.confirm_ids)
+            confirmation = {
+                "name": result.choice,
+                **compare(base_out, chosen_out, plan.confirm_ids, args.z, plan.objective),
+            }
+        except NotEvaluated:
+            print(f"{result.choice}: its confirmation is not in the log (run without --rerank)", file=sys.stderr)
     bar.close()
     meta = {
         "model": str(plan.model_dir),
@@ -225,6 +277,9 @@ def run(plan: Plan, args) -> int:
         "rungs": plan.rungs,
         "z": args.z,
         "max_loss": args.max_loss,
+        "objective": plan.objective.name,
+        "device": plan.objective.device,
+        "device_kind": plan.device_kind,
         "base": {"name": plan.base_name, "settings": tune_log.dataclass_fields(plan.base)},
         "space": args.space,
         "candidates": len(plan.candidates),
@@ -236,8 +291,8 @@ def run(plan: Plan, args) -> int:
     fields = {name: tune_log.dataclass_fields(c) for name, c in plan.candidates.items()}
     print(write_reports(Path(args.out), meta, result, plan.base_name, confirmation, plan.dropped, fields))
     if args.write:
-        if result.choice is None:
-            print("error: nothing chosen, so no recommended setting written", file=sys.stderr)
+        if result.choice is None or confirmation is None:
+            print("error: nothing chosen and confirmed, so no recommended setting written", file=sys.stderr)
             return 1
         write_choice(plan, args, result, confirmation)
     return 0
@@ -250,7 +305,8 @@ def write_choice(plan: Plan, args, result, confirmation: dict) -> None:
 
     def paired(s: dict) -> dict:
         keys = ("n", "difference", "standard_error", "lower", "upper", "accuracy", "base_accuracy", "tpf_ratio")
-        return {k: s[k] for k in keys} | {"nfe_per_prompt": s["nfe_per_prompt"], "summary": interval(s, args.z)}
+        keys += ("speedup", "cost_per_prompt", "nfe_per_prompt")
+        return {k: s[k] for k in keys} | {"summary": interval(s, args.z)}
 
     provenance = {
         "tool": "psd_jax.tune",
@@ -265,10 +321,36 @@ def write_choice(plan: Plan, args, result, confirmation: dict) -> None:
         "base": {"name": plan.base_name, "settings": plan.base.changed()},
         "max_loss_points": args.max_loss,
         "z": args.z,
+        "objective": plan.objective.name,
+        "device": chosen_for(plan.objective, plan.device_kind),
         "search": paired(search),
         "confirmation": paired(confirmation),
         "tpf_ratio": confirmation["tpf_ratio"],
+        "speedup": confirmation["speedup"],
         "date": time.strftime("%Y-%m-%d"),
     }
-    file = write_recommended(plan.model_dir, plan.candidates[result.choice], provenance)
+    frontier = [
+        {"name": n, "settings": plan.candidates[n].changed() if n in plan.candidates else plan.base.changed()}
+        | {k: result.last.get(n, result.base)[k] for k in ("accuracy", "difference", "cost_per_prompt", "speedup")}
+        for n in result.frontier
+    ]
+    file = write_recommended(
+        plan.model_dir, plan.candidates[result.choice], provenance, device=plan.device_kind, frontier=frontier
+    )
     print(f"wrote {file}")
+
+
+def this_device_kind() -> str:
+    """The kind of device this process decodes on (jax's default backend): cpu, gpu or tpu."""
+    import jax
+
+    return jax.default_backend()
+
+
+def chosen_for(objective: Objective, kind: str) -> str:
+    """How the choice was ranked, for recommended.json and the front ends that show it."""
+    if objective.name == "calls":
+        return "fewest model calls"
+    if objective.device == THIS:
+        return f"seconds measured on {kind}"
+    return f"seconds modeled for {objective.device}"

@@ -1,7 +1,9 @@
 """The tuner's resumable log: one JSON line per evaluated (setting, batch of problems).
 
 A line holds the setting's fields, the problem indices and, per problem, whether the answer was
-right, its model calls and tokens, with the batch's decode seconds. A line belongs to a run when
+right, its model calls and tokens, with the batch's warm decode seconds and its model calls by shape
+(``calls.call_records``: what prices the batch on another device without decoding again). Each
+problem is charged an equal share of its batch's seconds and calls. A line belongs to a run when
 its context matches: the model path, the data file's SHA-256 and what else changes outcomes
 (dtype, quantization, chat template, prompt bucket). A restarted run reads the matching lines
 back, keyed by the setting's canonical JSON and the problem index, and decodes only what is
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import DecodeConfig
-from .search import Outcome
+from .search import NotEvaluated, Outcome
 from .space import canonical
 
 
@@ -28,12 +30,28 @@ def file_sha256(path: Path) -> str:
 
 
 def decode_batch(lm, settings: DecodeConfig, examples: list[dict], chat: bool | None, bucket: int) -> tuple:
-    """One decode of ``examples``: their outcomes and the decode's seconds (compilation apart)."""
+    """One warm decode of ``examples`` (``generate(warm=True)``): their outcomes, the decode's seconds
+    (compilation apart), its compile seconds and its calls by shape."""
     from ..scoring import is_correct
 
-    results = lm.generate([ex["question"] for ex in examples], settings, chat=chat, prompt_bucket=bucket)
-    outcomes = [Outcome(int(is_correct(r.text or "", ex)), r.nfe, r.tokens) for r, ex in zip(results, examples)]
-    return outcomes, results[0].seconds, results[0].compile_seconds
+    texts = [ex["question"] for ex in examples]
+    results = lm.generate(texts, settings, chat=chat, prompt_bucket=bucket, warm=True)
+    first = results[0]
+    outcomes = outcomes_of(
+        [int(is_correct(r.text or "", ex)) for r, ex in zip(results, examples)],
+        [r.nfe for r in results],
+        [r.tokens for r in results],
+        first.seconds,
+        first.calls,
+    )
+    return outcomes, first.seconds, first.compile_seconds, first.calls
+
+
+def outcomes_of(correct: list[int], nfe: list[int], tokens: list[int], seconds: float, calls: list[dict]) -> list:
+    """The ``Outcome`` of each problem of one batch: its own answer, calls and tokens, an equal share
+    of the batch's seconds, and the batch's calls by shape."""
+    rows, shared = len(correct), tuple(calls)
+    return [Outcome(int(c), int(n), int(t), seconds / rows, shared, rows) for c, n, t in zip(correct, nfe, tokens)]
 
 
 class LoggedEvaluator:
@@ -53,8 +71,9 @@ class LoggedEvaluator:
         chat: bool | None,
         bucket: int,
         progress=None,
+        decode: bool = True,
     ):
-        self.path, self.context, self.examples = path, context, examples
+        self.path, self.context, self.examples, self.decode = path, context, examples, decode
         self.load, self.lm = load, None
         self.batch, self.chat, self.bucket, self.progress = batch, chat, bucket, progress
         self.phase = "search"
@@ -75,8 +94,11 @@ class LoggedEvaluator:
                 if entry["context"] != self.context:
                     continue
                 key = canonical(DecodeConfig(**entry["settings"]))
-                for i, c, nfe, tokens in zip(entry["problems"], entry["correct"], entry["nfe"], entry["tokens"]):
-                    self.known[(key, int(i))] = Outcome(int(c), int(nfe), int(tokens))
+                outcomes = outcomes_of(
+                    entry["correct"], entry["nfe"], entry["tokens"], entry["seconds"], entry.get("calls", [])
+                )
+                for i, outcome in zip(entry["problems"], outcomes):
+                    self.known[(key, int(i))] = outcome
                 count += 1
             except (ValueError, KeyError, TypeError):
                 continue  # an interrupted write, or a line of another version
@@ -94,16 +116,18 @@ class LoggedEvaluator:
     def results(self, name: str, settings: DecodeConfig, ids: list[int]) -> dict[int, Outcome]:
         todo = self.missing(settings, ids)
         key = canonical(settings)
+        if todo and not self.decode:
+            raise NotEvaluated(f"{name}: {len(todo)} of {len(ids)} problems are not in {self.path}")
         for start in range(0, len(todo), self.batch):
             chunk = todo[start : start + self.batch]
             if self.lm is None:
                 self.lm = self.load()
             if self.progress is not None:
                 self.progress.set_postfix_str(f"{self.phase}: {name}")
-            outcomes, seconds, compile_seconds = decode_batch(
+            outcomes, seconds, compile_seconds, calls = decode_batch(
                 self.lm, settings, [self.examples[i] for i in chunk], self.chat, self.bucket
             )
-            self._append(name, settings, chunk, outcomes, seconds, compile_seconds)
+            self._append(name, settings, chunk, outcomes, seconds, compile_seconds, calls)
             for i, outcome in zip(chunk, outcomes):
                 self.known[(key, i)] = outcome
             self.decoded += len(chunk)
@@ -111,7 +135,7 @@ class LoggedEvaluator:
                 self.progress.update(len(chunk))
         return {i: self.known[(key, i)] for i in ids}
 
-    def _append(self, name, settings, chunk, outcomes, seconds, compile_seconds) -> None:
+    def _append(self, name, settings, chunk, outcomes, seconds, compile_seconds, calls) -> None:
         entry = {
             "name": name,
             "phase": self.phase,
@@ -122,6 +146,7 @@ class LoggedEvaluator:
             "tokens": [o.tokens for o in outcomes],
             "seconds": seconds,
             "compile_seconds": compile_seconds,
+            "calls": calls,
             "time": time.strftime("%Y-%m-%d %H:%M:%S"),
             "context": self.context,
         }

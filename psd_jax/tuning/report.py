@@ -13,24 +13,37 @@ def _points(x: float) -> str:
     return f"{100 * x:+.1f}"
 
 
+def _cost(s: dict) -> str:
+    """The objective's cost per prompt: seconds (ms) or model calls."""
+    if s.get("objective") == "calls":
+        return f"{s['cost_per_prompt']:.1f} calls"
+    return f"{1000 * s['cost_per_prompt']:.2f} ms"
+
+
 def table(rows: list[tuple[str, dict]], chosen: str | None, base_name: str, status: bool = False) -> str:
-    """Markdown: accuracy, paired difference to the base ± SE (points), NFE/prompt, TPF and its
-    ratio over the base; the chosen row and the base marked."""
-    head = "| setting | accuracy | diff vs base ± SE (points) | NFE/prompt | TPF | TPF / base |"
-    rule = "| --- | ---: | ---: | ---: | ---: | ---: |"
+    """Markdown: the objective's speedup over the base (tokens per second, or per call, over the
+    base's) and cost per prompt, accuracy, paired difference to the base ± SE (points), NFE/prompt,
+    TPF and its ratio over the base; the chosen row and the base marked."""
+    head = "| setting | speedup | cost/prompt | accuracy | diff vs base ± SE (points) | NFE/prompt | TPF | TPF / base |"
+    rule = "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     if status:
         head, rule = head + " problems | status |", rule + " ---: | --- |"
     lines = [head, rule]
     for name, s in rows:
         mark = " **(chosen)**" if name == chosen else " (base)" if name == base_name else ""
         line = (
-            f"| {name}{mark} | {100 * s['accuracy']:.1f}% | {_points(s['difference'])} ± {100 * s['standard_error']:.1f} | "
+            f"| {name}{mark} | {s['speedup']:.2f}x | {_cost(s)} | {100 * s['accuracy']:.1f}% | "
+            f"{_points(s['difference'])} ± {100 * s['standard_error']:.1f} | "
             f"{s['nfe_per_prompt']:.1f} | {s['tpf']:.2f} | {s['tpf_ratio']:.2f}x |"
         )
         if status:
             line += f" {s['n']} | {s.get('status', '')} |"
         lines.append(line)
     return "\n".join(lines) + "\n"
+
+
+def _rate(meta: dict) -> str:
+    return "tokens per call" if meta["objective"] == "calls" else "tokens/s"
 
 
 def interval(s: dict, z: float) -> str:
@@ -74,23 +87,27 @@ def write_reports(
             f"({last_rung} problems): nothing chosen."
         )
     else:
+        chosen = result.last[result.choice]
         verdict = (
-            f"Chosen: {result.choice}: {result.last[result.choice]['nfe_per_prompt']:.1f} NFE/prompt against the "
-            f"base's {result.base['nfe_per_prompt']:.1f}; search difference "
-            f"{interval(result.last[result.choice], z)} on {last_rung} problems."
+            f"Chosen ({meta['objective']} on {meta['device']}): {result.choice}: {chosen['speedup']:.2f}x the base's "
+            f"{_rate(meta)}, {_cost(chosen)} per prompt against {_cost(result.base)}, "
+            f"{chosen['nfe_per_prompt']:.1f} NFE/prompt against {result.base['nfe_per_prompt']:.1f}; search difference "
+            f"{interval(chosen, z)} on {last_rung} problems."
         )
         if confirmation is not None:
             verdict += (
                 f"\nConfirmation ({confirmation['n']} held-out problems): {interval(confirmation, z)}; "
                 f"accuracy {100 * confirmation['accuracy']:.1f}% against {100 * confirmation['base_accuracy']:.1f}%, "
+                f"{confirmation['speedup']:.2f}x the base's {_rate(meta)}, "
                 f"NFE/prompt {confirmation['nfe_per_prompt']:.1f} against {confirmation['base_nfe_per_prompt']:.1f}, "
                 f"TPF ratio {confirmation['tpf_ratio']:.2f}x."
             )
     frontier_md = table(frontier_rows, result.choice, base_name)
-    ordered = sorted(result.last.items(), key=lambda item: (-item[1]["rung"], item[1]["nfe_per_prompt"]))
+    ordered = sorted(result.last.items(), key=lambda item: (-item[1]["rung"], item[1]["cost_per_prompt"]))
     md = (
         f"# Tuning: {meta['model']} on {meta['data']}\n\n"
-        f"Base {base_name}; max loss {meta['max_loss']:g} points; search {meta['search_size']} problems "
+        f"Base {base_name}; objective {meta['objective']} on {meta['device']}; max loss {meta['max_loss']:g} points; "
+        f"search {meta['search_size']} problems "
         f"(rungs {', '.join(map(str, meta['rungs']))}), confirmation {meta['confirm_size']}.\n\n"
         f"## Frontier (last rung, {last_rung} problems)\n\n{frontier_md}\n{verdict}\n\n"
         f"## Every candidate at the last rung it reached\n\n"
@@ -102,7 +119,7 @@ def write_reports(
         plotted,
         out / "frontier.png",
         f"{Path(meta['model']).name}: last rung, {last_rung} problems",
-        axes=(("tpf", "tokens per forward (TPF)"),),
+        axes=(("speedup", f"speedup over the base ({_rate(meta)})"), ("tpf", "tokens per forward (TPF)")),
         frontier=result.frontier,
         chosen=result.choice,
     )

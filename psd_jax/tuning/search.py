@@ -1,13 +1,16 @@
 """Successive halving over growing prefixes of the search split, judged by paired differences.
 
 Pure logic on per-problem outcomes: the model is behind ``Evaluator.results`` (``tuning.log``
-evaluates and logs; tests pass synthetic outcomes). docs/tuning.md states the design.
+evaluates and logs; tests pass synthetic outcomes). What a candidate costs is the ``Objective``'s:
+model calls, or seconds (measured on the device that decoded, or priced for a modeled one from the
+decodes' calls by shape). docs/tuning.md states the design.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -25,11 +28,42 @@ class Outcome:
     correct: int  # 1 if the answer was right
     nfe: int  # model calls
     tokens: int  # tokens before EOS
+    seconds: float = 0.0  # its share of its batch's warm decode seconds, on the device that decoded it
+    calls: tuple = ()  # its batch's model calls by shape (``calls.call_records``), shared by the batch
+    rows: int = 1  # problems in that batch
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """What the search minimises per problem at equal accuracy: ``calls`` (model calls), or
+    ``seconds`` on ``device``: measured (``this``: the decodes' own seconds) or priced for a modeled
+    target (``price``: seconds of a problem from its outcome's calls)."""
+
+    name: str = "seconds"  # "seconds" or "calls"
+    device: str = "this"
+    price: Callable[[Outcome], float] | None = None
+
+    def cost(self, outcome: Outcome) -> float:
+        if self.name == "calls":
+            return float(outcome.nfe)
+        return outcome.seconds if self.price is None else self.price(outcome)
+
+    @property
+    def unit(self) -> str:
+        return "calls" if self.name == "calls" else "s"
+
+
+CALLS = Objective("calls")
+
+
+class NotEvaluated(LookupError):
+    """An evaluator that only reads (a re-rank of a log) lacks a setting's outcomes on some problems."""
 
 
 class Evaluator(Protocol):
     def results(self, name: str, settings: DecodeConfig, ids: list[int]) -> dict[int, Outcome]:
-        """Outcomes of ``settings`` on the problems ``ids`` (evaluating only those not known yet)."""
+        """Outcomes of ``settings`` on the problems ``ids`` (evaluating only those not known yet;
+        ``NotEvaluated`` from one that cannot evaluate)."""
         ...
 
     def plan(self, settings: list[DecodeConfig], ids: list[int]) -> None:
@@ -64,19 +98,30 @@ def smoothed_se(won: int, lost: int, n: int) -> float:
     return math.sqrt(max(variance, 0.0) / n)
 
 
-def compare(base: dict[int, Outcome], other: dict[int, Outcome], ids: list[int], z: float) -> dict:
+def compare(
+    base: dict[int, Outcome], other: dict[int, Outcome], ids: list[int], z: float, objective: Objective = CALLS
+) -> dict:
     """``other`` against ``base`` on the same problems: accuracies, the paired difference
     (other − base, a fraction) with its standard error and the bounds ``difference ± z·SE``,
-    NFE per prompt, TPF and the TPF ratio. The SE is that of the per-problem differences with one
-    problem won and one lost added (``smoothed_se``): agreement on every problem so far is not
-    certainty. The base against itself has SE 0."""
+    NFE per prompt, TPF and the TPF ratio, and the ``objective``'s cost per prompt with the speedup
+    over the base (tokens per unit of cost, over the base's: the tokens/s ratio when the cost is
+    seconds). The SE is that of the per-problem differences with one problem won and one lost added
+    (``smoothed_se``): agreement on every problem so far is not certainty. The base against itself
+    has SE 0."""
     pair = paired_difference("".join(str(base[i].correct) for i in ids), "".join(str(other[i].correct) for i in ids))
     se = 0.0 if other is base else smoothed_se(pair["only_b"], pair["only_a"], len(ids))
     half = z * se
     nfe, base_nfe = (sum(o[i].nfe for i in ids) for o in (other, base))
     tokens, base_tokens = (sum(o[i].tokens for i in ids) for o in (other, base))
     tpf, base_tpf = tokens / max(nfe, 1), base_tokens / max(base_nfe, 1)
+    cost, base_cost = (sum(objective.cost(o[i]) for i in ids) for o in (other, base))
+    rate, base_rate = tokens / cost if cost else math.inf, base_tokens / base_cost if base_cost else math.inf
     return {
+        "objective": objective.name,
+        "device": objective.device,
+        "cost_per_prompt": cost / len(ids),
+        "base_cost_per_prompt": base_cost / len(ids),
+        "speedup": rate / base_rate if base_rate not in (0, math.inf) else math.nan,
         "n": len(ids),
         "accuracy": float(pair["accuracy_b"]),
         "base_accuracy": float(pair["accuracy_a"]),
@@ -95,13 +140,13 @@ def compare(base: dict[int, Outcome], other: dict[int, Outcome], ids: list[int],
 
 
 def _order(stats: dict) -> tuple:
-    """Fewest model calls first; ties: the smaller loss."""
-    return (stats["nfe_per_prompt"], -stats["difference"])
+    """Cheapest first (the objective's cost per prompt: seconds or model calls); ties: the smaller loss."""
+    return (stats["cost_per_prompt"], -stats["difference"])
 
 
 def _promise(stats: dict, max_loss: float) -> tuple:
     """Halving's order: candidates whose point estimate is within the loss first (each could be the
-    choice on the evidence so far), then the others; each group fewest model calls first."""
+    choice on the evidence so far), then the others; each group cheapest first."""
     return (stats["difference"] < -max_loss, *_order(stats))
 
 
@@ -116,8 +161,8 @@ class SearchResult:
     rungs: list[dict]  # per rung: size, who was evaluated, who was dropped and why
     last: dict[str, dict]  # every candidate's numbers at the last rung it reached, with its status
     base: dict  # the base against itself on the last rung (accuracy, NFE, TPF)
-    frontier: list[str]  # non-dominated settings of the last rung (base included), fewest NFE first
-    choice: str | None  # the lowest-NFE candidate within max_loss on the last rung (by its bound if any)
+    frontier: list[str]  # non-dominated settings of the last rung (base included), cheapest first
+    choice: str | None  # the cheapest candidate within max_loss on the last rung (by its bound if any)
 
 
 def successive_halving(
@@ -130,17 +175,18 @@ def successive_halving(
     max_loss: float,
     z: float,
     keep_min: int = KEEP_MIN,
+    objective: Objective = CALLS,
 ) -> SearchResult:
     """At each rung (a prefix of ``search_ids``) the base and every surviving candidate are
     evaluated on the rung's problems. A candidate whose upper bound is below ``-max_loss`` (a
-    fraction) is dropped as confidently too lossy. The fastest candidate whose lower bound clears
-    ``-max_loss`` is safe: every candidate with as many or more calls than it is dropped (it
-    cannot be the choice while the safe one stays within the loss), and the safe one goes on. Of
-    the rest, those whose point estimate is within the loss first, each group fewest calls
-    first, the leading half (at least ``keep_min``) goes on. On the last rung the lowest-NFE
-    candidate whose lower bound is within ``max_loss`` is chosen or, if none is, the lowest-NFE
-    one whose point estimate is: the fastest of many that look good enough is selected partly for
-    its luck, and the bound asks for a margin against that."""
+    fraction) is dropped as confidently too lossy. The cheapest candidate (``objective``'s cost per
+    prompt) whose lower bound clears ``-max_loss`` is safe: every candidate that costs as much or more
+    is dropped (it cannot be the choice while the safe one stays within the loss), and the safe one
+    goes on. Of the rest, those whose point estimate is within the loss first, each group cheapest
+    first, the leading half (at least ``keep_min``) goes on. On the last rung the cheapest
+    candidate whose lower bound is within ``max_loss`` is chosen or, if none is, the cheapest one
+    whose point estimate is: the fastest of many that look good enough is selected partly for its
+    luck, and the bound asks for a margin against that."""
     survivors = list(candidates)
     last: dict[str, dict] = {}
     history: list[dict] = []
@@ -150,15 +196,24 @@ def successive_halving(
         final = index == len(rungs) - 1
         evaluator.plan([base, *(candidates[n] for n in survivors)], ids)
         base_out = evaluator.results(base_name, base, ids)
-        base_stats = compare(base_out, base_out, ids, z)
-        stats = {n: compare(base_out, evaluator.results(n, candidates[n], ids), ids, z) for n in survivors}
+        base_stats = compare(base_out, base_out, ids, z, objective)
+        stats, unknown = {}, []
+        for n in survivors:
+            try:
+                stats[n] = compare(base_out, evaluator.results(n, candidates[n], ids), ids, z, objective)
+            except NotEvaluated:
+                unknown.append(n)  # a re-rank: the log never had it this far
+        for n in unknown:
+            if n in last:
+                last[n] = {**last[n], "status": "not in the log past this rung"}
+        survivors = [n for n in survivors if n not in unknown]
         lossy = [n for n in survivors if stats[n]["upper"] < -max_loss]
         rest = sorted((n for n in survivors if n not in lossy), key=lambda n: _order(stats[n]))
         safe = next((n for n in rest if stats[n]["lower"] >= -max_loss), None)
         beaten = []
         if safe is not None and not final:
-            calls = stats[safe]["nfe_per_prompt"]
-            beaten = [n for n in rest if n != safe and stats[n]["nfe_per_prompt"] >= calls]
+            cost = stats[safe]["cost_per_prompt"]
+            beaten = [n for n in rest if n != safe and stats[n]["cost_per_prompt"] >= cost]
         rest = sorted((n for n in rest if n not in beaten), key=lambda n: _promise(stats[n], max_loss))
         kept = rest
         if not final:
@@ -179,6 +234,7 @@ def successive_halving(
             {
                 "rung": size,
                 "evaluated": list(survivors),
+                "not_in_the_log": unknown,
                 "too_lossy": lossy,
                 "safe": safe,
                 "slower_than_safe": beaten,
@@ -198,10 +254,10 @@ def successive_halving(
 
 
 def pareto_frontier(stats: dict[str, dict]) -> list[str]:
-    """The settings no other beats on both NFE per prompt (fewer) and accuracy (higher or equal),
-    fewest NFE first."""
+    """The settings no other beats on both cost per prompt (less) and accuracy (higher or equal),
+    cheapest first."""
     frontier, best = [], -math.inf
-    for name in sorted(stats, key=lambda n: (stats[n]["nfe_per_prompt"], -stats[n]["accuracy"])):
+    for name in sorted(stats, key=lambda n: (stats[n]["cost_per_prompt"], -stats[n]["accuracy"])):
         if stats[name]["accuracy"] > best:
             frontier.append(name)
             best = stats[name]["accuracy"]
