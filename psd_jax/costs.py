@@ -11,7 +11,9 @@ decoding again. Two sources of per-call costs:
 - ``roofline_call_cost``: a named model on a named chip, ``max(FLOPs / peak, bytes / bandwidth)``
   per call, with the FLOPs and bytes of the call's shape counted analytically (docs/cost-model.md).
 
-A key is ``"<kind> <candidates>x<positions> b<batch>"`` (``cost_key``).
+A key is ``"<kind> <candidates>x<positions> b<batch>"`` (``cost_key``). The loop's own work between
+calls (the policy's ranks, the candidates, the choice, the block advance) is left out: on this CPU
+it is within the timing noise (docs/cost-model.md "Seconds from calls").
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .block_layout import canvas_length
@@ -39,6 +41,7 @@ def record_key(call: dict[str, Any]) -> str:
 
 def predicted_seconds(calls: Iterable[dict[str, Any]], costs: dict[str, float]) -> float:
     """Seconds of a decode whose calls are ``calls`` (records), with ``costs`` seconds per call by key."""
+    calls = list(calls)
     missing = sorted({record_key(c) for c in calls} - set(costs))
     if missing:
         raise KeyError(f"no cost for the call shape(s) {missing}")
@@ -52,38 +55,55 @@ def measure_call_costs(
     lm, program, prompt_length: int, batch: int, shapes: Iterable[CallShape] | None = None, repeats: int = REPEATS
 ) -> dict[str, float]:
     """Seconds per call of each of ``shapes`` (default: every shape ``program`` may use) at ``batch``
-    rows on a canvas after ``prompt_length`` prompt positions, on ``lm``'s device: each call is
-    compiled alone from the engine's own call functions, run once to warm up, then timed
-    ``repeats`` times (``block_until_ready``); the median is kept. Compilation is not timed."""
+    rows on a canvas after ``prompt_length`` prompt positions, on ``lm``'s device: the median of
+    ``repeats`` timed runs of each (``call_timers``), the shapes taken in turn in each round, so a
+    slow moment of the machine weighs on every shape alike."""
+    timers = call_timers(lm, program, prompt_length, batch, shapes)
+    runs: dict[str, list[float]] = {key: [] for key in timers}
+    for _ in range(repeats):
+        for key, timer in timers.items():
+            runs[key].append(timer())
+    return {key: statistics.median(seconds) for key, seconds in runs.items()}
+
+
+def call_timers(
+    lm, program, prompt_length: int, batch: int, shapes: Iterable[CallShape] | None = None
+) -> dict[str, Callable[[], float]]:
+    """Per shape (default: every shape ``program`` may use), keyed by ``cost_key``, a function that
+    runs that call once on ``lm``'s device and returns its seconds (``block_until_ready``): each
+    call compiled alone from the engine's own call functions and given a first state of the
+    program, made beforehand; compiled and run once to warm up here, so nothing of that is timed."""
     import jax
     import jax.numpy as jnp
 
     from .runtime import RowValues, program_settings, row_keys
 
     program = program_settings(program)
-    calls = _call_functions(lm, program, prompt_length, batch)
-    wanted = list(calls) if shapes is None else list(shapes)
+    first_state, calls = _call_functions(lm, program, prompt_length, batch)
     params = lm.params
     keys = jnp.asarray(row_keys([0] * batch, range(batch)))
     values = jax.tree.map(jnp.asarray, RowValues.of([program] * batch))
-    out = {}
-    for shape in wanted:
-        fn = calls[shape]
-        compiled = jax.jit(fn).lower(params, keys, values).compile()
-        jax.block_until_ready(compiled(params, keys, values))
-        seconds = []
-        for _ in range(repeats):
+    state = jax.block_until_ready(jax.jit(first_state)(params, keys, values))
+
+    def timer(compiled) -> Callable[[], float]:
+        def run() -> float:
             began = time.perf_counter()
-            jax.block_until_ready(compiled(params, keys, values))
-            seconds.append(time.perf_counter() - began)
-        out[cost_key(shape, batch)] = statistics.median(seconds)
-    return out
+            jax.block_until_ready(compiled(params, state, keys, values))
+            return time.perf_counter() - began
+
+        run()  # warm: an executable's first run carries one-off costs
+        return run
+
+    return {
+        cost_key(shape, batch): timer(jax.jit(calls[shape]).lower(params, state, keys, values).compile())
+        for shape in (calls if shapes is None else shapes)
+    }
 
 
-def _call_functions(lm, program, prompt_length: int, batch: int) -> dict[CallShape, Any]:
-    """Per shape of ``program``, a function (params, keys, values) -> the call's outputs, made of
-    the engine's call functions on a first state of the program (all-mask canvases after
-    ``prompt_length`` pad tokens, every row live)."""
+def _call_functions(lm, program, prompt_length: int, batch: int):
+    """(a function (params, keys, values) -> a first state of ``program``: all-mask canvases after
+    ``prompt_length`` pad tokens, every row live; per shape of the program, a function (params,
+    state, keys, values) -> that call's outputs, made of the engine's own call functions)."""
     import jax.numpy as jnp
     from flax import nnx
 
@@ -93,18 +113,20 @@ def _call_functions(lm, program, prompt_length: int, batch: int) -> dict[CallSha
     ids = jnp.full((batch, prompt_length), mcfg.pad_id, jnp.int32)
     prompt_mask = jnp.ones((batch, prompt_length), jnp.int32)
 
-    def state_of(params, keys, values):
-        model = nnx.merge(lm.graphdef, params)
-        loop, mask = engine.loop_and_mask(model, prompt_mask, mcfg, program, values)
-        return loop, mask, engine.init_state(loop, ids, mask, keys, values)
+    def loop_of(params, values):
+        return engine.loop_and_mask(nnx.merge(lm.graphdef, params), prompt_mask, mcfg, program, values)
+
+    def first_state(params, keys, values):
+        loop, mask = loop_of(params, values)
+        return engine.init_state(loop, ids, mask, keys, values)
 
     block_causal = mcfg.block_causal
     shapes = call_shapes(program, canvas_length(prompt_length, program, block_causal), block_causal)
     rows = jnp.ones(batch, bool)
 
     def call(shape: CallShape):
-        def run(params, keys, values):
-            loop, mask, state = state_of(params, keys, values)
+        def run(params, state, keys, values):
+            loop, mask = loop_of(params, values)
             if shape.kind == "full":
                 canvases = jnp.repeat(state.canvas[:, None], shape.candidates, axis=1)
                 return loop.call(canvases, mask, keys, values, state.block)
@@ -121,7 +143,7 @@ def _call_functions(lm, program, prompt_length: int, batch: int) -> dict[CallSha
 
         return run
 
-    return {shape: call(shape) for shape in shapes}
+    return first_state, {shape: call(shape) for shape in shapes}
 
 
 # ------------------------------------------------------------------------------- modeled target

@@ -38,6 +38,7 @@ class Generation:
     compile_seconds: float
     stats: dict[str, Any]
     calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # the batch's, by shape (calls.py)
+    iterations: int = 0  # the batch's loop iterations
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -72,6 +73,7 @@ def generations(
             compile_seconds=compile_seconds,
             stats={k: v[row].tolist() for k, v in stats.items()},
             calls=list(calls or []),
+            iterations=int(to_numpy(out.iterations)),
         )
         for row in range(canvas.shape[0])
     ]
