@@ -242,7 +242,7 @@ def _demo_calls(monkeypatch, argv: list[str]) -> list[tuple]:
     class Recorder:
         path = default_model_path()
 
-        def generate(self, questions, settings, *, seed, chat, prompt_bucket, warm):
+        def generate(self, questions, settings, *, seed, chat, prompt_bucket, warm=False):
             calls.append((settings, prompt_bucket))
             raise _Stop
 
