@@ -15,7 +15,7 @@ from typing import Any
 
 from ..config import MAX_BRANCHES, DecodeConfig, DecodeConfigError, check_for_model
 
-THRESHOLDS = (0.7, 0.8, 0.9, 0.95, 0.98)
+THRESHOLDS = (0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
 FACTORS = (0.5, 1.0)
 GATES = (0.9, 0.95, 0.98)  # PSD's accept_confidence
 
@@ -53,7 +53,7 @@ def other_block_length(gen_length: int, block_length: int) -> int | None:
 
 def default_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
     """A few dozen candidates (docs/tuning.md tabulates them): every base plain with the dual cache,
-    five of them and PSD on threshold-0.9 uncached; PSD (tokens acceptance) at the searched depths on the fixed and the 0.9/0.95
+    eight of them and PSD on threshold-0.9 uncached, five and PSD on fixed-1 with the prefix cache; PSD (tokens acceptance) at the searched depths on the fixed and the 0.9/0.95
     threshold bases, at depth 3 on the others; strict PSD on fixed-1 (both caches) and threshold-0.9; RPS on the
     threshold bases with its defaults and two variants; deep PSD on fixed-1 uncached, and PSD
     drafting into the next block (``draft_next_block``) on fixed-1 and the 0.9/0.95 thresholds, and
@@ -67,8 +67,15 @@ def default_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
 
     for fields in bases.values():
         add(fields)
-    for name in ("fixed-2", "fixed-4", "threshold-0.7", "threshold-0.9", "factor-1"):
+    for name in ("fixed-2", "fixed-4", "threshold-0.7", "threshold-0.9", "threshold-0.95", "threshold-0.98"):
         add(bases[name], cache="none")
+    add(bases["threshold-0.99"], cache="none")
+    add(bases["factor-1"], cache="none")
+    # The prefix cache: exact keys before the block, the block and the rest of the canvas recomputed
+    # each call (between the uncached decode and the dual cache in time and in accuracy).
+    for name in ("fixed-1", "fixed-2", "threshold-0.9", "threshold-0.95", "threshold-0.98"):
+        add(bases[name], cache="prefix")
+    add({**bases["fixed-1"], "decoder": "psd", "depth": 3}, cache="prefix")
     add({**bases["threshold-0.9"], "decoder": "psd", "depth": 3}, cache="none")
     for name in ("fixed-1", "fixed-2", "threshold-0.9", "threshold-0.95"):
         for depth in depths(block_length):
