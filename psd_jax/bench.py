@@ -43,7 +43,7 @@ from .errors import InputError
 from .flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, non_negative_int, positive_int
 from .lengths import check_context
 from .recommended import NAME as RECOMMENDED_NAME
-from .recommended import named_settings
+from .recommended import named_settings, read_recommended
 from .scoring import is_correct, load_jsonl
 
 BASELINE = "fixed-1/none"  # LLaDA's generate.py: one token per step, no cache; every speedup is against it
@@ -454,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
         "mesh": args.mesh,
         "time": time.strftime("%Y-%m-%d %H:%M"),
     }
+    if RECOMMENDED_NAME in names:  # which device the recommended setting was chosen for
+        meta["recommended"] = read_recommended(model_dir).origin()
     write_report(
         summaries,
         meta,

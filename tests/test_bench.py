@@ -138,6 +138,7 @@ def test_bench_recommended_runs_the_directorys_setting_with_its_own_cache(
     assert report["meta"]["cache"] == "dual"  # the matrix's base
     baseline, row = report["results"]
     assert baseline["name"] == "fixed-1/none"
+    assert report["meta"]["recommended"] == f"tuned, from {tuned_model_dir / 'recommended.json'}"
     tuned = DecodeConfig(gen_length=48, **TUNED)
     assert row["name"] == "recommended" and row["settings"] == dict(vars(tuned))
     examples = load_jsonl(tuned_model_dir / "test.jsonl")[:8]

@@ -258,11 +258,13 @@ class _Stop(Exception):
 
 def test_demo_applies_flags_on_top_of_the_recommended_setting(monkeypatch):
     shipped = read_recommended(default_model_path()).settings  # the shipped model's tuned setting
-    ((settings, _),) = _demo_calls(monkeypatch, ["--depth", "5"])
-    assert settings == DecodeConfig(gen_length=48, **{**shipped, "depth": 5})
-    ((settings, _),) = _demo_calls(monkeypatch, ["--decoder", "rps"])  # PSD's settings dropped, the rest kept
-    expected = {k: v for k, v in shipped.items() if k not in ("depth", "draft_next_block", "accept_confidence")}
-    assert settings == DecodeConfig(gen_length=48, **{**expected, "decoder": "rps"})
+    ((settings, _),) = _demo_calls(monkeypatch, ["--block-length", "8"])
+    assert settings == DecodeConfig(gen_length=48, **{**shipped, "block_length": 8})
+    ((settings, _),) = _demo_calls(monkeypatch, ["--decoder", "psd", "--depth", "5"])
+    assert settings == DecodeConfig(gen_length=48, **{**shipped, "decoder": "psd", "depth": 5})
+    ((settings, _),) = _demo_calls(monkeypatch, ["--policy", "fixed"])  # the threshold dropped, the rest kept
+    expected = {k: v for k, v in shipped.items() if k != "threshold"}
+    assert settings == DecodeConfig(gen_length=48, **{**expected, "policy": "fixed"})
 
 
 def test_demo_honours_prompt_bucket(monkeypatch):

@@ -51,7 +51,8 @@ def test_cli_without_arguments_compares_the_recommended_decoder_with_one_token_p
     lm = load_model(DEFAULT)
     assert decode_defaults(DEFAULT) == {"gen_length": 48, "block_length": 16}
     shipped = read_recommended(DEFAULT)
-    assert shipped.tuned and shipped.settings["decoder"] == "psd"  # the tuned setting, not the library's
+    assert shipped.tuned and shipped.device == "cpu"  # the tuned setting for this device, not the library's
+    assert shipped.provenance["objective"] == "seconds"
     recommended = DecodeConfig(gen_length=48, **shipped.settings)
     baseline = DecodeConfig(gen_length=48, block_length=16)
     runs = [lm.generate(questions, s, chat=True) for s in (recommended, baseline)]

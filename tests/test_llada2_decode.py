@@ -15,6 +15,7 @@ import json
 import pytest
 
 from psd_jax import DecodeConfig
+from psd_jax.block_layout import canvas_length
 from psd_jax.flags import EXIT_BAD_INPUT
 from psd_jax.generate import main as generate_main
 
@@ -82,8 +83,16 @@ def test_golden_cases_cached(llada2_lm, llada2_cases, setting, cache):
     """The block cache is exact (finished blocks' keys/values never change under block-causal
     attention) and costs no extra call; ``dual`` is the same cache here. Prompts padded to 32: the
     rows' first decoded blocks are aligned by whole blocks of left padding."""
-    ids, nfe, _ = generate(llada2_lm, llada2_cases, setting, bucket=32, cache=cache)
+    ids, nfe, results = generate(llada2_lm, llada2_cases, setting, bucket=32, cache=cache)
     assert_upstream(llada2_cases, setting, ids, nfe, llada2_lm.config.eos_id)
+    # The batch's calls by shape: its start (a full refresh), each block's first call a window over
+    # the previous and the current block, the rest windows of the block; at least every row's calls.
+    calls = {(c["kind"], c["candidates"], c["positions"]): c["count"] for c in results[0].calls}
+    dcfg = settings_of(llada2_cases, setting, cache=cache)
+    canvas, block = canvas_length(32, dcfg, block_causal=True), dcfg.block_length
+    assert calls[("refresh", 1, canvas)] == 1 and calls[("block_refresh", 1, 2 * block)] > 0
+    assert set(calls) == {("refresh", 1, canvas), ("block_refresh", 1, 2 * block), ("window", 1, block)}
+    assert sum(calls.values()) >= max(nfe)
 
 
 def test_cli_decodes_upstream_tokens_and_refuses_guidance(llada2_cases, capsys):

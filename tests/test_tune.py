@@ -131,6 +131,35 @@ def test_the_choice_asks_for_the_lower_bound_when_a_candidate_meets_it():
     assert alone.choice == "lucky"
 
 
+def test_a_choice_that_fails_its_confirmation_gives_way_to_the_next():
+    """The cheapest candidate within the loss on the search split that loses 3 points on the
+    confirmation split is not chosen: the next one in the ranking is confirmed and chosen; with
+    every candidate failing, nothing is."""
+    from types import SimpleNamespace
+
+    from psd_jax.tuning.cli import confirm
+    from psd_jax.tuning.search import CALLS
+
+    confirm_ids = list(range(1000, 1300))
+    # Both within the loss on the 200 search problems by their point estimates, neither by its bound.
+    unlucky = lambda i: BASE_RIGHT(i) and i != 7 and not (i >= 1000 and i % 33 == 0)  # noqa: E731  -3 points
+    rules = {"fast": (5, unlucky), "steady": (9, BASE_RIGHT)}
+    result, table = search(rules, rungs=(100, 200))
+    assert result.choice == "fast" and result.ranked == ["fast", "steady"]
+    plan = SimpleNamespace(
+        candidates={n: DecodeConfig() for n in rules}, base=DecodeConfig(), base_name="base",
+        confirm_ids=confirm_ids, objective=CALLS,
+    )  # fmt: skip
+    args = SimpleNamespace(z=1.64, max_loss=1.0)
+    table.phase = None
+    held, failed = confirm(plan, args, table, result)
+    assert held["name"] == result.choice == "steady" and held["difference"] == 0
+    assert [f["name"] for f in failed] == ["fast"] and failed[0]["difference"] == pytest.approx(-9 / 300)
+    assert result.last["fast"]["status"] == "failed confirmation" and result.last["steady"]["status"] == "chosen"
+    lossy, _ = search({"fast": (5, unlucky)}, rungs=(100, 200))
+    assert confirm(plan, args, table, lossy) == (None, failed) and lossy.choice is None
+
+
 def test_search_reports_when_no_candidate_is_within_the_loss():
     result, _ = search({"lossy": (5, lambda i: BASE_RIGHT(i) and i % 5 != 1)})
     assert result.choice is None and result.last["lossy"]["status"] == "too lossy (bound)"

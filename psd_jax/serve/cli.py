@@ -32,7 +32,7 @@ from ..flags import (
     non_negative_int,
     positive_int,
 )
-from ..recommended import NAME, named_settings
+from ..recommended import NAME, named_settings, read_recommended
 from ..sharding import MeshError
 from ..tokenizer import TokenizerError
 from .batcher import BATCHING
@@ -296,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         request_timeout_s=args.request_timeout,
         recommended=recommended,
     )
+    if args.settings is not None:  # say which device the named setting was chosen for
+        print(f"default settings: {args.settings}, {read_recommended(model_dir).origin()}", file=sys.stderr)
     lost = serve(
         app,
         host=args.host,

@@ -250,20 +250,7 @@ def run(plan: Plan, args) -> int:
         args.z,
         objective=plan.objective,
     )
-    confirmation = None
-    if result.choice is not None:
-        evaluator.phase = "confirm"
-        chosen = plan.candidates[result.choice]
-        evaluator.plan([plan.base, chosen], plan.confirm_ids)
-        try:
-            base_out = evaluator.results(plan.base_name, plan.base, plan.confirm_ids)
-            chosen_out = evaluator.results(result.choice, chosen, plan.confirm_ids)
-            confirmation = {
-                "name": result.choice,
-                **compare(base_out, chosen_out, plan.confirm_ids, args.z, plan.objective),
-            }
-        except NotEvaluated:
-            print(f"{result.choice}: its confirmation is not in the log (run without --rerank)", file=sys.stderr)
+    confirmation, failed = confirm(plan, args, evaluator, result)
     bar.close()
     meta = {
         "model": str(plan.model_dir),
@@ -289,13 +276,47 @@ def run(plan: Plan, args) -> int:
         "time": time.strftime("%Y-%m-%d %H:%M"),
     }
     fields = {name: tune_log.dataclass_fields(c) for name, c in plan.candidates.items()}
-    print(write_reports(Path(args.out), meta, result, plan.base_name, confirmation, plan.dropped, fields))
+    print(write_reports(Path(args.out), meta, result, plan.base_name, confirmation, plan.dropped, fields, failed))
     if args.write:
         if result.choice is None or confirmation is None:
             print("error: nothing chosen and confirmed, so no recommended setting written", file=sys.stderr)
             return 1
         write_choice(plan, args, result, confirmation)
     return 0
+
+
+MAX_CONFIRMATIONS = 3  # candidates tried on the confirmation split before giving up
+
+
+def confirm(plan: Plan, args, evaluator, result) -> tuple[dict | None, list[dict]]:
+    """The choice measured on the confirmation split, which the search never saw. A choice whose
+    confirmation falls below ``-max_loss`` (point estimate) fails it: the next candidate that may be
+    chosen (``SearchResult.ranked``) is confirmed instead, up to ``MAX_CONFIRMATIONS`` in all, and the
+    first to hold becomes the choice (``result.choice``; statuses updated). The fastest candidate of
+    many within the loss is selected partly for its luck on the search split; the confirmation is
+    where that shows. Returns (the confirmation that held, else None: then nothing is chosen; the
+    confirmations that did not hold)."""
+    evaluator.phase = "confirm"
+    failed = []
+    for name in result.ranked[:MAX_CONFIRMATIONS]:
+        candidate = plan.candidates[name]
+        evaluator.plan([plan.base, candidate], plan.confirm_ids)
+        try:
+            base_out = evaluator.results(plan.base_name, plan.base, plan.confirm_ids)
+            out = evaluator.results(name, candidate, plan.confirm_ids)
+        except NotEvaluated:
+            print(f"{name}: its confirmation is not in the log (run without --rerank)", file=sys.stderr)
+            result.choice = None
+            return None, failed
+        measured = {"name": name, **compare(base_out, out, plan.confirm_ids, args.z, plan.objective)}
+        if measured["difference"] >= -args.max_loss / 100:
+            result.last[name]["status"] = "chosen"
+            result.choice = name
+            return measured, failed
+        result.last[name]["status"] = "failed confirmation"
+        failed.append({k: measured[k] for k in ("name", "difference", "standard_error", "accuracy", "base_accuracy")})
+    result.choice = None
+    return None, failed
 
 
 def write_choice(plan: Plan, args, result, confirmation: dict) -> None:

@@ -17,7 +17,7 @@ def _cost(s: dict) -> str:
     """The objective's cost per prompt: seconds (ms) or model calls."""
     if s.get("objective") == "calls":
         return f"{s['cost_per_prompt']:.1f} calls"
-    return f"{1000 * s['cost_per_prompt']:.2f} ms"
+    return f"{1000 * s['cost_per_prompt']:.3g} ms"
 
 
 def table(rows: list[tuple[str, dict]], chosen: str | None, base_name: str, status: bool = False) -> str:
@@ -61,9 +61,12 @@ def write_reports(
     confirmation: dict | None,
     dropped: list,
     settings: dict[str, dict],
+    failed: list[dict] | None = None,
 ) -> str:
     """Write the three files; return the text to print (frontier table and the choice).
-    ``settings``: each candidate's ``DecodeConfig`` fields, stored with its numbers."""
+    ``settings``: each candidate's ``DecodeConfig`` fields, stored with its numbers; ``failed``: the
+    candidates whose confirmation did not hold, in the order they were tried."""
+    failed = failed or []
     out.mkdir(parents=True, exist_ok=True)
     z = meta["z"]
     last_rung = meta["rungs"][-1]
@@ -78,17 +81,25 @@ def write_reports(
         "frontier": result.frontier,
         "choice": result.choice,
         "confirmation": confirmation,
+        "failed_confirmation": failed,
         "dropped_from_space": [{"settings": f, "reason": why} for f, why in dropped],
     }
     (out / "tune.json").write_text(json.dumps(report, indent=2) + "\n")
-    if result.choice is None:
+    tried = "".join(
+        f"{f['name']} failed its confirmation ({_points(f['difference'])} ± {100 * f['standard_error']:.1f} points "
+        f"on {meta['confirm_size']} problems); "
+        for f in failed
+    )
+    if result.choice is None and failed:
+        verdict = f"{tried}no candidate held on the confirmation split: nothing chosen."
+    elif result.choice is None:
         verdict = (
             f"No candidate is within {meta['max_loss']:g} points of the base on the last rung "
             f"({last_rung} problems): nothing chosen."
         )
     else:
         chosen = result.last[result.choice]
-        verdict = (
+        verdict = tried + (
             f"Chosen ({meta['objective']} on {meta['device']}): {result.choice}: {chosen['speedup']:.2f}x the base's "
             f"{_rate(meta)}, {_cost(chosen)} per prompt against {_cost(result.base)}, "
             f"{chosen['nfe_per_prompt']:.1f} NFE/prompt against {result.base['nfe_per_prompt']:.1f}; search difference "

@@ -163,6 +163,7 @@ class SearchResult:
     base: dict  # the base against itself on the last rung (accuracy, NFE, TPF)
     frontier: list[str]  # non-dominated settings of the last rung (base included), cheapest first
     choice: str | None  # the cheapest candidate within max_loss on the last rung (by its bound if any)
+    ranked: list[str] = dataclasses.field(default_factory=list)  # every candidate that may be chosen, in order
 
 
 def successive_halving(
@@ -243,14 +244,24 @@ def successive_halving(
         )
         survivors = kept
     final_stats = {n: s for n, s in last.items() if s["rung"] == rungs[-1]}
-    feasible = [n for n in survivors if final_stats[n]["difference"] >= -max_loss]
-    confident = [n for n in feasible if final_stats[n]["lower"] >= -max_loss]
-    pool = confident or feasible  # within the loss by the lower bound if any is, else by the point estimate
-    choice = min(pool, key=lambda n: _order(final_stats[n])) if pool else None
+    ranked = ranked_choices(final_stats, survivors, max_loss)
+    choice = ranked[0] if ranked else None
     if choice is not None:
         last[choice]["status"] = "chosen"
     frontier = pareto_frontier({base_name: base_stats, **final_stats})
-    return SearchResult(history, last, base_stats, frontier, choice)
+    return SearchResult(history, last, base_stats, frontier, choice, ranked)
+
+
+def ranked_choices(final_stats: dict[str, dict], survivors: list[str], max_loss: float) -> list[str]:
+    """The candidates that may be chosen, in order: those within the loss by their lower bound,
+    cheapest first, then those within it by their point estimate only, cheapest first. The first
+    is the choice; the confirmation (``tuning.cli``) takes the next when one fails it."""
+    feasible = [n for n in survivors if final_stats[n]["difference"] >= -max_loss]
+    confident = sorted(
+        (n for n in feasible if final_stats[n]["lower"] >= -max_loss), key=lambda n: _order(final_stats[n])
+    )
+    rest = sorted((n for n in feasible if n not in confident), key=lambda n: _order(final_stats[n]))
+    return confident + rest
 
 
 def pareto_frontier(stats: dict[str, dict]) -> list[str]:
