@@ -274,7 +274,9 @@ def test_a_resumed_run_decodes_nothing_and_reports_the_same(run, model_dir, dev,
         assert second[key] == report[key]
 
 
-def test_a_finished_log_re_ranks_for_a_modeled_device_without_decoding(run, model_dir, dev, tmp_path, monkeypatch):
+def test_a_finished_log_re_ranks_for_a_modeled_device_without_decoding(
+    run, model_dir, dev, tmp_path, monkeypatch, capsys
+):
     """``--rerank --device h200@32`` prices the logged decodes' calls by shape for the H200 (the
     tuned model's config, 32 rows per call) and ``--rerank --objective calls`` counts them: neither
     decodes, each problem costs its batch's share, and ``--write`` stores each choice under its
@@ -305,11 +307,17 @@ def test_a_finished_log_re_ranks_for_a_modeled_device_without_decoding(run, mode
         for c in e["calls"]
     )
     assert modeled["base"]["cost_per_prompt"] == pytest.approx(priced / 32 / 8)
+    capsys.readouterr()
     assert tune.main(args(model_dir, dev, tmp_path / "calls", *log, "--objective", "calls")) == 0
     by_calls = json.loads((tmp_path / "calls" / "tune.json").read_text())
     assert by_calls["base"]["cost_per_prompt"] == by_calls["base"]["nfe_per_prompt"]
-    within = [c for c in by_calls["candidates"].values() if c["status"] in ("within max loss", "chosen")]
-    assert by_calls["candidates"][by_calls["choice"]]["nfe_per_prompt"] == min(c["nfe_per_prompt"] for c in within)
+    ranked = {n: c for n, c in by_calls["candidates"].items() if c["rung"] == 8 and c["difference"] >= 0}
+    fewest = min(ranked, key=lambda n: ranked[n]["nfe_per_prompt"])
+    if fewest == report["choice"]:  # its confirmation is in the log: chosen again
+        assert by_calls["choice"] == fewest
+    else:  # a rerank decodes nothing: the fewest-calls choice is left unconfirmed, and says so
+        assert by_calls["choice"] is None and by_calls["candidates"][fewest]["status"].startswith("not confirmed")
+        assert f"{fewest}: its confirmation is not in the log (run without --rerank)" in capsys.readouterr().err
     # Both choices kept, each for its kind; this CPU reads its own.
     cpu, gpu = read_recommended(model_dir, "cpu"), read_recommended(model_dir, "gpu")
     assert cpu.device == "cpu" and cpu.provenance["name"] == report["choice"]

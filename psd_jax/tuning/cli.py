@@ -306,6 +306,7 @@ def confirm(plan: Plan, args, evaluator, result) -> tuple[dict | None, list[dict
             out = evaluator.results(name, candidate, plan.confirm_ids)
         except NotEvaluated:
             print(f"{name}: its confirmation is not in the log (run without --rerank)", file=sys.stderr)
+            result.last[name]["status"] = "not confirmed (not in the log)"
             result.choice = None
             return None, failed
         measured = {"name": name, **compare(base_out, out, plan.confirm_ids, args.z, plan.objective)}
