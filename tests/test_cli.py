@@ -419,6 +419,37 @@ def test_recommended_block_length_wins_over_decode_defaults_and_loses_to_flags(t
     assert model_settings(untuned, {}, library) == DecodeConfig(gen_length=48, block_length=16, **library)
 
 
+def test_recommended_is_read_for_this_devices_kind_by_every_front_end(tmp_path):
+    """A file with a choice per device kind: this CPU process reads the cpu one (not the latest,
+    top-level, one), through the one resolver every front end uses (generate, bench, serve's
+    defaults and requests, the harness's ``settings=recommended``); a kind without its own choice
+    reads the latest, and the origin says which device each was chosen for."""
+    import json
+
+    from psd_jax.evaluate.args import parse_eval_args
+
+    cpu, gpu = {"policy": "threshold", "threshold": 0.98, "block_length": 16}, {"cache": "dual", "block_length": 8}
+    body = {
+        "settings": gpu,
+        "provenance": {"device_kind": "gpu", "device": "seconds modeled for h200"},
+        "devices": {
+            "cpu": {"settings": cpu, "provenance": {"device": "seconds measured on cpu"}},
+            "gpu": {"settings": gpu, "provenance": {"device_kind": "gpu", "device": "seconds modeled for h200"}},
+        },
+    }
+    model = model_with_recommendation(tmp_path / "model", default_model_path(), json.dumps(body))
+    assert named_settings(NAME, model) == cpu
+    assert (
+        read_recommended(model).origin()
+        == f"tuned for cpu (seconds measured on cpu), from {model / 'recommended.json'}"
+    )
+    assert parse_eval_args({"pretrained": str(model), "settings": "recommended"}).settings == DecodeConfig(
+        gen_length=48, **cpu
+    )
+    tpu = read_recommended(model, "tpu")
+    assert tpu.settings == gpu and tpu.origin().endswith("; no choice for tpu in it")
+
+
 def test_generate_settings_recommended_decodes_the_tuned_setting(capsys, tmp_path):
     fields = {"policy": "threshold", "threshold": 0.7, "block_length": 16}
     tiny = model_with_recommendation(tmp_path / "tiny", GOLDENS / "llada-tiny", fields)
