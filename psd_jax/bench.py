@@ -1,6 +1,7 @@
 """``python -m psd_jax.bench``: every decoder's speed against quality on one dataset.
 
-For each decoder setting the same prompts run in the same batches; compilation (ahead of time)
+Every decoder setting runs the same prompts in the same batches, interleaved (each batch by every
+setting in turn, so a slow phase of the machine falls on all of them); compilation (ahead of time)
 is timed separately and excluded, a batch that needed a fresh executable is decoded once untimed
 as warm-up, and each batch is timed with ``block_until_ready``. The headline is time: each
 setting's tokens/s against the upstream baseline, one token per step without a cache (LLaDA's
@@ -38,7 +39,7 @@ from models.quantize import QUANTIZE
 
 from . import multihost
 from .api import DTYPES, LoadedModel, load_model, model_directory, model_settings
-from .config import CACHES, DecodeConfig, check_for_model
+from .config import DecodeConfig, DecodeConfigError, cache_fields, check_for_model
 from .errors import InputError
 from .flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, non_negative_int, positive_int
 from .lengths import check_context
@@ -163,8 +164,8 @@ def decoder_matrix(base: DecodeConfig, names: list[str] | None = None) -> dict[s
     out = {}
     for name in fields if names is None else names:
         setting, cache = split_name(name)
-        cache = cache or base.cache
-        out[f"{setting}/{cache}"] = base.replace(**fields[setting], cache=cache)
+        settings = base.replace(**fields[setting], **cache_fields(cache or base.cache_name))
+        out[f"{setting}/{settings.cache_name}"] = settings
     return out
 
 
@@ -192,22 +193,39 @@ def run_setting(
     the one timed (``generate(warm=True)``): an executable's first run carries one-off costs, which
     would otherwise be charged to whichever setting runs first in its shapes."""
     row = Row(name, dict(vars(settings)))
-    batches = [examples[i : i + batch] for i in range(0, len(examples), batch)]
-    for chunk in batches:
-        results = _timed_generate(lm, [ex["question"] for ex in chunk], settings, chat, prompt_bucket, row)
-        row.sequence_forwards += results[0].sequence_forwards
-        row.add_calls(results[0].calls)
-        for r, ex in zip(results, chunk):
-            row.correct_by_problem.append(int(is_correct(r.text or "", ex)))
-            row.nfe += r.nfe
-            row.tokens += r.tokens
-            for key, value in r.stats.items():
-                row.extra[key] = (np.asarray(row.extra.get(key, 0)) + np.asarray(value)).tolist()
+    for chunk in batches_of(examples, batch):
+        add_batch(lm, row, settings, chunk, chat, prompt_bucket)
         if progress is not None:
             progress.update(len(chunk))
     for ex in examples[:latency]:  # the same decodes at batch 1: time per answer
-        row.latency.append(_timed_generate(lm, [ex["question"]], settings, chat, prompt_bucket, None)[0].seconds)
+        add_latency(lm, row, settings, ex, chat, prompt_bucket)
     return row
+
+
+def batches_of(examples: list[dict], batch: int) -> list[list[dict]]:
+    return [examples[i : i + batch] for i in range(0, len(examples), batch)]
+
+
+def add_batch(
+    lm: LoadedModel, row: Row, settings: DecodeConfig, chunk: list[dict], chat: bool | None, prompt_bucket: int
+) -> None:
+    """One batch of ``chunk`` decoded with ``settings`` and timed, its results added to ``row``."""
+    results = _timed_generate(lm, [ex["question"] for ex in chunk], settings, chat, prompt_bucket, row)
+    row.sequence_forwards += results[0].sequence_forwards
+    row.add_calls(results[0].calls)
+    for r, ex in zip(results, chunk):
+        row.correct_by_problem.append(int(is_correct(r.text or "", ex)))
+        row.nfe += r.nfe
+        row.tokens += r.tokens
+        for key, value in r.stats.items():
+            row.extra[key] = (np.asarray(row.extra.get(key, 0)) + np.asarray(value)).tolist()
+
+
+def add_latency(
+    lm: LoadedModel, row: Row, settings: DecodeConfig, example: dict, chat: bool | None, prompt_bucket: int
+) -> None:
+    """``example`` alone (batch 1) decoded with ``settings``: its time per answer added to ``row``."""
+    row.latency.append(_timed_generate(lm, [example["question"]], settings, chat, prompt_bucket, None)[0].seconds)
 
 
 def _timed_generate(lm: LoadedModel, texts: list[str], settings: DecodeConfig, chat, bucket: int, row: Row | None):
@@ -398,11 +416,13 @@ def selected_names(args, known: list[str]) -> list[str]:
             raise InputError(f"unknown decoder setting(s) {unknown or [args.decoders]}; see --list")
         for name in names:
             setting, cache = split_name(name)
-            if cache is not None and (setting == RECOMMENDED_NAME or cache not in CACHES):
-                raise InputError(
-                    f"{name}: the cache after the slash must be one of {', '.join(CACHES)} "
-                    f"({RECOMMENDED_NAME} brings its own)"
-                )
+            if cache is not None and setting == RECOMMENDED_NAME:
+                raise InputError(f"{name}: {RECOMMENDED_NAME} brings its own cache")
+            if cache is not None:
+                try:
+                    cache_fields(cache)
+                except DecodeConfigError as exc:
+                    raise InputError(f"{name}: {exc}") from None
     return [BASELINE, *names]
 
 
@@ -474,18 +494,23 @@ def check_prompts(lm: LoadedModel, examples: list[dict], gen_length: int, chat: 
 
 
 def run_matrix(lm: LoadedModel, matrix: dict[str, DecodeConfig], examples: list[dict], args) -> list[dict]:
+    """Every setting over the same batches, interleaved: each batch is decoded by every setting in
+    turn before the next batch (and each latency problem likewise), so a slow phase of the machine
+    (another process, a clock change) falls on every setting alike instead of on whichever ran
+    then; on a 2-core CPU the baseline's own time varied by 1.5x between two sequential runs."""
     from tqdm import tqdm
 
-    rows = []
+    rows = {name: Row(name, dict(vars(settings))) for name, settings in matrix.items()}
     total = len(matrix) * len(examples)
     with tqdm(total=total, desc="bench", unit="prompt", file=sys.stderr, disable=not multihost.is_main()) as bar:
+        for chunk in batches_of(examples, args.batch):
+            for name, settings in matrix.items():
+                add_batch(lm, rows[name], settings, chunk, args.chat, args.prompt_bucket)
+                bar.update(len(chunk))
+    for example in examples[: args.latency]:
         for name, settings in matrix.items():
-            bar.set_postfix_str(name)
-            row = run_setting(
-                lm, name, settings, examples, args.batch, args.chat, args.prompt_bucket, bar, args.latency
-            )
-            rows.append(row.summary())
-    return with_speedups(rows)
+            add_latency(lm, rows[name], settings, example, args.chat, args.prompt_bucket)
+    return with_speedups([row.summary() for row in rows.values()])
 
 
 def write_report(summaries: list[dict], meta: dict, out: Path, title: str) -> None:

@@ -83,6 +83,8 @@ class DecodeConfig:
     pivot_tau: float = 0.9
     lam: float = 0.3
     cache: Literal["none", "prefix", "dual"] = "none"  # block KV cache (Fast-dLLM)
+    refresh_every: int = 0  # cache: a full forward after this many window calls (0: block starts only)
+    vicinity: int = 0  # dual cache: the window also recomputes this many positions after the block
 
     def __post_init__(self) -> None:
         if isinstance(self.confidence, str):
@@ -115,6 +117,17 @@ class DecodeConfig:
         if self.policy == "threshold_schedule":
             return self.block_length if self.steps is None else self.steps
         return self.total_steps // self.num_blocks
+
+    @property
+    def cache_name(self) -> str:
+        """The cache with its refinements, as setting names write it after a slash: ``none``,
+        ``dual``, ``dual+v4`` (vicinity 4), ``prefix+r2`` (refresh_every 2); ``cache_fields``
+        reads it back."""
+        return (
+            self.cache
+            + (f"+v{self.vicinity}" if self.vicinity else "")
+            + (f"+r{self.refresh_every}" if self.refresh_every else "")
+        )
 
     def changed(self) -> dict[str, Any]:
         """The fields that differ from their defaults (what a user set)."""
@@ -155,9 +168,23 @@ FIELD_HELP: dict[str, str] = {
     "pivot_tau": "RPS: a pivot needs top-k_max probability mass >= this",
     "lam": "RPS: weight of the pivot value's log-probability in a branch's score (0 to 100)",
     "cache": "block KV cache (Fast-dLLM): none, prefix or dual",
+    "refresh_every": "block KV cache: also refresh a row's cache (a full forward) after this many window calls "
+    "since its last one (0: at block starts only, Fast-dLLM)",
+    "vicinity": "dual cache: the window also recomputes this many positions after the block "
+    "(0: the block alone, Fast-dLLM)",
 }
 
-INT_FIELDS = ("gen_length", "block_length", "steps", "top_k", "depth", "draft_rate", "k_max")
+INT_FIELDS = (
+    "gen_length",
+    "block_length",
+    "steps",
+    "top_k",
+    "depth",
+    "draft_rate",
+    "k_max",
+    "refresh_every",
+    "vicinity",
+)
 FLOAT_FIELDS = ("threshold", "factor", "temperature", "top_p", "cfg_scale", "dream_eps", "ratio", "pivot_tau", "lam")
 BOOL_FIELDS = ("logits_eos_inf", "confidence_eos_eot_inf", "eos_early_stop", "draft_next_block")
 _OPTIONAL = ("steps", "draft_rate")
@@ -217,6 +244,8 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "ratio": (lambda v: 0.0 <= v <= 1.0, "(RPS) must be in [0, 1]"),
     "pivot_tau": (lambda v: 0.0 <= v <= 1.0, "(RPS) must be in [0, 1]"),
     "lam": (lambda v: 0 <= v <= MAX_SCALE, f"(RPS) must be in [0, {MAX_SCALE:g}]"),
+    "refresh_every": (lambda v: v >= 0, "(block KV cache) must be >= 0 (0: at block starts only)"),
+    "vicinity": (lambda v: v >= 0, "(dual cache) must be >= 0 (0: the block alone)"),
 }
 
 
@@ -243,6 +272,11 @@ def _check_values(c: DecodeConfig) -> None:
     _check_work(c)
     if c.cache != "none" and c.cfg_scale > 0:
         _fail(f"cache {c.cache!r} does not support classifier-free guidance (cfg_scale > 0); use cache='none'")
+    if c.vicinity > c.gen_length - c.block_length:
+        _fail(
+            f"vicinity {c.vicinity} (dual cache) exceeds gen_length - block_length = {c.gen_length - c.block_length}: "
+            "the positions after a block"
+        )
 
 
 def _check_work(c: DecodeConfig) -> None:
@@ -304,6 +338,11 @@ def check_for_model(c: DecodeConfig, mcfg: ModelConfig) -> None:
         _fail(f"k_max {c.k_max} exceeds the vocabulary of {mcfg.vocab_size}")
     if mcfg.block_causal and c.cfg_scale > 0:
         _fail(f"classifier-free guidance (cfg_scale > 0) is not supported for the block-causal {mcfg.family}")
+    if mcfg.block_causal and (c.refresh_every or c.vicinity):
+        _fail(
+            f"refresh_every and vicinity are not used for the block-causal {mcfg.family}: its block KV cache "
+            "is exact (a block sees only finished blocks)"
+        )
     if mcfg.block_causal and c.draft_next_block:
         _fail(f"draft_next_block (PSD) is not supported for the block-causal {mcfg.family}: a block sees no later one")
     if c.top_k > mcfg.vocab_size:
@@ -343,6 +382,8 @@ USED_ONLY_WITH: dict[str, tuple[Callable[[DecodeConfig], bool], str]] = {
     "ratio": (lambda c: c.decoder == "rps", "decoder 'rps'"),
     "pivot_tau": (lambda c: c.decoder == "rps", "decoder 'rps'"),
     "lam": (lambda c: c.decoder == "rps", "decoder 'rps'"),
+    "refresh_every": (lambda c: c.cache != "none", "a block KV cache (cache 'prefix' or 'dual')"),
+    "vicinity": (lambda c: c.cache == "dual", "cache 'dual' (the prefix cache's window already reaches the end)"),
 }
 
 
@@ -357,13 +398,31 @@ def _check_used(c: DecodeConfig) -> None:
         if value != defaults[name] and not used(c):
             _fail(
                 f"{name}={value!r} would be ignored: it is used only with {needs} "
-                f"(here policy={c.policy!r}, decoder={c.decoder!r})"
+                f"(here policy={c.policy!r}, decoder={c.decoder!r}, cache={c.cache!r})"
             )
 
 
 # The library's recommended decoder, shown next to one token per step by the first run: PSD's
 # temporal drafts over Fast-dLLM's threshold policy, with the dual block cache (docs/benchmark.md).
 RECOMMENDED: dict[str, Any] = {"policy": "threshold", "threshold": 0.9, "decoder": "psd", "depth": 3, "cache": "dual"}
+
+
+CACHE_NAME_HELP = "none, prefix or dual, then +vN (dual: vicinity N) and +rN (refresh_every N): dual+v4"
+
+
+def cache_fields(name: str) -> dict[str, Any]:
+    """``DecodeConfig.cache_name`` read back, every field it names (``"dual+v4"`` ->
+    ``{"cache": "dual", "vicinity": 4, "refresh_every": 0}``)."""
+    cache, *parts = name.split("+")
+    if cache not in CACHES:
+        _fail(f"unknown cache {name!r}: {CACHE_NAME_HELP}")
+    fields: dict[str, Any] = {"cache": cache}
+    for part in parts:
+        field = {"v": "vicinity", "r": "refresh_every"}.get(part[:1])
+        if field is None or not part[1:].isdigit() or field in fields:
+            _fail(f"unknown cache {name!r}: {CACHE_NAME_HELP}")
+        fields[field] = int(part[1:])
+    return {"vicinity": 0, "refresh_every": 0, **fields}
 
 
 def settings_from(base: DecodeConfig, overrides: dict[str, Any]) -> DecodeConfig:
@@ -382,7 +441,7 @@ def merged_fields(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, 
     """``base`` fields with ``overrides`` applied, dropping the base's settings that the resulting
     policy and decoder do not use (``settings_from``'s rule, on plain field dicts)."""
     values = {**base, **overrides}
-    probe = dataclasses.replace(DecodeConfig(), **{k: values[k] for k in ("policy", "decoder") if k in values})
+    probe = dataclasses.replace(DecodeConfig(), **{k: values[k] for k in ("policy", "decoder", "cache") if k in values})
     for name, (used, _) in USED_ONLY_WITH.items():
         if name not in overrides and not used(probe):
             values.pop(name, None)

@@ -85,9 +85,25 @@ class DecodeState:
     # row's last full forward, and rows whose block changed since (they need that full forward).
     cache: tuple | None = None
     stale: jax.Array | None = None
+    since_refresh: jax.Array | None = None  # [B] window calls since the row's last full forward
 
 
-ROW_FIELDS = ("canvas", "pred", "block", "step", "done", "row_nfe", "keys", "values", "fresh", "stats", "stale")
+ROW_FIELDS = (
+    "canvas",
+    "pred",
+    "block",
+    "step",
+    "done",
+    "row_nfe",
+    "keys",
+    "values",
+    "fresh",
+    "stats",
+    "stale",
+    "since_refresh",
+)
+
+
 COUNTERS = ("nfe", "sequence_forwards", "iteration", "calls")
 
 
@@ -247,7 +263,11 @@ def init_state(
         pred, k, v = predict_prefill(
             loop.prefill, canvas, attention_mask, loop.prompt_length, sub, values, loop.mcfg, loop.dcfg, first
         )
-        cached = {"cache": constrain_kv_cache((k, v), loop.mcfg), "stale": jnp.zeros(batch, bool)}
+        cached = {
+            "cache": constrain_kv_cache((k, v), loop.mcfg),
+            "stale": jnp.zeros(batch, bool),
+            "since_refresh": jnp.zeros(batch, jnp.int32),
+        }
     else:
         keys, sub = split_rows(keys, 2)
         first = loop.call(canvas[:, None], attention_mask, sub, values, jnp.zeros(batch, jnp.int32))
@@ -467,6 +487,7 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
     dcfg, batch = loop.dcfg, state.canvas.shape[0]
     keys, refresh_key, window_key = split_rows(state.keys, 3)
     waiting, refresh = rules.cache_phase(jnp, state.stale, state.done)
+    refresh |= rules.refresh_due(jnp, state.since_refresh, state.stale, state.done, dcfg.refresh_every)
     primed = refresh & state.fresh  # joined rows: this refresh is their first forward
     if loop.layout is None:
         pred, cache, refresh_calls = _refresh(loop, attention_mask, state, refresh, refresh_key)
@@ -509,6 +530,7 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
         by_shape,
         cache=cache,
         stale=state.stale,
+        since_refresh=jnp.where(refresh, 0, state.since_refresh) + windowed.astype(jnp.int32),
     )
     done, stale = rules.cache_stale(jnp, waiting, new.done, state.block, new.block)
     done = done & ~(primed & ~state.done)
@@ -758,6 +780,7 @@ def decode_join(
     }
     if dcfg.cache != "none":
         fresh["stale"] = jnp.ones(batch, bool)
+        fresh["since_refresh"] = zeros
     current = {name: getattr(state, name) for name in fresh}
     return constrain_state(state.replace(**_where_rows(join, fresh, current)), mcfg)
 
@@ -792,6 +815,7 @@ def decode_regroup(graphdef, params, state: DecodeState, index, *, mcfg: ModelCo
     if state.cache is not None:
         moved["cache"] = constrain_kv_cache(tuple(jnp.take(c, rows, axis=1) for c in state.cache), mcfg)
         moved["stale"] = jnp.take(state.stale, rows) & ~empty
+        moved["since_refresh"] = jnp.take(state.since_refresh, rows)
     return constrain_state(state.replace(**moved), mcfg)
 
 

@@ -118,6 +118,10 @@ def describe(settings: DecodeConfig) -> str:
             parts.append(f"confidence gate {settings.accept_confidence:g}")
     if settings.cache != "none":
         parts.append(f"{settings.cache} cache")
+    if settings.vicinity:
+        parts.append(f"window past the block {settings.vicinity}")
+    if settings.refresh_every:
+        parts.append(f"refresh every {settings.refresh_every} windows")
     return ", ".join(parts)
 
 

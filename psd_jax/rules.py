@@ -167,12 +167,14 @@ def logit_index(xp, start: Array, width: int, n: int, shift: int) -> Array:
 
 
 def window_lengths(dcfg: DecodeConfig, block_causal: bool = False) -> tuple[int, ...]:
-    """Static query windows of a cached call, ascending: the block (dual, and block-causal models,
-    whose later blocks are never visible); for prefix, the rest of the canvas rounded up to
-    block_length * 2^i, or to gen_length (a few compiled sizes)."""
+    """Static query windows of a cached call, ascending: the block (block-causal models, whose later
+    blocks are never visible), and for dual the block and its ``vicinity``; for prefix, the rest of
+    the canvas rounded up to block_length * 2^i, or to gen_length (a few compiled sizes)."""
     block, gen = dcfg.block_length, dcfg.gen_length
-    if dcfg.cache == "dual" or block_causal:
+    if block_causal:
         return (block,)
+    if dcfg.cache == "dual":
+        return (block + dcfg.vicinity,)
     lengths, w = [], block
     while w < gen:
         lengths.append(w)
@@ -188,6 +190,16 @@ def cache_phase(xp, stale: Array, done: Array) -> tuple[Array, Array]:
     stale_live = stale & ~done
     synced = xp.all(stale | done)  # every live row is at a block start
     return stale_live & ~synced, stale_live & synced
+
+
+def refresh_due(xp, since_refresh: Array, stale: Array, done: Array, every: int) -> Array:
+    """[B] rows whose cache is refreshed now within their block (``refresh_every``): live rows that
+    made ``every`` window calls since their last full forward. They do not wait for the others:
+    every live row of a block makes one window call per iteration, so rows of one block are due
+    together and one full forward serves them."""
+    if not every:
+        return xp.zeros_like(done)
+    return (since_refresh >= every) & ~stale & ~done
 
 
 def cache_stale(xp, waiting: Array, done: Array, block_before: Array, block_after: Array) -> tuple[Array, Array]:

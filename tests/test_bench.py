@@ -78,9 +78,11 @@ def test_bench_rejects_an_unknown_decoder_setting(capsys, tmp_path):
     assert bench.main(["--decoders", "fixed-3", "--out", str(tmp_path)]) == 2
     assert "unknown decoder setting(s) ['fixed-3']" in capsys.readouterr().err
     assert bench.main(["--decoders", "fixed-1/fast", "--out", str(tmp_path)]) == 2
-    assert "fixed-1/fast: the cache after the slash must be one of none, prefix, dual" in capsys.readouterr().err
+    assert "fixed-1/fast: unknown cache 'fast': none, prefix or dual, then +vN" in capsys.readouterr().err
+    assert bench.main(["--decoders", "threshold-0.9/prefix+v4", "--out", str(tmp_path)]) == 2
+    assert "vicinity=4 would be ignored: it is used only with cache 'dual'" in capsys.readouterr().err
     assert bench.main(["--decoders", "recommended/none", "--out", str(tmp_path)]) == 2
-    assert "(recommended brings its own)" in capsys.readouterr().err
+    assert "recommended/none: recommended brings its own cache" in capsys.readouterr().err
 
 
 def test_bench_default_run_is_the_matrix_without_the_opt_in_settings(capsys):
@@ -104,6 +106,39 @@ def test_bench_builds_only_the_settings_asked_for(capsys):
     )
     assert bench.main(["--block-length", "1", "--decoders", "fixed-2"]) == 2
     assert "steps 24 is not divisible by the number of blocks 48" in capsys.readouterr().err
+
+
+def test_settings_take_each_batch_in_turn(monkeypatch):
+    """Every setting decodes a batch before any setting decodes the next, and likewise each latency
+    problem: a slow phase of the machine falls on every setting, not on whichever ran then."""
+    order = []
+
+    def add_batch(lm, row, settings, chunk, chat, bucket):
+        order.append((row.name, [ex["question"] for ex in chunk]))
+        row.correct_by_problem += [1] * len(chunk)
+        row.tokens, row.nfe, row.seconds = row.tokens + len(chunk), row.nfe + 1, row.seconds + 1.0
+
+    def add_latency(lm, row, settings, example, chat, bucket):
+        order.append((row.name, example["question"]))
+        row.latency.append(1.0)
+
+    monkeypatch.setattr(bench, "add_batch", add_batch)
+    monkeypatch.setattr(bench, "add_latency", add_latency)
+    matrix = bench.decoder_matrix(DecodeConfig(gen_length=48, block_length=16), ["fixed-1/none", "fixed-2/dual"])
+    examples = [{"question": q} for q in "abc"]
+    args = type("Args", (), {"batch": 2, "chat": None, "prompt_bucket": 32, "latency": 2})()
+    summaries = bench.run_matrix(None, matrix, examples, args)
+    assert order == [
+        ("fixed-1/none", ["a", "b"]),
+        ("fixed-2/dual", ["a", "b"]),
+        ("fixed-1/none", ["c"]),
+        ("fixed-2/dual", ["c"]),
+        ("fixed-1/none", "a"),
+        ("fixed-2/dual", "a"),
+        ("fixed-1/none", "b"),
+        ("fixed-2/dual", "b"),
+    ]
+    assert [s["n"] for s in summaries] == [3, 3] and [s["latency_n"] for s in summaries] == [2, 2]
 
 
 def test_paired_difference_counts_the_discordant_problems():

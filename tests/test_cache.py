@@ -6,6 +6,8 @@ implementation in tests/test_torch_cache.py (``OWN``), which replaces a run-only
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +17,7 @@ from safetensors.numpy import load_file
 from models.transformer import default_positions
 from psd_jax import DecodeConfig, DecodeConfigError
 from psd_jax.api import model_settings
+from psd_jax.config import cache_fields, settings_from
 from psd_jax.engine import decode, decode_python_loop
 from psd_jax.flags import decode_fields
 from psd_jax.generate import build_parser
@@ -126,6 +129,59 @@ def test_cached_while_loop_equals_python_loop(lms):
     assert int(np.asarray(compiled.calls).sum()) == int(compiled.nfe)
 
 
+@pytest.mark.parametrize("thr", ["None", "0.7"])
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_a_refresh_that_never_falls_due_equals_the_goldens(lms, cache_cases, cache, thr):
+    """``refresh_every`` past a block's window calls (at most block_length - 1) never refreshes
+    within a block: Fast-dLLM's tokens and calls, as at its off value 0."""
+    pre = [f"{FUNCTIONS[cache]}.thr{thr}.p{p}." for p in (0, 1)]
+    prompts = [cache_cases[k + "prompt"][0].tolist() for k in pre]
+    settings = DecodeConfig(gen_length=48, block_length=16, cache=cache, refresh_every=16, **_policy(thr))
+    out = lms["llada-tiny"].generate(prompts, settings, prompt_bucket=32)
+    for k, prompt, row in zip(pre, prompts, out):
+        assert row.output_ids == cache_cases[k + "output"][0, len(prompt) :].tolist()
+        assert row.nfe == int(cache_cases[k + "nfe"])
+
+
+@pytest.mark.parametrize(
+    "name, policy",
+    [
+        ("llada-tiny", {"policy": "fixed"}),
+        ("llada-tiny", {"policy": "threshold", "threshold": 0.7}),
+        ("dream-tiny", {"policy": "threshold", "threshold": 0.7}),
+    ],
+    ids=["llada-fixed", "llada-threshold", "dream-threshold"],
+)
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_a_refresh_every_window_call_decodes_as_the_uncached_loop(lms, name, policy, cache):
+    """With ``refresh_every=1`` every commit reads a full forward of the current canvas, as the
+    uncached loop's does: the same tokens, one refresh per iteration (its window call's predictions
+    are never read)."""
+    lm = lms[name]
+    base = DecodeConfig(gen_length=32, block_length=8, **policy)
+    uncached = lm.generate(PROMPTS, base, prompt_bucket=16)
+    refreshed = lm.generate(PROMPTS, base.replace(cache=cache, refresh_every=1), prompt_bucket=16)
+    never = lm.generate(PROMPTS, base.replace(cache=cache), prompt_bucket=16)
+    for a, b in zip(uncached, refreshed):
+        assert a.output_ids == b.output_ids
+    calls = {c["kind"]: c["count"] for c in refreshed[0].calls if c["kind"] == "refresh"}
+    assert calls["refresh"] == refreshed[0].iterations
+    assert calls["refresh"] > {c["kind"]: c["count"] for c in never[0].calls}["refresh"]
+
+
+@pytest.mark.parametrize("name", ["llada-tiny", "dream-tiny"])
+def test_a_dual_window_over_the_rest_of_the_canvas_decodes_as_the_prefix_cache(lms, name):
+    """``vicinity`` = gen_length - block_length: the dual window reaches the canvas end, so every
+    position after the block is recomputed, as the prefix cache's window does."""
+    lm = lms[name]
+    prefix = DecodeConfig(gen_length=32, block_length=8, policy="threshold", threshold=0.7, cache="prefix")
+    dual = prefix.replace(cache="dual", vicinity=24)
+    for a, b in zip(lm.generate(PROMPTS, prefix, prompt_bucket=16), lm.generate(PROMPTS, dual, prompt_bucket=16)):
+        assert a.output_ids == b.output_ids and a.nfe == b.nfe
+    windows = {c["positions"] for c in lm.generate(PROMPTS, dual, prompt_bucket=16)[0].calls if c["kind"] == "window"}
+    assert windows == {32}
+
+
 @pytest.mark.parametrize("name", ["llada-tiny-gqa", "dream-tiny"])
 @pytest.mark.parametrize("width", [8, 24])  # 24 from position 24 of 40: a prefix-style window past the end
 def test_window_over_own_cache_equals_full_forward(lms, name, width):
@@ -154,5 +210,22 @@ def test_cache_settings():
         DecodeConfig(cache="full")
     with pytest.raises(DecodeConfigError, match="classifier-free guidance"):
         DecodeConfig(cache="dual", cfg_scale=1.0)
+    with pytest.raises(DecodeConfigError, match="refresh_every=2 would be ignored: .*block KV cache"):
+        DecodeConfig(refresh_every=2)
+    with pytest.raises(DecodeConfigError, match="vicinity=8 would be ignored: .*cache 'dual'"):
+        DecodeConfig(cache="prefix", vicinity=8)
+    with pytest.raises(DecodeConfigError, match="vicinity 112 .* exceeds gen_length - block_length = 96"):
+        DecodeConfig(cache="dual", vicinity=112)
+    with pytest.raises(DecodeConfigError, match="refresh_every .* must be >= 0"):
+        DecodeConfig(cache="dual", refresh_every=-1)
+    # A setting's name carries the cache with its refinements, and reads back to the same fields.
+    for settings in (DecodeConfig(cache="dual", vicinity=4, refresh_every=2), DecodeConfig(cache="prefix")):
+        assert DecodeConfig(**cache_fields(settings.cache_name)) == settings
+    assert DecodeConfig(cache="dual", vicinity=4, refresh_every=2).cache_name == "dual+v4+r2"
+    for bad in ("full", "dual+q1", "dual+v", "dual+v4+v8", "dual+v-1"):
+        with pytest.raises(DecodeConfigError, match=f"unknown cache '{re.escape(bad)}'"):
+            cache_fields(bad)
+    # Changing the cache drops the settings only a cache uses, as a policy change drops its own.
+    assert settings_from(DecodeConfig(cache="dual", vicinity=8), {"cache": "none"}) == DecodeConfig()
     assert model_settings(None, decode_fields(build_parser().parse_args(["--cache", "dual"]))).cache == "dual"
     assert model_settings(None, decode_fields(build_parser().parse_args([]))).cache == "none"

@@ -430,6 +430,19 @@ def test_cache_rows_move_through_blocks_together(xp, seed):
     assert [host(a).tolist() for a in got] == [expected_done, expected_stale]
 
 
+@pytest.mark.parametrize("every", [0, 1, 3])
+def test_a_refresh_falls_due_after_its_window_calls(xp, every):
+    """docs/algorithms.md "Block KV cache": within its block, a live row is refreshed once it has
+    made ``refresh_every`` window calls since its last full forward (0: never); stale and finished
+    rows are left to the block-start refresh."""
+    rng = np.random.default_rng(700 + every)
+    since, stale, done = rng.integers(0, 5, B), rng.random(B) < 0.3, rng.random(B) < 0.3
+    got = host(rules.refresh_due(xp, to(xp, since), to(xp, stale), to(xp, done), every))
+    expected = [bool(every and since[r] >= every and not stale[r] and not done[r]) for r in range(B)]
+    assert got.tolist() == expected
+    assert every == 0 or any(expected), "the case should have a row due"
+
+
 def test_static_sizes():
     """The static parts both backends read: forward sizes and their covering index, the logit
     window's width and start, and the cached calls' window lengths."""

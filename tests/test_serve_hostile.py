@@ -95,6 +95,25 @@ HOSTILE = [
     ),
     (
         "completions",
+        b'{"prompt": "What is 2 + 3?", "cache": "dual", "vicinity": 100000}',
+        invalid(
+            "vicinity 100000 (dual cache) exceeds gen_length - block_length = 32: the positions after a block",
+            "vicinity",
+            "invalid_settings",
+        ),
+    ),
+    (
+        "completions",
+        b'{"prompt": "What is 2 + 3?", "refresh_every": 2}',
+        invalid(
+            "refresh_every=2 would be ignored: it is used only with a block KV cache (cache 'prefix' or 'dual') "
+            "(here policy='threshold', decoder='plain', cache='none')",
+            "refresh_every",
+            "invalid_settings",
+        ),
+    ),
+    (
+        "completions",
         b'{"prompt": "What is \\ud800 2 + 3?"}',
         invalid("prompt is not valid Unicode: it holds a lone surrogate (\\ud800)", "prompt"),
     ),

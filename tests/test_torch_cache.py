@@ -101,6 +101,29 @@ OWN = {
         PROMPTS,
         16,
     ),
+    # Refreshes within a block and a dual window past it (docs/algorithms.md "Block KV cache").
+    "gqa-dual-psd-refresh-vicinity": (
+        "llada-tiny-gqa",
+        DecodeConfig(
+            gen_length=32,
+            block_length=8,
+            policy="threshold",
+            threshold=0.7,
+            decoder="psd",
+            depth=2,
+            cache="dual",
+            refresh_every=2,
+            vicinity=8,
+        ),
+        PROMPTS,
+        16,
+    ),
+    "dream-prefix-refresh": (
+        "dream-tiny",
+        DecodeConfig(gen_length=32, block_length=8, steps=16, policy="fixed", cache="prefix", refresh_every=2),
+        PROMPTS,
+        16,
+    ),
 }
 THRESHOLD = dict(gen_length=32, block_length=16, policy="threshold", threshold=0.7)
 FRESH = {

@@ -9,9 +9,10 @@ decoder, with the same tokens and call counts as the JAX backend:
   first forward. Rows move through blocks together, as in Fast-dLLM's batched loop: a row that
   completed its block waits (frozen, no calls counted for it) until every live row has, so one
   block-start forward serves the whole batch.
-- **Within a block** the candidates of the rows that stay in their block after the policy commit
+- **Within a block** a row may also be refreshed after ``refresh_every`` window calls since its
+  last full forward, without waiting for the others (``rules.refresh_due``). The candidates of the rows that stay in their block after the policy commit
   are forwarded as windows against the cache (prefix: ``x[start:]``, rounded up to one of the
-  engine's static window lengths; dual: the block), PSD's levels and RPS's branches as ``M``
+  engine's static window lengths; dual: the block and its ``vicinity``), PSD's levels and RPS's branches as ``M``
   windows per row in the same call. A row whose commit completes its block needs no window call:
   the next block-start forward refreshes it.
 - Logits are computed only for the current block (``rules.logit_window``, the engine's window): a
@@ -43,6 +44,7 @@ class KVCache:
     keys: torch.Tensor  # [L, B, KV, N, hd]
     values: torch.Tensor  # [L, B, KV, N, hd]
     stale: torch.Tensor  # [B] bool: the row's block changed since
+    since_refresh: torch.Tensor  # [B] window calls since the row's last full forward (refresh_every)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +70,7 @@ def decode_cached(loop: Loop, canvas: torch.Tensor) -> DecodeOutput:
     block = torch.zeros(canvas.shape[0], dtype=torch.long, device=canvas.device)
     pred, keys, values = prefill(loop, canvas, block)
     state = DecodeState.start(loop, canvas, pred)
-    cache = KVCache(keys, values, torch.zeros_like(block, dtype=torch.bool))
+    cache = KVCache(keys, values, torch.zeros_like(block, dtype=torch.bool), torch.zeros_like(block))
     while True:
         state, cache = step(loop, windows, state, cache)
         if bool(state.done.all()):
@@ -80,6 +82,7 @@ def step(loop: Loop, windows: Windows, state: DecodeState, cache: KVCache) -> tu
     call for the rows that stay in their block, choice, advance (the engine's ``step_cached``)."""
     batch = state.canvas.shape[0]
     waiting, refresh = rules.cache_phase(xp, cache.stale, state.done)
+    refresh |= rules.refresh_due(xp, cache.since_refresh, cache.stale, state.done, loop.dcfg.refresh_every)
     pred, cache, refresh_calls = _refresh(loop, state, cache, refresh)
 
     frozen = state.done | waiting  # waiting rows are frozen like finished ones
@@ -93,7 +96,8 @@ def step(loop: Loop, windows: Windows, state: DecodeState, cache: KVCache) -> tu
     row_calls = refresh.long() + windowed.long()
     new = apply_choice(loop, state, proposal, preds, live, frozen, row_calls, refresh_calls + window_calls, sequences)
     done, stale = rules.cache_stale(xp, waiting, new.done, state.block, new.block)
-    return dataclasses.replace(new, done=done), dataclasses.replace(cache, stale=stale)
+    since_refresh = torch.where(refresh, 0, cache.since_refresh) + windowed.long()
+    return dataclasses.replace(new, done=done), dataclasses.replace(cache, stale=stale, since_refresh=since_refresh)
 
 
 def prefill(loop: Loop, canvas: torch.Tensor, block: torch.Tensor) -> tuple[Prediction, torch.Tensor, torch.Tensor]:
@@ -111,7 +115,7 @@ def _refresh(loop: Loop, state: DecodeState, cache: KVCache, rows: torch.Tensor)
     pred = _where_rows(rows, pred, state.pred)
     select = rows[None, :, None, None, None]
     keys, values = torch.where(select, keys, cache.keys), torch.where(select, values, cache.values)
-    return pred, KVCache(keys, values, cache.stale), 1
+    return pred, dataclasses.replace(cache, keys=keys, values=values), 1
 
 
 def _window_forward(loop, windows: Windows, cache: KVCache, pred, block, proposal, windowed):

@@ -53,7 +53,8 @@ def other_block_length(gen_length: int, block_length: int) -> int | None:
 
 def default_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
     """A few dozen candidates (docs/tuning.md tabulates them): every base plain with the dual cache,
-    eight of them and PSD on threshold-0.9 uncached, five and PSD on fixed-1 with the prefix cache; PSD (tokens acceptance) at the searched depths on the fixed and the 0.9/0.95
+    eight of them and PSD on threshold-0.9 uncached, five and PSD on fixed-1 with the prefix cache;
+    seven with the dual cache's window a quarter or half a block past the block (``vicinity``); PSD (tokens acceptance) at the searched depths on the fixed and the 0.9/0.95
     threshold bases, at depth 3 on the others; strict PSD on fixed-1 (both caches) and threshold-0.9; RPS on the
     threshold bases with its defaults and two variants; deep PSD on fixed-1 uncached, and PSD
     drafting into the next block (``draft_next_block``) on fixed-1 and the 0.9/0.95 thresholds, and
@@ -76,6 +77,13 @@ def default_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
     for name in ("fixed-1", "fixed-2", "threshold-0.9", "threshold-0.95", "threshold-0.98"):
         add(bases[name], cache="prefix")
     add({**bases["fixed-1"], "decoder": "psd", "depth": 3}, cache="prefix")
+    # The dual cache with a window past the block (``vicinity``): the masks right after the block
+    # recomputed each call, which recovers the accuracy the plain dual cache loses (docs/algorithms.md).
+    for name, reach in (("fixed-1", (4,)), ("threshold-0.9", (4, 2)), ("threshold-0.95", (4, 2))):
+        for part in reach:
+            add({**bases[name], "vicinity": max(block_length // part, 1)})
+    for name in ("threshold-0.98", "threshold-0.99"):
+        add({**bases[name], "vicinity": max(block_length // 4, 1)})
     add({**bases["threshold-0.9"], "decoder": "psd", "depth": 3}, cache="none")
     for name in ("fixed-1", "fixed-2", "threshold-0.9", "threshold-0.95"):
         for depth in depths(block_length):
@@ -163,7 +171,7 @@ def setting_name(c: DecodeConfig) -> str:
         name = policy
     if c.temperature > 0:
         name += f"-t{c.temperature:g}"
-    return f"{name}/{c.cache}/b{c.block_length}"
+    return f"{name}/{c.cache_name}/b{c.block_length}"
 
 
 @dataclasses.dataclass
