@@ -117,11 +117,9 @@ def describe(settings: DecodeConfig) -> str:
         if settings.accept_confidence > 0:
             parts.append(f"confidence gate {settings.accept_confidence:g}")
     if settings.cache != "none":
-        parts.append(f"{settings.cache} cache")
-    if settings.vicinity:
-        parts.append(f"window past the block {settings.vicinity}")
-    if settings.refresh_every:
-        parts.append(f"refresh every {settings.refresh_every} windows")
+        window = f" (window +{settings.vicinity})" if settings.vicinity else ""
+        refresh = f" (refresh every {settings.refresh_every})" if settings.refresh_every else ""
+        parts.append(f"{settings.cache} cache{window}{refresh}")
     return ", ".join(parts)
 
 
