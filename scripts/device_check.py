@@ -18,7 +18,10 @@ Steps, most important first (``python -m scripts.device_check STEP --out DIR [--
 - ``jax_decode``: the decoders fixed (one token per step), threshold 0.9, PSD (threshold 0.9,
   depth 3) and RPS (threshold 0.9, k_max 10) -- ``psd_jax.bench.decoder_matrix``'s settings
   ``DECODERS`` -- with cache none and dual, batch 1 and 8, gen 256, block 32, prompts of 32 random
-  tokens: tokens/s, TPF, NFE per prompt, compile seconds.
+  tokens: tokens/s, TPF, NFE per prompt, compile seconds; and threshold with the dual cache's window
+  a quarter block past the block (``window_cache``: ``dual+v8``), the program of the setting the
+  tuner chooses for LLaDA-8B on an H200 (docs/tuning.md "The shipped model"; its threshold is a
+  runtime value of the same program).
 - ``torch``: the same rows in JAX and PyTorch eager (``psd_jax.torch_backend``) on the same weights
   (the JAX arrays handed to torch through DLPack: no copy on the GPU) and the same prompts, passes
   interleaved (JAX, then torch, in each pass): the ratio JAX / torch eager per row.
@@ -39,7 +42,7 @@ about 15 s to start (imports, CUDA, the 16 GB weights made on the device).
 - ``env`` ~20 s (limit 45 s);
 - ``forward`` ~45 s (limit 75 s): three compiles of the 8B forward with ``lax.scan`` layers,
   ~10 s each; the calls themselves take 8-300 ms;
-- ``jax_decode`` ~170 s (limit 180 s): 16 compiles of the decode loop, ~7 s each; one timed run
+- ``jax_decode`` ~185 s (limit 200 s): 18 compiles of the decode loop, ~7 s each; one timed run
   per row (more while a row stays under ``row_seconds``), ~60 s in all, of which ~45 s are the
   uncached batch-8 rows (fixed: 256 calls of [8, 288] tokens, ~50 ms each);
 - ``torch`` ~130 s (limit 130 s): JAX again (programs from the cache), then torch eager, ~75 s for
@@ -51,7 +54,7 @@ about 15 s to start (imports, CUDA, the 16 GB weights made on the device).
   projection, 6.4 GB for ``w_gate``), three decode-loop compiles of the int8 model (the bfloat16
   ones come from the cache), one or two timed passes of each model per row.
 
-The limits add up to 555 s. ``TINY=1`` runs the same steps on a toy LLaDA shape on the CPU (2
+The limits add up to 575 s. ``TINY=1`` runs the same steps on a toy LLaDA shape on the CPU (2
 layers, d_model 128, vocab 512, gen 32, block 16, batch 1 and 2, forward length 64, float32 so
 that both backends must give the same tokens), with XLA flags that make compiling fast
 (``TINY_XLA_FLAGS``) and torch on one thread; its ``torch.compile`` rows trace with dynamo and
@@ -123,6 +126,13 @@ DECODERS = {
     "rps": "rps-threshold-0.9",
 }
 CACHES = ("none", "dual")
+WINDOWED = "threshold"  # the decoder also measured with the dual cache's window past the block
+
+
+def window_cache(prof: Profile) -> str:
+    """The dual cache with a window a quarter block past the block, as the tuner's space has it."""
+    return f"dual+v{max(prof.block_length // 4, 1)}"
+
 
 # The random LM head's std is LOGIT_STD / sqrt(d_model): logits of std 16 whatever the width, so that
 # threshold 0.9 commits several tokens per call, PSD accepts drafts and RPS finds pivots, as in
@@ -200,12 +210,12 @@ def profile() -> Profile:
 def rows(prof: Profile) -> list[dict]:
     """Every decoder x cache x batch row, cheapest first: the first batch (uncached, dual), then each
     larger batch with the dual cache, then uncached, whose full-canvas forwards cost most."""
-    order = [(prof.batches[0], "none"), (prof.batches[0], "dual")]
-    order += [(b, cache) for b in prof.batches[1:] for cache in ("dual", "none")]
+    order = [(prof.batches[0], "none"), (prof.batches[0], "dual"), (prof.batches[0], window_cache(prof))]
+    order += [(b, cache) for b in prof.batches[1:] for cache in ("dual", window_cache(prof), "none")]
     return [
         {"decoder": d, "setting": DECODERS[d], "cache": c, "batch": b, "key": f"{d}/{c}/{b}"}
         for b, c in order
-        for d in DECODERS
+        for d in (DECODERS if c in CACHES else (WINDOWED,))
     ]
 
 
@@ -336,8 +346,8 @@ def settings_for(row: dict, prof: Profile):
     from psd_jax import DecodeConfig
     from psd_jax.bench import decoder_matrix
 
-    base = DecodeConfig(gen_length=prof.gen_length, block_length=prof.block_length, cache=row["cache"])
-    (settings,) = decoder_matrix(base, [row["setting"]]).values()
+    base = DecodeConfig(gen_length=prof.gen_length, block_length=prof.block_length)
+    (settings,) = decoder_matrix(base, [f"{row['setting']}/{row['cache']}"]).values()
     return settings
 
 

@@ -89,7 +89,7 @@ def targets(report: dict, prof) -> list[dict]:
 def torch_target(report: dict, prof) -> dict:
     name = (
         f"JAX >= {TARGET_JAX_OVER_TORCH}x PyTorch eager tokens/s, every decoder, batch "
-        f"{' and '.join(map(str, prof.batches))}, cache none and dual"
+        f"{' and '.join(map(str, prof.batches))}, cache none and dual (threshold also dual with its window)"
     )
     got = by_key(report["steps"].get("torch"))
     ratios, missing = {}, []

@@ -13,6 +13,7 @@ import pytest
 
 from models import param_shapes
 from models.quantize import is_projection
+from psd_jax import DecodeConfig
 from scripts import device_check as dc
 from scripts import device_check_report as report
 
@@ -73,13 +74,14 @@ def test_jax_decodes_every_row(tiny_run):
     _, _, result = tiny_run
     got = rows_of(result, "jax_decode")
     expected = [f"{d}/{c}/{b}" for b in dc.TINY.batches for c in dc.CACHES for d in dc.DECODERS]
-    assert sorted(got) == sorted(expected) and len(got) == len(dc.rows(dc.TINY)) == 8
+    expected += [f"threshold/dual+v4/{b}" for b in dc.TINY.batches]  # the window a quarter block past
+    assert sorted(got) == sorted(expected) and len(got) == len(dc.rows(dc.TINY)) == 9
     for key, row in got.items():
         jax_row = row["backends"]["jax"]
         assert jax_row["tokens_per_second"] > 0, key
         assert jax_row["compile_seconds"] > 0, key
         assert 1 <= jax_row["nfe_per_prompt"] <= dc.TINY.gen_length, key
-        assert row["settings"].get("cache", "none") == row["cache"], key
+        assert DecodeConfig(**row["settings"]).cache_name == row["cache"], key
     for cache in dc.CACHES:
         for batch in dc.TINY.batches:
             fixed = got[f"fixed/{cache}/{batch}"]["backends"]["jax"]
@@ -135,7 +137,8 @@ def test_markdown_has_the_targets(tiny_run):
     md = (out / "device_check.md").read_text()
     assert md in stdout  # printed at the end
     assert "| forward [8, 64] >= 50% of the H200 bfloat16 dense peak (989 TFLOP/s) |" in md
-    assert "| JAX >= 1.5x PyTorch eager tokens/s, every decoder, batch 1, cache none and dual |" in md
+    target = "JAX >= 1.5x PyTorch eager tokens/s, every decoder, batch 1, cache none and dual"
+    assert f"| {target} (threshold also dual with its window) |" in md
     assert md.count("\n| fixed | none | 1 |") == 2  # the JAX table and the JAX-against-PyTorch table
     assert len(result["targets"]) == 2 and result["targets"][0]["met"] is None  # no peak on a CPU
     ratios = result["targets"][1]["ratios"]
@@ -159,7 +162,7 @@ def test_report_of_a_run_cut_short(tmp_path):
     fwd_target, torch_target = result["targets"]
     assert fwd_target["met"] is None and fwd_target["measured"] == "not measured"
     assert torch_target["met"] is False and torch_target["ratios"] == {first["key"]: 3.0}
-    assert torch_target["measured"].startswith("1 of 16 rows")
+    assert torch_target["measured"].startswith("1 of 18 rows")
     md = (tmp_path / "device_check.md").read_text()
     assert "| torch | exit 124: ran out of its time limit | 130 | 1 |" in md
     assert "| forward | not run |" in md
