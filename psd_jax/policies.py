@@ -12,19 +12,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from . import rules
 from .config import DecodeConfig
 from .rules import step_counts
 
-__all__ = ["commit_mask", "count_table", "step_counts"]
+__all__ = ["count_table", "step_counts"]
 
 
 def count_table(dcfg: DecodeConfig) -> jax.Array | None:
     """The scheduled policies' per-step counts as a constant (``None`` for confidence-driven ones)."""
     counts = step_counts(dcfg)
     return None if counts is None else jnp.asarray(counts)
-
-
-def commit_mask(conf: jax.Array, valid: jax.Array, step: jax.Array, dcfg: DecodeConfig) -> jax.Array:
-    """The policy's commit set S for rows [B]: conf/valid [B, N], step [B]."""
-    return rules.commit_mask(jnp, conf, valid, step, dcfg, count_table(dcfg))

@@ -47,19 +47,6 @@ def propose(
     return decoder_for(dcfg, values).candidates(pred, s0, chosen, valid, step, ahead)
 
 
-def choose(
-    proposal: Proposal,
-    preds: Prediction,
-    live: jax.Array,
-    step: jax.Array,
-    dcfg: DecodeConfig,
-    mask_id: int,
-    values: RowValues | None = None,
-) -> Choice:
-    """Pick one candidate per row given the forward of every candidate (``preds`` [B, K, N])."""
-    return decoder_for(dcfg, values).choose(proposal, preds, live, step, mask_id)
-
-
 __all__ = [
     "Choice",
     "DECODERS",

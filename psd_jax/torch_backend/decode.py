@@ -272,7 +272,7 @@ def propose(loop: Loop, pred: Prediction, canvas, valid, step) -> Proposal:
 
 def choose(loop: Loop, proposal: Proposal, preds: Prediction, live, step):
     """(index [B], schedule steps consumed [B], stats increments) given every candidate's forward
-    (``decoders.choose``)."""
+    (the engine's ``Decoder.choose``)."""
     dcfg = loop.dcfg
     if dcfg.decoder == "psd":
         levels = proposal.state["levels"]
