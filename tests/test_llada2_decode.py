@@ -110,6 +110,10 @@ def test_cli_decodes_upstream_tokens_and_refuses_guidance(llada2_cases, capsys):
     assert generate_main([*flags, "--cfg-scale", "1", *ids]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "classifier-free guidance" in err[0], err
+    # The flat cache's refinements: this family's cache is exact, so they would change nothing.
+    assert generate_main([*flags, "--cache", "dual", "--vicinity", "4", *ids]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "refresh_every and vicinity are not used for the block-causal" in err[0], err
 
 
 def test_strict_psd_gives_the_policy_tokens_with_no_more_calls(llada2_lm, llada2_cases):
