@@ -108,6 +108,8 @@ def test_every_used_only_setting_is_accepted_where_it_is_used():
         "ratio": {"decoder": "rps"},
         "pivot_tau": {"decoder": "rps"},
         "lam": {"decoder": "rps"},
+        "refresh_every": {"cache": "prefix"},
+        "vicinity": {"cache": "dual"},
     }
     values = {
         "steps": 64,
@@ -123,6 +125,8 @@ def test_every_used_only_setting_is_accepted_where_it_is_used():
         "ratio": 0.5,
         "pivot_tau": 0.5,
         "lam": 0.5,
+        "refresh_every": 2,
+        "vicinity": 4,
     }
     assert set(users) == set(USED_ONLY_WITH)
     for name, context in users.items():
