@@ -18,10 +18,9 @@ import numpy as np
 from flax import nnx
 
 from models import (
+    AnyConfig,
     DiffusionLM,
-    LLaDA2Config,
     LLaDA2MoE,
-    ModelConfig,
     load_config,
     model_class,
     param_dtype,
@@ -33,9 +32,7 @@ from .keys import Target, expected_keys
 from .safetensors_dir import CheckpointError, SafetensorsDir
 
 
-def check_key_set(
-    cfg: ModelConfig | LLaDA2Config, available: dict[str, tuple[int, ...]], source: str
-) -> dict[str, Target]:
+def check_key_set(cfg: AnyConfig, available: dict[str, tuple[int, ...]], source: str) -> dict[str, Target]:
     """Completeness and shape check of a source key set against the family's key table."""
     expected = expected_keys(cfg)
     missing = sorted(set(expected) - set(available))
@@ -58,7 +55,7 @@ def check_key_set(
     return expected
 
 
-def param_sources(reader: SafetensorsDir, cfg: ModelConfig | LLaDA2Config) -> dict[str, list[tuple[str, Target]]]:
+def param_sources(reader: SafetensorsDir, cfg: AnyConfig) -> dict[str, list[tuple[str, Target]]]:
     """Each parameter's source tensors and where each goes, after the key-set and shape check."""
     by_param: dict[str, list[tuple[str, Target]]] = {}
     for key, target in check_key_set(cfg, reader.shapes, str(reader.dir)).items():
@@ -66,9 +63,7 @@ def param_sources(reader: SafetensorsDir, cfg: ModelConfig | LLaDA2Config) -> di
     return by_param
 
 
-def iter_params(
-    reader: SafetensorsDir, cfg: ModelConfig | LLaDA2Config, dtype: jnp.dtype
-) -> Iterator[tuple[str, np.ndarray]]:
+def iter_params(reader: SafetensorsDir, cfg: AnyConfig, dtype: jnp.dtype) -> Iterator[tuple[str, np.ndarray]]:
     """Yield ``(name, host array)`` one parameter at a time, each assembled from its source tensors.
 
     The key set and every shape are checked before the first tensor is read. A consumer that
@@ -98,7 +93,7 @@ def iter_params(
 
 def stream_params(
     reader: SafetensorsDir,
-    cfg: ModelConfig | LLaDA2Config,
+    cfg: AnyConfig,
     dtype: jnp.dtype,
     place: Callable[[str, np.ndarray], jax.Array] | None = None,
 ) -> dict[str, jax.Array]:
@@ -130,7 +125,7 @@ def read_block(
 
 def sharded_params(
     reader: SafetensorsDir,
-    cfg: ModelConfig | LLaDA2Config,
+    cfg: AnyConfig,
     dtype: jnp.dtype,
     shardings: dict[str, jax.sharding.Sharding],
 ) -> dict[str, jax.Array]:
@@ -153,7 +148,7 @@ def sharded_params(
 
 
 def model_from_params(
-    cfg: ModelConfig | LLaDA2Config, params: dict[str, jax.Array], dtype: jnp.dtype, unroll_layers: bool = False
+    cfg: AnyConfig, params: dict[str, jax.Array], dtype: jnp.dtype, unroll_layers: bool = False
 ) -> DiffusionLM | LLaDA2MoE:
     """The family's module whose parameters are the stacked ``params`` (no random initialisation is run).
 
@@ -173,7 +168,7 @@ def load_hf_model(
     unroll_layers: bool = False,
     quantize: str | None = None,
 ) -> DiffusionLM | LLaDA2MoE:
-    """Load a Hugging Face LLaDA/Dream/LLaDA2.0 directory straight into a Flax model (sharded if
+    """Load a Hugging Face LLaDA/Dream/LLaDA2.0/LLaDA-MoE directory straight into a Flax model (sharded if
     asked; with ``quantize``, each projection quantized as it arrives: ``models.quantize``)."""
     cfg = load_config(model_dir)
     if quantize is not None:

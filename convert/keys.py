@@ -1,7 +1,7 @@
 """Hugging Face tensor names -> our parameters: one table per family.
 
 Each row maps a source key (``{i}`` = layer index, ``{e}`` = expert index) to a parameter of the
-family's module (``models.DiffusionLM``, ``models.LLaDA2MoE``);
+family's module (``models.DiffusionLM``, ``models.LLaDA2MoE``, ``models.LLaDAMoE``);
 ``transpose`` marks torch ``Linear`` weights ([out, in]) that we store as [in, out].
 ``expected_keys`` expands a table for a given config into the exact set of source tensors with
 their expected source shapes, which is what the completeness and shape checks compare against.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from models import LLaDA2Config, ModelConfig, param_shapes
+from models import AnyConfig, LLaDA2Config, LLaDAMoEConfig, param_shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,32 +99,87 @@ LLADA2_MOE: tuple[tuple[str, str, bool], ...] = (
 )
 
 
+# LLaDA-MoE (upstream LLaDAMoEModelLM's state_dict names: the OLMoE / Qwen-MoE layout). Layer rows go
+# to the ``dense_`` or ``moe_`` group by ``moe_layer_freq``. The shared expert (absent from the
+# released model and the golden checkpoint) is the decoder layer's ``shared_expert`` module.
+LLADAMOE_TOP: tuple[tuple[str, str, bool], ...] = (
+    ("model.embed_tokens.weight", "embed", False),
+    ("model.norm.weight", "final_norm", False),
+    ("lm_head.weight", "lm_head", True),
+)
+LLADAMOE_ATTN: tuple[tuple[str, str, bool], ...] = (
+    ("model.layers.{i}.input_layernorm.weight", "attn_norm", False),
+    ("model.layers.{i}.self_attn.q_proj.weight", "wq", True),
+    ("model.layers.{i}.self_attn.k_proj.weight", "wk", True),
+    ("model.layers.{i}.self_attn.v_proj.weight", "wv", True),
+    ("model.layers.{i}.self_attn.q_norm.weight", "q_norm", False),  # [head_dim], shared by the heads
+    ("model.layers.{i}.self_attn.k_norm.weight", "k_norm", False),
+    ("model.layers.{i}.self_attn.o_proj.weight", "wo", True),
+    ("model.layers.{i}.post_attention_layernorm.weight", "mlp_norm", False),
+)
+LLADAMOE_DENSE = LLADA2_DENSE  # model.layers.{i}.mlp.{gate,up,down}_proj
+LLADAMOE_MOE: tuple[tuple[str, str, bool], ...] = (
+    ("model.layers.{i}.mlp.gate.weight", "router", True),  # [experts, hidden]
+    ("model.layers.{i}.mlp.experts.{e}.gate_proj.weight", "expert_gate", True),
+    ("model.layers.{i}.mlp.experts.{e}.up_proj.weight", "expert_up", True),
+    ("model.layers.{i}.mlp.experts.{e}.down_proj.weight", "expert_down", True),
+    ("model.layers.{i}.shared_expert.gate_proj.weight", "shared_gate", True),
+    ("model.layers.{i}.shared_expert.up_proj.weight", "shared_up", True),
+    ("model.layers.{i}.shared_expert.down_proj.weight", "shared_down", True),
+)
+
+
 def _source_shape(shape: tuple[int, ...], transpose: bool) -> tuple[int, ...]:
     return tuple(reversed(shape)) if transpose else tuple(shape)
 
 
-def llada2_expected_keys(cfg: LLaDA2Config) -> dict[str, Target]:
-    """LLaDA2.0's source tensors: per-expert tensors are stacked into [layers, experts, ...] parameters."""
-    shapes = param_shapes(cfg)
-    out = {key: Target(param, None, t, _source_shape(shapes[param], t)) for key, param, t in LLADA2_TOP}
-    groups = (("dense", 0, cfg.n_dense_layers, LLADA2_DENSE), ("moe", cfg.n_dense_layers, cfg.n_moe_layers, LLADA2_MOE))
-    for group, first, count, mlp in groups:
-        for pattern, base, transpose in LLADA2_ATTN + mlp:
+def _grouped_keys(
+    shapes: dict[str, tuple[int, ...]],
+    top: tuple[tuple[str, str, bool], ...],
+    groups: list[tuple[str, list[int], tuple[tuple[str, str, bool], ...]]],
+    n_experts: int,
+) -> dict[str, Target]:
+    """The source tensors of a family whose layers are stacked in groups (LLaDA2.0, LLaDA-MoE): ``groups``
+    are ``(group, source layer indices, table)``, the group's i-th layer at index i of its
+    ``<group>_<param>`` stack; per-expert tensors go to [layers, experts, ...]. Rows whose parameter
+    the config does not have (a shared expert it lacks) are skipped."""
+    out = {key: Target(param, None, t, _source_shape(shapes[param], t)) for key, param, t in top}
+    for group, layers, table in groups:
+        for pattern, base, transpose in table:
             param = f"{group}_{base}"
+            if param not in shapes:
+                continue
             per = shapes[param][1:]
-            experts = range(cfg.n_experts) if "{e}" in pattern else [None]
-            for layer in range(count):
+            experts = range(n_experts) if "{e}" in pattern else [None]
+            for layer, source_layer in enumerate(layers):
                 for expert in experts:
-                    key = pattern.replace("{i}", str(first + layer)).replace("{e}", str(expert))
+                    key = pattern.replace("{i}", str(source_layer)).replace("{e}", str(expert))
                     inner = per[1:] if expert is not None else per
                     out[key] = Target(param, layer, transpose, _source_shape(inner, transpose), expert)
     return out
 
 
-def expected_keys(cfg: ModelConfig | LLaDA2Config) -> dict[str, Target]:
+def llada2_expected_keys(cfg: LLaDA2Config) -> dict[str, Target]:
+    """LLaDA2.0's source tensors: the first ``n_dense_layers`` dense, the rest MoE."""
+    dense, moe = list(range(cfg.n_dense_layers)), list(range(cfg.n_dense_layers, cfg.n_layers))
+    groups = [("dense", dense, LLADA2_ATTN + LLADA2_DENSE), ("moe", moe, LLADA2_ATTN + LLADA2_MOE)]
+    return _grouped_keys(param_shapes(cfg), LLADA2_TOP, groups, cfg.n_experts)
+
+
+def lladamoe_expected_keys(cfg: LLaDAMoEConfig) -> dict[str, Target]:
+    """LLaDA-MoE's source tensors: each layer to the group ``moe_layer_freq`` gives it."""
+    dense = [i for i, is_moe in enumerate(cfg.moe_layers) if not is_moe]
+    moe = [i for i, is_moe in enumerate(cfg.moe_layers) if is_moe]
+    groups = [("dense", dense, LLADAMOE_ATTN + LLADAMOE_DENSE), ("moe", moe, LLADAMOE_ATTN + LLADAMOE_MOE)]
+    return _grouped_keys(param_shapes(cfg), LLADAMOE_TOP, groups, cfg.n_experts)
+
+
+def expected_keys(cfg: AnyConfig) -> dict[str, Target]:
     """Every source tensor the config implies, with where it goes and the shape it must have."""
     if isinstance(cfg, LLaDA2Config):
         return llada2_expected_keys(cfg)
+    if isinstance(cfg, LLaDAMoEConfig):
+        return lladamoe_expected_keys(cfg)
     shapes = param_shapes(cfg)
     out: dict[str, Target] = {}
     for pattern, param, transpose in TABLES[cfg.family]:

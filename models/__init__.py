@@ -1,4 +1,4 @@
-"""Flax NNX modules for the LLaDA, Dream and LLaDA2.0 diffusion language models.
+"""Flax NNX modules for the LLaDA, Dream, LLaDA2.0 and LLaDA-MoE diffusion language models.
 
 ``param_shapes``, ``param_dtype`` and ``model_class`` dispatch on the config's type, so the
 converter and checkpoint code stay generic over the families."""
@@ -7,38 +7,53 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from . import llada2, transformer
-from .config import ConfigError, LLaDA2Config, ModelConfig, config_from_dict, load_config
+from . import llada2, lladamoe, transformer
+from .config import ConfigError, LLaDA2Config, LLaDAMoEConfig, ModelConfig, config_from_dict, load_config
 from .llada2 import LLaDA2MoE
+from .lladamoe import LLaDAMoE
 from .transformer import DiffusionLM
 
+AnyConfig = ModelConfig | LLaDA2Config | LLaDAMoEConfig
 
-def param_shapes(cfg: ModelConfig | LLaDA2Config) -> dict[str, tuple[int, ...]]:
-    """Shape of every parameter of the family's model, by name (the single source of truth)."""
+
+def family_module(cfg: AnyConfig):
+    """The module (``transformer``, ``llada2`` or ``lladamoe``) holding the family's parameter table
+    (``param_shapes``) and logical axes (``logical_axes``)."""
     if isinstance(cfg, LLaDA2Config):
-        return llada2.param_shapes(cfg)
-    return transformer.param_shapes(cfg)
+        return llada2
+    return lladamoe if isinstance(cfg, LLaDAMoEConfig) else transformer
 
 
-def param_dtype(cfg: ModelConfig | LLaDA2Config, name: str, dtype) -> jnp.dtype:
+def param_shapes(cfg: AnyConfig) -> dict[str, tuple[int, ...]]:
+    """Shape of every parameter of the family's model, by name (the single source of truth)."""
+    return family_module(cfg).param_shapes(cfg)
+
+
+def param_dtype(cfg: AnyConfig, name: str, dtype) -> jnp.dtype:
     """The dtype parameter ``name`` is stored in for a model of ``dtype`` (LLaDA2.0's router bias stays float32)."""
     if isinstance(cfg, LLaDA2Config):
         return llada2.param_dtype(name, dtype)
     return jnp.dtype(dtype)
 
 
-def model_class(cfg: ModelConfig | LLaDA2Config) -> type[DiffusionLM] | type[LLaDA2MoE]:
-    """The module class that runs ``cfg``'s family."""
-    return LLaDA2MoE if isinstance(cfg, LLaDA2Config) else DiffusionLM
+def model_class(cfg: AnyConfig) -> type[DiffusionLM] | type[LLaDA2MoE]:
+    """The module class that runs ``cfg``'s family (``LLaDAMoE`` is a ``DiffusionLM``)."""
+    if isinstance(cfg, LLaDA2Config):
+        return LLaDA2MoE
+    return LLaDAMoE if isinstance(cfg, LLaDAMoEConfig) else DiffusionLM
 
 
 __all__ = [
+    "AnyConfig",
     "ConfigError",
     "DiffusionLM",
     "LLaDA2Config",
     "LLaDA2MoE",
+    "LLaDAMoE",
+    "LLaDAMoEConfig",
     "ModelConfig",
     "config_from_dict",
+    "family_module",
     "load_config",
     "model_class",
     "param_dtype",

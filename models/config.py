@@ -1,5 +1,7 @@
 """Frozen model configs parsed from a Hugging Face ``config.json``: ``ModelConfig`` for the dense
-LLaDA and Dream families, ``LLaDA2Config`` for LLaDA2.0 (``llada2_moe``, mixture of experts).
+LLaDA and Dream families, ``LLaDA2Config`` for LLaDA2.0 (``llada2_moe``, mixture of experts) and
+``LLaDAMoEConfig`` for LLaDA-MoE (bidirectional mixture of experts; its ``model_type`` is "llada" as
+dense LLaDA's, told apart by its architecture name or its MoE fields: ``is_lladamoe``).
 
 Configs are hashable so they can be static arguments of ``jax.jit``. Both expose uniformly what
 decoding needs (mask/EOS/pad ids, logit shift, position rule, stop ids, parameter count) so
@@ -14,8 +16,9 @@ import json
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-FAMILIES = ("llada", "dream", "llada2_moe")
-# Side files of a LLaDA2.0 directory that may name the special ids (its config.json does not).
+FAMILIES = ("llada", "dream", "llada2_moe", "lladamoe")
+# Side files of a LLaDA2.0 or LLaDA-MoE directory that may name the special ids (their config.json
+# names no mask id).
 DECODE_IDS_FILE = "decode.json"
 
 
@@ -175,14 +178,24 @@ def _dream(cfg: dict, source: str) -> ModelConfig:
     )
 
 
+def is_lladamoe(cfg: dict) -> bool:
+    """Whether a ``model_type: "llada"`` config is LLaDA-MoE's, not dense LLaDA's: upstream gives both
+    the same model type, so the architecture name (``LLaDAMoEModelLM``) or an MoE field decides."""
+    return "LLaDAMoEModelLM" in (cfg.get("architectures") or []) or any(
+        key in cfg for key in ("num_experts", "moe_layer_freq", "expert_intermediate_size")
+    )
+
+
 def config_from_dict(
     cfg: dict, source: str = "config", special_ids: dict[str, int] | None = None
-) -> ModelConfig | LLaDA2Config:
+) -> ModelConfig | LLaDA2Config | LLaDAMoEConfig:
     """Parse a Hugging Face config dict of a supported family; errors name the offending field.
 
-    ``special_ids`` (``mask_token_id``/``eos_token_id``/``pad_token_id``) fill in what LLaDA2.0's
-    config.json lacks; ``load_config`` reads them from the directory's side files."""
+    ``special_ids`` (``mask_token_id``/``eos_token_id``/``pad_token_id``) fill in what the config.json
+    of LLaDA2.0 or LLaDA-MoE lacks; ``load_config`` reads them from the directory's side files."""
     model_type = cfg.get("model_type")
+    if model_type == "llada" and is_lladamoe(cfg):
+        return lladamoe_config(cfg, source, special_ids or {})
     if model_type == "llada":
         out = _llada(cfg, source)
     elif model_type == "Dream":
@@ -191,8 +204,8 @@ def config_from_dict(
         return llada2_config(cfg, source, special_ids or {})
     else:
         raise ConfigError(
-            f"{source}: unknown model_type {model_type!r}; supported: 'llada' (LLaDA), 'Dream' (Dream) "
-            "and 'llada2_moe' (LLaDA2.0)"
+            f"{source}: unknown model_type {model_type!r}; supported: 'llada' (LLaDA and LLaDA-MoE), "
+            "'Dream' (Dream) and 'llada2_moe' (LLaDA2.0)"
         )
     if out.d_model % out.n_heads:
         raise ConfigError(f"{source}: d_model {out.d_model} is not divisible by n_heads {out.n_heads}")
@@ -203,7 +216,7 @@ def config_from_dict(
 _ID_FIELDS = {"mask_token_id": "mask_id", "eos_token_id": "eos_id", "pad_token_id": "pad_id"}
 
 
-def _check_heads_and_ids(out: ModelConfig | LLaDA2Config, source: str, ids: tuple[str, ...]) -> None:
+def _check_heads_and_ids(out: ModelConfig | LLaDA2Config | LLaDAMoEConfig, source: str, ids: tuple[str, ...]) -> None:
     """Refuse query heads that do not split into the kv heads' groups, or any of the special ``ids``
     (config.json names: ``mask_token_id``, ...) outside the vocabulary."""
     if out.n_heads % out.n_kv_heads:
@@ -214,8 +227,8 @@ def _check_heads_and_ids(out: ModelConfig | LLaDA2Config, source: str, ids: tupl
             raise ConfigError(f"{source}: {name} {value} is outside the vocabulary ({out.vocab_size})")
 
 
-def load_config(model_dir: str | Path) -> ModelConfig | LLaDA2Config:
-    """Read ``model_dir/config.json`` (and, for LLaDA2.0, the special ids from its side files)."""
+def load_config(model_dir: str | Path) -> ModelConfig | LLaDA2Config | LLaDAMoEConfig:
+    """Read ``model_dir/config.json`` (and, for LLaDA2.0 and LLaDA-MoE, the special ids from its side files)."""
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ConfigError(f"{path}: no config.json in model directory {model_dir}")
@@ -223,7 +236,8 @@ def load_config(model_dir: str | Path) -> ModelConfig | LLaDA2Config:
         cfg = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not valid JSON ({exc})") from exc
-    special = special_ids_from_dir(model_dir) if cfg.get("model_type") == "llada2_moe" else None
+    side_ids = cfg.get("model_type") == "llada2_moe" or (cfg.get("model_type") == "llada" and is_lladamoe(cfg))
+    special = special_ids_from_dir(model_dir) if side_ids else None
     return config_from_dict(cfg, source=str(path), special_ids=special)
 
 
@@ -306,7 +320,7 @@ def llada2_config(cfg: dict, source: str, special_ids: dict[str, int]) -> LLaDA2
     n_layers = _require(cfg, "num_hidden_layers", source)
     routing = _llada2_routing(cfg, source)
     first_dense = _llada2_first_dense(cfg, n_layers, source)
-    ids = _llada2_special_ids(cfg, special_ids, source)
+    ids = _side_special_ids(cfg, special_ids, source, "LLaDA2.0")
     out = LLaDA2Config(
         vocab_size=_require(cfg, "vocab_size", source),
         n_layers=n_layers,
@@ -388,14 +402,14 @@ def _llada2_dense_mlp(cfg: dict, first_dense: int, source: str) -> int:
     return _require(cfg, "intermediate_size", source) if first_dense else int(cfg.get("intermediate_size") or 0)
 
 
-def _llada2_special_ids(cfg: dict, special_ids: dict[str, int], source: str) -> dict[str, int]:
-    """mask/eos/pad ids: config.json's own win over ``special_ids`` (the side files'); mask and eos are
-    required, pad defaults to eos."""
+def _side_special_ids(cfg: dict, special_ids: dict[str, int], source: str, family: str) -> dict[str, int]:
+    """mask/eos/pad ids of a ``family`` whose config.json may lack them: config.json's own win over
+    ``special_ids`` (the side files'); mask and eos are required, pad defaults to eos."""
     ids = {**special_ids, **{k: cfg[k] for k in ("mask_token_id", "eos_token_id") if cfg.get(k) is not None}}
     for key in ("mask_token_id", "eos_token_id"):
         if ids.get(key) is None:
             raise ConfigError(
-                f"{source}: no {key} for LLaDA2.0: config.json has none; give it in {DECODE_IDS_FILE} beside "
+                f"{source}: no {key} for {family}: config.json has none; give it in {DECODE_IDS_FILE} beside "
                 "config.json or in the tokenizer files (tokenizer_config.json / tokenizer.json)"
             )
     pad = cfg.get("pad_token_id", ids.get("pad_token_id"))
@@ -439,3 +453,156 @@ def special_ids_from_dir(model_dir: str | Path) -> dict[str, int]:
         decoder = json.loads(tok_cfg.read_text()).get("added_tokens_decoder") or {}
         vocab.update({t["content"]: int(i) for i, t in decoder.items()})
     return {f"{role}_token_id": vocab[token] for role, token in strings.items() if token in vocab}
+
+
+# ---------------------------------------------------------------------------------------- LLaDA-MoE
+
+
+@dataclasses.dataclass(frozen=True)
+class LLaDAMoEConfig(_SharedConfig):
+    """LLaDA-MoE (upstream ``LLaDAMoEModelLM``, e.g. LLaDA-MoE-7B-A1B): the OLMoE layout run fully
+    bidirectionally. GQA attention with separate q/k/v projections and a per-head RMSNorm on q and k
+    before RoPE (rotate-half, every dim); per layer (``moe_layer_freq``) a mixture of experts (float32
+    softmax router over all experts, top-k weights *not* renormalised, SwiGLU experts, an optional
+    shared expert) or a dense SwiGLU MLP; final RMSNorm and an untied LM head.
+
+    Decoding treats it like dense LLaDA (``logit_shift`` 0, absolute positions, not block-causal):
+    upstream decodes it with LLaDA's ``generate.py`` and Fast-dLLM."""
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    mlp_hidden: int  # dense_intermediate_size: the MLP of the dense layers (0 when there are none)
+    moe_layers: tuple[bool, ...]  # per layer: a mixture of experts (moe_layer_freq[i] != 0) or dense
+    n_experts: int
+    n_experts_per_tok: int
+    moe_hidden: int  # expert_intermediate_size: one routed expert's SwiGLU width
+    shared_hidden: int  # shared_expert_intermediate_size on every MoE layer; 0: no shared expert
+    family: Literal["lladamoe"] = "lladamoe"
+
+    @property
+    def head_dim(self) -> int:
+        """``d_model // n_heads`` (upstream derives it so, whatever a ``head_dim`` field says)."""
+        return self.d_model // self.n_heads
+
+    @property
+    def n_moe_layers(self) -> int:
+        return sum(self.moe_layers)
+
+    @property
+    def n_dense_layers(self) -> int:
+        return self.n_layers - self.n_moe_layers
+
+    def segments(self) -> tuple[tuple[str, int, int], ...]:
+        """The layers in order as runs of one kind: ``(group, first, count)`` with ``group`` "dense"
+        or "moe" and ``first`` the run's index among that group's layers. Each run is one
+        ``lax.scan`` over the group's stacked weights (the released model is one run of MoE layers)."""
+        runs: list[tuple[str, int, int]] = []
+        seen = {"dense": 0, "moe": 0}
+        for is_moe in self.moe_layers:
+            group = "moe" if is_moe else "dense"
+            if runs and runs[-1][0] == group:
+                runs[-1] = (group, runs[-1][1], runs[-1][2] + 1)
+            else:
+                runs.append((group, seen[group], 1))
+            seen[group] += 1
+        return tuple(runs)
+
+    def param_count(self) -> int:
+        """Parameters implied by the shapes (upstream's count: embedding, LM head and router included)."""
+        d, hd = self.d_model, self.head_dim
+        attn = d * (self.n_heads + 2 * self.n_kv_heads) * hd + self.n_heads * hd * d + 2 * hd + 2 * d
+        dense = 3 * d * self.mlp_hidden
+        moe = d * self.n_experts + self.n_experts * 3 * d * self.moe_hidden + 3 * d * self.shared_hidden
+        total = self.n_layers * attn + self.n_dense_layers * dense + self.n_moe_layers * moe
+        return total + 2 * self.vocab_size * d + d
+
+    def active_param_count(self) -> int:
+        """Parameters one token uses: all but the routed experts it is not sent to."""
+        idle = self.n_experts - self.n_experts_per_tok
+        return self.param_count() - self.n_moe_layers * idle * 3 * self.d_model * self.moe_hidden
+
+
+# option -> the values this implementation runs (the upstream code's behaviour for them is known)
+_LLADAMOE_ALLOWED: dict[str, tuple[Any, ...]] = {
+    "hidden_act": ("silu", None),
+    "attention_bias": (False, None),
+    "clip_qkv": (None,),
+    "qk_layernorm": (True,),
+    "rope_scaling": (None, {}),
+    "partial_rotary_factor": (1.0, None),
+    "moe_router_score_function": ("softmax", None),
+    "moe_router_enable_expert_bias": (False, None),
+    "router_num_group": (None,),
+    "router_topk_group": (None,),
+    "routed_scaling_factor": (1.0, None),
+    "tie_word_embeddings": (False, None),
+}
+
+
+def lladamoe_config(cfg: dict, source: str, special_ids: dict[str, int]) -> LLaDAMoEConfig:
+    """Parse a LLaDA-MoE config dict (``is_lladamoe``); ``special_ids`` supply the mask id, which the
+    config lacks (upstream ``generate`` takes it as an argument). ``norm_topk_prob`` is ignored:
+    upstream never renormalises the top-k weights, whatever the config says."""
+    for key, allowed in _LLADAMOE_ALLOWED.items():
+        if (value := cfg.get(key)) not in allowed:
+            raise ConfigError(f"{source}: LLaDA-MoE option {key}={value!r} is not supported (only {allowed[0]!r})")
+    n_layers = _require(cfg, "num_hidden_layers", source)
+    moe_layers = _lladamoe_layer_kinds(cfg, n_layers, source)
+    out = LLaDAMoEConfig(
+        vocab_size=_require(cfg, "vocab_size", source),
+        n_layers=n_layers,
+        **_lladamoe_heads(cfg, source),
+        mlp_hidden=_lladamoe_dense_mlp(cfg, moe_layers, source),
+        moe_layers=moe_layers,
+        **_lladamoe_experts(cfg, any(moe_layers), source),
+        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        max_length=_require(cfg, "max_position_embeddings", source),
+        **_side_special_ids(cfg, special_ids, source, "LLaDA-MoE"),
+    )
+    _check_heads_and_ids(out, source, ("mask_token_id", "eos_token_id", "pad_token_id"))
+    return out
+
+
+def _lladamoe_heads(cfg: dict, source: str) -> dict[str, int]:
+    """``d_model``, query and kv heads; head_dim is ``d_model // n_heads`` (an explicit ``head_dim``
+    must agree: upstream ignores it)."""
+    n_heads = _require(cfg, "num_attention_heads", source)
+    d_model = _require(cfg, "hidden_size", source)
+    if d_model % n_heads:
+        raise ConfigError(f"{source}: hidden_size {d_model} is not divisible by num_attention_heads {n_heads}")
+    if cfg.get("head_dim") not in (None, d_model // n_heads):
+        raise ConfigError(
+            f"{source}: head_dim {cfg['head_dim']} is not hidden_size / num_attention_heads = {d_model // n_heads}"
+        )
+    return dict(d_model=d_model, n_heads=n_heads, n_kv_heads=cfg.get("num_key_value_heads") or n_heads)
+
+
+def _lladamoe_layer_kinds(cfg: dict, n_layers: int, source: str) -> tuple[bool, ...]:
+    """Per layer, whether it is a mixture of experts: ``moe_layer_freq`` [n_layers] of 0 (dense) / 1 (MoE)."""
+    freq = _require(cfg, "moe_layer_freq", source)
+    if not isinstance(freq, list) or len(freq) != n_layers or any(v not in (0, 1) for v in freq):
+        raise ConfigError(f"{source}: moe_layer_freq must list 0 (dense) or 1 (MoE) for each of {n_layers} layers")
+    return tuple(bool(v) for v in freq)
+
+
+def _lladamoe_dense_mlp(cfg: dict, moe_layers: tuple[bool, ...], source: str) -> int:
+    """The dense layers' MLP size (``dense_intermediate_size``), required only when there are dense layers."""
+    if all(moe_layers):
+        return int(cfg.get("dense_intermediate_size") or 0)
+    return _require(cfg, "dense_intermediate_size", source)
+
+
+def _lladamoe_experts(cfg: dict, has_moe: bool, source: str) -> dict[str, int]:
+    """Routed experts (required when a layer is MoE; top-k within them) and the shared expert's width."""
+    get = (lambda key: _require(cfg, key, source)) if has_moe else (lambda key: int(cfg.get(key) or 0))
+    n_experts, top_k, hidden = get("num_experts"), get("num_experts_per_tok"), get("expert_intermediate_size")
+    if has_moe and not 1 <= top_k <= n_experts:
+        raise ConfigError(f"{source}: num_experts_per_tok {top_k} is not in [1, num_experts = {n_experts}]")
+    shared = cfg.get("shared_expert_intermediate_size")
+    if shared is not None and (not isinstance(shared, int) or shared < 1):
+        raise ConfigError(f"{source}: shared_expert_intermediate_size={shared!r} must be a positive integer or null")
+    return dict(n_experts=n_experts, n_experts_per_tok=top_k, moe_hidden=hidden, shared_hidden=shared or 0)

@@ -44,6 +44,7 @@ from flax import nnx
 from .config import LLaDA2Config
 from .moe import route, routed_experts
 from .transformer import (
+    Layers,
     attention,
     cached_attention_grouped,
     default_positions,
@@ -53,10 +54,11 @@ from .transformer import (
     matmul,
     rms_norm,
     rope_tables,
-    run_layers,
+    run_segments,
     set_unrolled,
     stacked_weights,
     swiglu,
+    swiglu_mlp,
     unrolled_layers,
 )
 
@@ -138,10 +140,11 @@ def param_shapes(cfg: LLaDA2Config) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def logical_axes(name: str) -> tuple[str | None, ...]:
-    """The logical axes of parameter ``name`` as ``param_shapes`` names it (stacked: "layers" first)."""
+def logical_axes(name: str, table: dict[str, tuple[str | None, ...]] = LOGICAL_AXES) -> tuple[str | None, ...]:
+    """The logical axes of parameter ``name`` as ``param_shapes`` names it (stacked: "layers" first),
+    from ``table`` (the axes by base name: this family's, or another family's of the same grouped layout)."""
     group, base = split_name(name)
-    return LOGICAL_AXES[base] if group is None else ("layers", *LOGICAL_AXES[base])
+    return table[base] if group is None else ("layers", *table[base])
 
 
 def param_dtype(name: str, dtype: jnp.dtype) -> jnp.dtype:
@@ -164,6 +167,14 @@ def apply_partial_rope(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Arra
     rotated = jnp.concatenate([-rot[..., half:], rot[..., :half]], axis=-1)
     c, s = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
     return jnp.concatenate([rot * c + rotated * s, rest], axis=-1)
+
+
+def rounded_head(x: jax.Array, final_norm: jax.Array, lm_head: jax.Array, eps: float) -> jax.Array:
+    """Float32 logits [B, N, V] of hidden states [B, N, D] (final RMSNorm, LM head), rounded to the
+    model dtype first, as upstream Hugging Face code returns ``lm_head(h).float()``."""
+    batch, length, d = x.shape
+    x = rms_norm(x.reshape(batch * length, d), final_norm, eps)
+    return matmul(x, lm_head).astype(jnp.float32).reshape(batch, length, -1)
 
 
 def block_causal(query_blocks: jax.Array, key_blocks: jax.Array) -> jax.Array:
@@ -223,22 +234,18 @@ class LLaDA2MoE(nnx.Module):
             getattr(self, name).set_value(value)
 
     def _run_layers(self, make_block, x: jax.Array, per_layer_inputs: tuple = ()):
-        """``run_layers`` over both groups in order, each in this model's layout; ``make_block(group)``
-        gives the group's layer function. Per-layer inputs [L, ...] are split between the groups,
-        outputs concatenated back to [L, ...]."""
-        outs = []
-        start = 0
-        for group in GROUPS:
-            n = self.group_size(group)
-            if not n:
-                continue
-            inputs = tuple(a[start : start + n] for a in per_layer_inputs)
-            layers = getattr(self, f"{group}_layers") if self.unrolled else self.group_weights(group)
-            x, ys = run_layers(make_block(group), x, layers, inputs)
-            outs.append(ys)
-            start += n
-        ys = None if outs[0] is None else jax.tree.map(lambda *parts: jnp.concatenate(parts), *outs)
-        return x, ys
+        """``run_segments`` over both groups in order, each in this model's layout; ``make_block(group)``
+        gives the group's layer function."""
+        segments = [
+            (make_block(group), self._group_layers(group), self.group_size(group))
+            for group in GROUPS
+            if self.group_size(group)
+        ]
+        return run_segments(segments, x, per_layer_inputs)
+
+    def _group_layers(self, group: str) -> Layers:
+        """The group's layers in this model's layout (``models.transformer.Layers``)."""
+        return getattr(self, f"{group}_layers") if self.unrolled else self.group_weights(group)
 
     # -------------------------------------------------------------------------------- forward
     def __call__(
@@ -352,7 +359,7 @@ class LLaDA2MoE(nnx.Module):
         cfg = self.config
         y = rms_norm(h, w["mlp_norm"], cfg.norm_eps)
         if group == "dense":
-            return h + matmul(swiglu(matmul(y, w["w_gate"]), matmul(y, w["w_up"])), w["w_down"])
+            return h + swiglu_mlp(y, w["w_gate"], w["w_up"], w["w_down"])
         chosen, weights = route(
             y,
             w["router"],
@@ -364,11 +371,8 @@ class LLaDA2MoE(nnx.Module):
         )
         experts = (w["expert_gate"], w["expert_up"], w["expert_down"])
         routed = routed_experts(y, chosen, weights, *experts, swiglu, batch=batch)
-        shared = matmul(swiglu(matmul(y, w["shared_gate"]), matmul(y, w["shared_up"])), w["shared_down"])
+        shared = swiglu_mlp(y, w["shared_gate"], w["shared_up"], w["shared_down"])
         return h + (routed + shared)
 
     def _head(self, x: jax.Array) -> jax.Array:
-        """Float32 logits [B, N, V] of hidden states [B, N, D]: rounded to the model dtype first, as upstream."""
-        batch, length, d = x.shape
-        x = rms_norm(x.reshape(batch * length, d), self.final_norm[...], self.config.norm_eps)
-        return matmul(x, self.lm_head[...]).astype(jnp.float32).reshape(batch, length, -1)
+        return rounded_head(x, self.final_norm[...], self.lm_head[...], self.config.norm_eps)

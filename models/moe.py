@@ -1,10 +1,12 @@
-"""LLaDA2.0's mixture-of-experts feed-forward: the router's choice and the dropless expert compute.
+"""The mixture-of-experts feed-forward of LLaDA2.0 and LLaDA-MoE: the router's choice and the
+dropless expert compute.
 
 Routing (``route``) follows upstream ``LLaDA2MoeGate`` exactly: logits in float32, sigmoid scores,
 ``expert_bias`` added only to choose experts, group-limited top-k (keep the ``topk_group``
 groups whose top-2 biased scores sum highest, then the top ``k`` experts among them), the chosen
 experts' unbiased scores normalised to sum 1 and scaled by ``routed_scaling_factor``. Ties go to
-the lower index (``lax.top_k``'s rule), for groups and experts alike.
+the lower index (``lax.top_k``'s rule), for groups and experts alike. LLaDA-MoE's router
+(``softmax_route``, OLMoE's rule) is a float32 softmax over all experts and its top-k, not renormalised.
 
 Experts (``routed_experts``) are dropless and exact: every token gets exactly its k experts. The
 (token, expert) assignments are sorted by expert and run as one grouped matrix product per
@@ -56,6 +58,20 @@ def route(
     if top_k > 1:
         weights = weights / (weights.sum(axis=-1, keepdims=True) + 1e-20)
     return chosen.astype(jnp.int32), weights * scaling
+
+
+def softmax_route(x: jax.Array, router: jax.Array, *, top_k: int) -> tuple[jax.Array, jax.Array]:
+    """Chosen experts [T, k] (int32) and their weights [T, k] (float32) for rows x [T, D], as upstream
+    LLaDA-MoE's ``LLaDAMoESparseMoeBlock`` (OLMoE's rule): the gate's logits in the model dtype (a
+    ``Linear`` there, float32 accumulation rounded once), a float32 softmax over every expert, the top
+    ``k`` probabilities kept as they are: not renormalised (upstream hard-codes ``norm_topk_prob``
+    False), so a token's expert weights sum to less than 1.
+
+    ``router`` is the gate weight as [D, E] (upstream's [E, D] transposed)."""
+    logits = jnp.dot(x, router, preferred_element_type=jnp.float32, precision=jax.lax.Precision.HIGHEST)
+    probs = jax.nn.softmax(logits.astype(x.dtype).astype(jnp.float32), axis=-1)
+    weights, chosen = jax.lax.top_k(probs, top_k)
+    return chosen.astype(jnp.int32), weights
 
 
 def tile_size(assignments: int, n_experts: int) -> int:

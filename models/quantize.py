@@ -10,6 +10,7 @@ dequantizes them inside the product; activations stay in the model dtype:
   (``qwix.dot_general``), and the routed experts' stacked [E, in, out] weights, through the grouped
   expert product (``models.moe.grouped_matmul``: ``qwix.ragged_dot`` on TPU; elsewhere each tile's
   expert is gathered from the ``QArray`` and multiplied by ``qwix.einsum``).
+- LLaDA-MoE: as LLaDA2.0, with separate ``wq``/``wk``/``wv`` in place of the fused ``wqkv``.
 
 Every quantized weight is [..., in, out] (layers, and experts, in front; the contraction is the
 second-to-last axis), with one scale per index of every other axis:
@@ -20,7 +21,7 @@ second-to-last axis), with one scale per index of every other axis:
 
 What stays in the model dtype: the embedding (a gather, not a matmul), the norms and biases (a
 few thousand values), the output head (the logits every decoder's confidence is read from) and
-LLaDA2.0's router and its expert bias (computed in float32 as upstream does: they choose the
+the routers of LLaDA2.0 and LLaDA-MoE and LLaDA2.0's expert bias (computed in float32 as upstream does: they choose the
 experts, a discrete choice; the router is 0.06% of LLaDA2.0-mini's weights).
 """
 
@@ -38,11 +39,15 @@ from jax.sharding import NamedSharding, PartitionSpec
 QUANTIZE = ("int8", "int4")
 INT4_GROUP = 32  # contraction rows per int4 scale (smaller where the axis is not a multiple)
 QTYPES = {"int8": jnp.int8, "int4": jnp.int4}
-FAMILIES = ("llada", "dream", "llada2_moe")
+FAMILIES = ("llada", "dream", "llada2_moe", "lladamoe")
 # The quantized parameters by name: LLaDA and Dream's stacked [L, in, out] projections, and
-# LLaDA2.0's per layer group (``dense_``/``moe_`` + name): [L, in, out], the experts [L, E, in, out].
+# LLaDA2.0's and LLaDA-MoE's per layer group (``dense_``/``moe_`` + name): [L, in, out], the experts
+# [L, E, in, out].
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
-LLADA2_PROJECTIONS = ("wqkv", "wo", "w_gate", "w_up", "w_down", "shared_gate", "shared_up", "shared_down")
+LLADA2_PROJECTIONS = (
+    *("wqkv", "wq", "wk", "wv"),  # LLaDA2.0's fused projection, LLaDA-MoE's separate ones
+    *("wo", "w_gate", "w_up", "w_down", "shared_gate", "shared_up", "shared_down"),
+)
 LLADA2_EXPERTS = ("expert_gate", "expert_up", "expert_down")
 LLADA2_GROUPS = ("dense", "moe")
 

@@ -156,6 +156,12 @@ def swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
     return jax.nn.silu(gate.astype(jnp.float32)).astype(gate.dtype) * up
 
 
+def swiglu_mlp(y: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+    """The SwiGLU feed-forward of rows y [T, D]: ``down(swiglu(gate(y), up(y)))`` (every family's dense
+    MLP, and the shared experts)."""
+    return matmul(swiglu(matmul(y, w_gate), matmul(y, w_up)), w_down)
+
+
 def default_positions(cfg: ModelConfig, attention_mask: jax.Array | None, batch: int, length: int) -> jax.Array:
     """LLaDA: absolute positions even when padded. Dream: cumsum(mask) - 1 (pad positions -> 1)."""
     if cfg.positions_from_mask and attention_mask is not None:
@@ -202,8 +208,9 @@ def initial_value(name: str, shape: tuple[int, ...], dtype: jnp.dtype, rngs: nnx
 
 
 # A layer stack in either layout: stacked [L, ...] arrays by name (run with ``lax.scan``), or the
-# unrolled layout, an ``nnx.List`` whose entry i holds layer i's parameters by name.
-Layers = dict[str, jax.Array] | nnx.List
+# unrolled layout, an ``nnx.List`` (or a list of some of its entries) whose entry i holds layer i's
+# parameters by name.
+Layers = dict[str, jax.Array] | nnx.List | list
 
 
 def unrolled_layers(stacked: dict[str, jax.Array], n_layers: int) -> nnx.List:
@@ -231,7 +238,7 @@ def run_layers(block, carry, layers: Layers, per_layer_inputs: tuple = ()):
     ``per_layer_inputs`` are [L, ...] arrays (a KV cache, layer indices) sliced per layer like the
     weights; the carry holds what every layer updates (the residual stream, a cache written in place).
     """
-    if not isinstance(layers, nnx.List):
+    if isinstance(layers, dict):
         return jax.lax.scan(block, carry, (layers, *per_layer_inputs))
     ys = []
     for i, layer in enumerate(layers):
@@ -239,6 +246,21 @@ def run_layers(block, carry, layers: Layers, per_layer_inputs: tuple = ()):
         carry, y = block(carry, (weights, *(a[i] for a in per_layer_inputs)))
         ys.append(y)
     return carry, jax.tree.map(lambda *parts: jnp.stack(parts), *ys)
+
+
+def run_segments(segments: list[tuple], carry, per_layer_inputs: tuple = ()):
+    """``run_layers`` over consecutive runs of layers, in order: ``segments`` are ``(block, layers,
+    count)``, each run's own layer function and weights (families whose layers are of two kinds keep
+    a stacked group per kind). Per-layer inputs [L, ...] are split between the runs; outputs are
+    concatenated back to [L, ...] (None when the blocks return none)."""
+    outs, start = [], 0
+    for block, layers, count in segments:
+        inputs = tuple(a[start : start + count] for a in per_layer_inputs)
+        carry, ys = run_layers(block, carry, layers, inputs)
+        outs.append(ys)
+        start += count
+    ys = None if outs[0] is None else jax.tree.map(lambda *parts: jnp.concatenate(parts), *outs)
+    return carry, ys
 
 
 def embed_rows(embed: jax.Array, tokens: jax.Array, dtype: jnp.dtype) -> jax.Array:
@@ -357,7 +379,7 @@ class DiffusionLM(nnx.Module):
             q, k, v = self._project(rms_norm(h, w["attn_norm"], cfg.norm_eps), w, sin, cos, (batch, length))
             out = attention(q, k, v, key_mask)
             h = h + matmul(out.reshape(batch * length, cfg.n_heads * cfg.head_dim), w["wo"])
-            return self._mlp(h, w), k, v
+            return self._mlp(h, w, batch), k, v
 
         if into is None:
 
@@ -409,7 +431,7 @@ class DiffusionLM(nnx.Module):
             split = lambda a: a.reshape(batch, m, width, *a.shape[2:])
             out = cached_attention(split(q), split(k), split(v), ck, cv, cache_mask, window_mask)
             h = h + matmul(out.reshape(batch * m * width, cfg.n_heads * cfg.head_dim), w["wo"])
-            return self._mlp(h, w), None
+            return self._mlp(h, w, batch), None
 
         x, _ = self._run_layers(block, x, (cache_k, cache_v))
         logits = self._head(x.reshape(batch * m, width, -1)[:, :out_length])
@@ -422,11 +444,11 @@ class DiffusionLM(nnx.Module):
         logits = jnp.einsum("nd,dv->nv", x, self.head_weight(), preferred_element_type=jnp.float32)
         return logits.reshape(batch, length, -1)
 
-    def _mlp(self, h: jax.Array, w: dict[str, jax.Array]) -> jax.Array:
-        """The residual rows [B*N, D] after the layer's SwiGLU feed-forward."""
+    def _mlp(self, h: jax.Array, w: dict[str, jax.Array], batch: int) -> jax.Array:
+        """The residual rows [B*N, D] after the layer's SwiGLU feed-forward. ``batch``: how many
+        sequences the rows are (unused here; a mixture of experts splits rows over a mesh by it)."""
         y = rms_norm(h, w["mlp_norm"], self.config.norm_eps)
-        y = swiglu(matmul(y, w["w_gate"]), matmul(y, w["w_up"]))
-        return h + matmul(y, w["w_down"])
+        return h + swiglu_mlp(y, w["w_gate"], w["w_up"], w["w_down"])
 
     def _project(self, x, w, sin, cos, shape: tuple[int, int]) -> tuple[jax.Array, jax.Array, jax.Array]:
         """q [B, N, H, hd], k and v [B, N, KV, hd] of rows x [B*N, D]; RoPE applied to q and k."""

@@ -3,7 +3,8 @@
 Each family's upstream sampler turns a position's logits into its token and that token's
 confidence differently, and psd-jax follows each one (``SAMPLERS``):
 
-- **LLaDA** (``generate.py``: ``add_gumbel_noise`` then ``get_transfer_index``): the token is
+- **LLaDA**, and **LLaDA-MoE**, whose model card decodes it with LLaDA's ``generate.py``
+  (``add_gumbel_noise`` then ``get_transfer_index``): the token is
   drawn at temperature ``T`` (Gumbel-max), the confidence is scored on the untempered
   ``softmax(logits)``. Upstream has no top-p/top-k; here they filter the tempered logits the
   token is drawn from (Dream's order), and so change nothing at temperature 0.
@@ -77,6 +78,7 @@ SAMPLERS: dict[str, Sampler] = {
     "llada": Sampler("LLaDA generate.py get_transfer_index", ("top_p", "top_k"), "logits", False),
     "dream": Sampler("Dream generation_utils.sample_tokens", ("top_p", "top_k"), "sampled", True),
     "llada2_moe": Sampler("LLaDA2.0 generate _sample_with_temperature_topk_topp", ("top_k", "top_p"), "sampled", False),
+    "lladamoe": Sampler("LLaDA generate.py get_transfer_index", ("top_p", "top_k"), "logits", False),
 }
 
 

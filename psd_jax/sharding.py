@@ -1,10 +1,11 @@
 """Sharding with JAX's own SPMD machinery: a ``(data, model)`` or ``(data, expert, model)`` mesh
 and one logical-axis table.
 
-Parameters carry logical axis names (``models.transformer.logical_axes``, ``models.llada2.logical_axes``);
+Parameters carry logical axis names (``models.transformer.logical_axes``, ``models.llada2.logical_axes``,
+``models.lladamoe.logical_axes``);
 ``LOGICAL_RULES`` maps them to mesh axes: attention heads, MLP hidden units and the vocabulary
 dimension of the embedding and LM head are split over ``model`` (tensor parallel); the experts of a
-mixture-of-experts layer (LLaDA2.0's weights stacked [layers, experts, ...]) over ``expert``, and
+mixture-of-experts layer (LLaDA2.0's and LLaDA-MoE's weights stacked [layers, experts, ...]) over ``expert``, and
 their hidden units over ``model`` too; prompt rows over ``data`` (and over ``expert`` too on an
 expert mesh, when the batch allows: ``models.moe.row_axes``). The router and its selection bias are
 replicated. A dimension that the mesh axis does not divide, or an axis the mesh does not have, is
@@ -21,7 +22,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from models import LLaDA2Config, ModelConfig, llada2, param_shapes, transformer
+from models import AnyConfig, ModelConfig, family_module, param_shapes
 from models.moe import row_axes
 
 AXES = ("data", "model")  # a mesh without experts (LLaDA, Dream): the default
@@ -104,12 +105,12 @@ def spec_for(axes: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> Parti
     return PartitionSpec(*out)
 
 
-def logical_axes(cfg: ModelConfig | LLaDA2Config, name: str) -> tuple[str | None, ...]:
+def logical_axes(cfg: AnyConfig, name: str) -> tuple[str | None, ...]:
     """The logical axes of parameter ``name`` of ``cfg``'s family."""
-    return (llada2 if isinstance(cfg, LLaDA2Config) else transformer).logical_axes(name)
+    return family_module(cfg).logical_axes(name)
 
 
-def param_shardings(cfg: ModelConfig | LLaDA2Config, mesh: Mesh) -> dict[str, NamedSharding]:
+def param_shardings(cfg: AnyConfig, mesh: Mesh) -> dict[str, NamedSharding]:
     return {
         name: NamedSharding(mesh, spec_for(logical_axes(cfg, name), shape, mesh))
         for name, shape in param_shapes(cfg).items()
@@ -123,7 +124,7 @@ def batch_sharding(mesh: Mesh, batch: int) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(row_axes(dict(mesh.shape), batch)))
 
 
-def bytes_per_device(cfg: ModelConfig | LLaDA2Config, mesh: Mesh, itemsize: int = 2) -> int:
+def bytes_per_device(cfg: AnyConfig, mesh: Mesh, itemsize: int = 2) -> int:
     """Parameter bytes held by each device under ``param_shardings`` (every parameter at ``itemsize``)."""
     total = 0
     for name, shape in param_shapes(cfg).items():

@@ -129,6 +129,20 @@ def llada2_lm():
     return load_model(GOLDENS / "llada2-tiny")
 
 
+@pytest.fixture(scope="session")
+def lladamoe_cases() -> dict:
+    """The LLaDA-MoE goldens (forward logits, LLaDA ``generate`` and Fast-dLLM threshold cases of ``lladamoe-tiny``)."""
+    return load_file(str(GOLDENS / "lladamoe_cases.safetensors"))
+
+
+@pytest.fixture(scope="session")
+def lladamoe_lm():
+    """The tiny LLaDA-MoE golden checkpoint, loaded once (float32)."""
+    from psd_jax import load_model
+
+    return load_model(GOLDENS / "lladamoe-tiny")
+
+
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 

@@ -202,6 +202,14 @@ def test_block_causal_model_is_refused_by_name(torch_lms):
         lm.generate([[1, 2, 3]], DecodeConfig(gen_length=16, block_length=8, policy="threshold_schedule"))
 
 
+def test_other_families_are_refused_by_name():
+    """LLaDA-MoE is decoded by the JAX engine only: one InputError naming the family, on load."""
+    from psd_jax.errors import InputError
+
+    with pytest.raises(InputError, match="implements the LLaDA and Dream families only, not 'lladamoe'"):
+        load_torch_model(GOLDENS / "lladamoe-tiny", device="cpu")
+
+
 def test_drafts_into_the_next_block_are_refused_by_name(torch_lms):
     from psd_jax.errors import InputError
 
