@@ -182,39 +182,32 @@ def block_causal(query_blocks: jax.Array, key_blocks: jax.Array) -> jax.Array:
     return key_blocks[..., None, :] <= query_blocks[..., :, None]
 
 
-class LLaDA2MoE(nnx.Module):
-    """Token ids [B, N] -> raw logits [B, N, V] in float32 (see the module docstring for the API)."""
+class GroupedLayers:
+    """Parameters in two stacked layer groups, ``dense_<name>`` and ``moe_<name>`` [layers of the
+    group, ...] (``param_shapes``), or unrolled (``<group>_layers[i][name]``, the CPU layout): what
+    LLaDA2.0 and LLaDA-MoE share. A class using it defines ``group_names``."""
 
-    def __init__(
-        self,
-        config: LLaDA2Config,
-        *,
-        dtype: jnp.dtype = jnp.float32,
-        rngs: nnx.Rngs | None = None,
-        unroll_layers: bool = False,
-    ):
-        self.config = config
-        self.dtype = jnp.dtype(dtype)
-        rngs = rngs if rngs is not None else nnx.Rngs(0)
+    def _init_groups(self, shapes: dict[str, tuple[int, ...]], dtype_of, rngs: nnx.Rngs, unroll: bool) -> None:
+        """Every parameter of ``shapes`` initialised (``dtype_of(name)``), stacked or unrolled."""
         per_group: dict[str, dict[str, jax.Array]] = {g: {} for g in GROUPS}
-        for name, shape in param_shapes(config).items():
+        for name, shape in shapes.items():
             group, base = split_name(name)
-            value = initial_value(base, shape, param_dtype(name, self.dtype), rngs)
-            if unroll_layers and group is not None:
+            value = initial_value(base, shape, dtype_of(name), rngs)
+            if unroll and group is not None:
                 per_group[group][base] = value
             else:
                 setattr(self, name, nnx.Param(value))
-        counts = {"dense": config.n_dense_layers, "moe": config.n_moe_layers}
         # Unrolled: <group>_layers[i][base] is layer i's slice of the stacked parameter <group>_<base>.
         for group in GROUPS:
-            layers = unrolled_layers(per_group[group], counts[group]) if unroll_layers else None
+            layers = unrolled_layers(per_group[group], self.group_size(group)) if unroll else None
             setattr(self, f"{group}_layers", layers)
-        self.unrolled = bool(unroll_layers)
 
-    # ----------------------------------------------------------------------------- parameters
+    @property
+    def unrolled(self) -> bool:
+        return self.dense_layers is not None
+
     def group_names(self, group: str) -> list[str]:
-        mlp = DENSE_MLP_PARAMS if group == "dense" else MOE_MLP_PARAMS
-        return list(ATTN_PARAMS) + list(mlp)
+        raise NotImplementedError
 
     def group_size(self, group: str) -> int:
         return self.config.n_dense_layers if group == "dense" else self.config.n_moe_layers
@@ -232,6 +225,28 @@ class LLaDA2MoE(nnx.Module):
             set_unrolled(getattr(self, f"{group}_layers"), base, value)
         else:
             getattr(self, name).set_value(value)
+
+
+class LLaDA2MoE(GroupedLayers, nnx.Module):
+    """Token ids [B, N] -> raw logits [B, N, V] in float32 (see the module docstring for the API)."""
+
+    def __init__(
+        self,
+        config: LLaDA2Config,
+        *,
+        dtype: jnp.dtype = jnp.float32,
+        rngs: nnx.Rngs | None = None,
+        unroll_layers: bool = False,
+    ):
+        self.config = config
+        self.dtype = jnp.dtype(dtype)
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        self._init_groups(param_shapes(config), lambda name: param_dtype(name, self.dtype), rngs, unroll_layers)
+
+    # ----------------------------------------------------------------------------- parameters
+    def group_names(self, group: str) -> list[str]:
+        mlp = DENSE_MLP_PARAMS if group == "dense" else MOE_MLP_PARAMS
+        return list(ATTN_PARAMS) + list(mlp)
 
     def _run_layers(self, make_block, x: jax.Array, per_layer_inputs: tuple = ()):
         """``run_segments`` over both groups in order, each in this model's layout; ``make_block(group)``

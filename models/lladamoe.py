@@ -35,21 +35,17 @@ from flax import nnx
 
 from . import llada2
 from .config import LLaDAMoEConfig
-from .llada2 import GROUPS, apply_partial_rope, rounded_head, split_name
+from .llada2 import GroupedLayers, apply_partial_rope, rounded_head
 from .moe import routed_experts, softmax_route
 from .transformer import (
     LAYER_PARAMS,
     DiffusionLM,
     Layers,
-    initial_value,
     matmul,
     rms_norm,
     run_segments,
-    set_unrolled,
-    stacked_weights,
     swiglu,
     swiglu_mlp,
-    unrolled_layers,
 )
 
 ATTN_PARAMS = ("attn_norm", "wq", "wk", "wv", "q_norm", "k_norm", "wo", "mlp_norm")
@@ -98,7 +94,7 @@ def logical_axes(name: str) -> tuple[str | None, ...]:
     return llada2.logical_axes(name, LOGICAL_AXES)
 
 
-class LLaDAMoE(DiffusionLM):
+class LLaDAMoE(GroupedLayers, DiffusionLM):
     """Token ids [B, N] -> raw logits [B, N, V] in float32, with ``DiffusionLM``'s calls (the module
     docstring); only the layer layout, the q/k norms, the feed-forward and the head differ."""
 
@@ -113,49 +109,17 @@ class LLaDAMoE(DiffusionLM):
         self.config = config
         self.dtype = jnp.dtype(dtype)
         rngs = rngs if rngs is not None else nnx.Rngs(0)
-        per_group: dict[str, dict[str, jax.Array]] = {g: {} for g in GROUPS}
-        for name, shape in param_shapes(config).items():
-            group, base = split_name(name)
-            value = initial_value(base, shape, self.dtype, rngs)
-            if unroll_layers and group is not None:
-                per_group[group][base] = value
-            else:
-                setattr(self, name, nnx.Param(value))
-        # Unrolled: <group>_layers[i][base] is layer i's slice of the stacked parameter <group>_<base>.
-        for group in GROUPS:
-            layers = unrolled_layers(per_group[group], self.group_size(group)) if unroll_layers else None
-            setattr(self, f"{group}_layers", layers)
+        self._init_groups(param_shapes(config), lambda name: self.dtype, rngs, unroll_layers)
 
     # ----------------------------------------------------------------------------- parameters
-    @property
-    def unrolled(self) -> bool:
-        return self.dense_layers is not None
-
-    def group_size(self, group: str) -> int:
-        return self.config.n_dense_layers if group == "dense" else self.config.n_moe_layers
-
     def group_names(self, group: str) -> list[str]:
         if group == "dense":
             return [*ATTN_PARAMS, *DENSE_MLP_PARAMS]
         return [*ATTN_PARAMS, *ROUTED_PARAMS, *(SHARED_PARAMS if self.config.shared_hidden else ())]
 
-    def group_weights(self, group: str) -> dict[str, jax.Array]:
-        """The group's parameters stacked on the layer axis (stacked on the fly if unrolled)."""
-        if self.unrolled:
-            return stacked_weights(getattr(self, f"{group}_layers"), self.group_names(group))
-        return {b: getattr(self, f"{group}_{b}")[...] for b in self.group_names(group)}
-
     def layer_weights(self) -> dict[str, jax.Array]:
         """Not one stack here: the layers are two groups (``group_weights``)."""
         raise NotImplementedError("LLaDA-MoE's layers are two stacked groups: use group_weights('dense' / 'moe')")
-
-    def set_param(self, name: str, value: jax.Array) -> None:
-        """Set a parameter from its stacked value (as ``param_shapes`` gives it), in either layout."""
-        group, base = split_name(name)
-        if self.unrolled and group is not None:
-            set_unrolled(getattr(self, f"{group}_layers"), base, value)
-        else:
-            getattr(self, name).set_value(value)
 
     def head_weight(self) -> jax.Array:
         return self.lm_head[...]
