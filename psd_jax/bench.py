@@ -39,7 +39,7 @@ from models.quantize import QUANTIZE
 
 from . import multihost
 from .api import DTYPES, LoadedModel, load_model, model_directory, model_settings
-from .config import DecodeConfig, DecodeConfigError, cache_fields, check_for_model
+from .config import CACHE_NAME_HELP, DecodeConfig, DecodeConfigError, cache_fields, check_for_model
 from .errors import InputError
 from .flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, non_negative_int, positive_int
 from .lengths import check_context
@@ -386,7 +386,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument(
         "--decoders",
         help="comma-separated settings of the matrix (default: all but the opt-in ones), each with its cache after "
-        "a slash if not --cache's (threshold-0.9/none); --list shows names; recommended: the model directory's "
+        "a slash if not --cache's (threshold-0.9/none; the cache's name: " + CACHE_NAME_HELP + "); --list shows "
+        "names; recommended: the model directory's "
         f"recommended setting, with its own block length and cache; {BASELINE} (the speedups' baseline) always runs",
     )
     p.add_argument(
