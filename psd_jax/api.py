@@ -29,11 +29,11 @@ from models import DiffusionLM, ModelConfig, load_config
 from models.quantize import check_quantize
 from models.transformer import default_unroll_layers
 
-from .block_layout import canvas_length
-from .calls import call_records, call_shapes
+from .calls import call_records
 from .config import DecodeConfig, DecodeConfigError, check_for_model, merged_fields, settings_from
 from .engine import decode, decode_blocks, decode_join, decode_regroup, decode_start, finish, streamed
 from .errors import InputError
+from .layouts import layout_type
 from .lengths import check_context
 from .multihost import process_count, to_host
 from .records import DecodeOutput, Generation, generations
@@ -412,8 +412,8 @@ class LoadedModel(PromptIO):
         out = to_host(out)  # rows split over several processes' devices come back whole on every process
         calls = None
         if program is not None:
-            block_causal = self.config.block_causal
-            shapes = call_shapes(program, canvas_length(prompt_length, program, block_causal), block_causal)
+            layout = layout_type(self.config)
+            shapes = layout.call_shapes(program, layout.canvas_length(prompt_length, program))
             calls = call_records(shapes, out.calls, len(out.row_nfe))
         return generations(
             out, prompt_length, self.config.stop_ids, self.decode_text, seconds, compile_seconds, calls=calls

@@ -3,7 +3,8 @@
 Blocks are aligned from each row's own position 0, so rows of different prompt lengths start their
 blocks at different offsets. ``BlockLayout`` left-pads each row by whole blocks so that the batch
 shares one block structure; ``initial_canvas`` places the prompts, ``output_canvas`` reads the
-canvas back in the ``[prompt | gen_length]`` layout every caller of the engine reads.
+canvas back in the ``[prompt | gen_length]`` layout every caller of the engine reads. The loop asks
+``layouts.BlockCausalLayout`` for them.
 """
 
 from __future__ import annotations
@@ -74,14 +75,9 @@ class BlockLayout:
         return jnp.maximum(jnp.arange(p)[None, :] - (p - self.lengths)[:, None], 0) + self.pad[:, None]
 
 
-def initial_canvas(
-    prompt_ids: jax.Array, layout: BlockLayout | None, mcfg: ModelConfig, dcfg: DecodeConfig
-) -> jax.Array:
-    """Canvas [B, N] = prompt + masks; block-causal: each row placed by its ``BlockLayout``."""
-    batch, p = prompt_ids.shape
-    if layout is None:
-        gen = jnp.full((batch, dcfg.gen_length), mcfg.mask_id, jnp.int32)
-        return jnp.concatenate([prompt_ids.astype(jnp.int32), gen], axis=1)
+def initial_canvas(prompt_ids: jax.Array, layout: BlockLayout, mcfg: ModelConfig, dcfg: DecodeConfig) -> jax.Array:
+    """Canvas [B, N] = prompt + masks, each row placed by its ``BlockLayout``."""
+    p = prompt_ids.shape[1]
     lengths = layout.lengths[:, None]
     pos = jnp.arange(layout.total_length(dcfg))[None, :] - layout.pad[:, None]
     src = jnp.clip(p - lengths + pos, 0, p - 1)
@@ -90,12 +86,10 @@ def initial_canvas(
     return jnp.where((pos >= 0) & (pos < lengths), tokens, fill)
 
 
-def output_canvas(canvas: jax.Array, layout: BlockLayout | None, mcfg: ModelConfig, dcfg: DecodeConfig) -> jax.Array:
+def output_canvas(canvas: jax.Array, layout: BlockLayout, mcfg: ModelConfig, dcfg: DecodeConfig) -> jax.Array:
     """The canvas as every caller reads it, [B, P + gen_length]: the left-padded prompt, then the
-    gen_length generated ids. Block-causal: rebuilt from each row's layout, every id after the
-    first EOS replaced by EOS (upstream returns the sequence cut there)."""
-    if layout is None:
-        return canvas
+    gen_length generated ids, rebuilt from each row's layout, every id after the first EOS replaced
+    by EOS (upstream returns the sequence cut there)."""
     eos_id = mcfg.eos_id
     index = layout.gen_start[:, None] + jnp.arange(dcfg.gen_length)[None, :]
     generated = jnp.take_along_axis(canvas, index, axis=1)

@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .block_layout import canvas_length
-from .calls import CallShape, call_shapes
+from .calls import CallShape
+from .layouts import full_refresh, layout_type
 
 REPEATS = 5  # timed runs of a call; the median is its cost
 
@@ -120,8 +120,8 @@ def _call_functions(lm, program, prompt_length: int, batch: int):
         loop, mask = loop_of(params, values)
         return engine.init_state(loop, ids, mask, keys, values)
 
-    block_causal = mcfg.block_causal
-    shapes = call_shapes(program, canvas_length(prompt_length, program, block_causal), block_causal)
+    layout = layout_type(mcfg)
+    shapes = layout.call_shapes(program, layout.canvas_length(prompt_length, program))
     rows = jnp.ones(batch, bool)
 
     def call(shape: CallShape):
@@ -131,10 +131,10 @@ def _call_functions(lm, program, prompt_length: int, batch: int):
                 canvases = jnp.repeat(state.canvas[:, None], shape.candidates, axis=1)
                 return loop.call(canvases, mask, keys, values, state.block)
             if shape.kind == "refresh":
-                return engine._refresh(loop, mask, state.replace(fresh=rows), rows, keys)[:2]
+                return full_refresh(loop, mask, state.replace(fresh=rows), rows, keys)[:2]
             if shape.kind == "block_refresh":
                 second = state.replace(block=jnp.ones(batch, jnp.int32))
-                return engine._block_window_refresh(loop, mask, second, rows, keys)[:2]
+                return loop.layout.window_refresh(loop, mask, second, rows, keys)[:2]
             canvases = jnp.repeat(state.canvas[:, None], shape.candidates, axis=1)
             start = loop.block_span(state.block)[0]
             return engine._window_call(

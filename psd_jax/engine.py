@@ -19,9 +19,11 @@ each block start refreshes a row's cache (one model call), and the block's other
 static window of positions (the rest of the canvas, or the block) against it.
 
 A block-causal model (LLaDA2.0, ``ModelConfig.block_causal``) decodes on a canvas aligned to blocks
-from each row's position 0 (``BlockLayout``), stops as its upstream ``generate`` does
-(``Loop.advance``), and its cache is exact: finished blocks' keys/values are written once, by a
-window over [previous block, current block] at each block's first call (``_block_refresh``).
+from each row's position 0, stops as its upstream ``generate`` does, and its cache is exact:
+finished blocks' keys/values are written once, by a window over [previous block, current block] at
+each block's first call. Where the families differ, the loop asks its ``Loop.layout``
+(``layouts.FlatLayout`` or ``layouts.BlockCausalLayout``, chosen once per decode by
+``layouts.layout_for``) instead of branching.
 
 Per row, the carry also holds the runtime values (``runtime.RowValues``: threshold, temperature,
 ..., the row's own generation length within the canvas) and a PRNG key, so rows with different
@@ -45,16 +47,14 @@ from flax import nnx, struct
 from models import ModelConfig
 
 from . import rules
-from .block_layout import BlockLayout, initial_canvas, output_canvas
-from .calls import CallShape, call_shapes
+from .calls import CallShape
 from .config import DecodeConfig
 from .decoders import Proposal, decoder_for, forward_size_index, forward_sizes, initial_stats, propose
+from .layouts import FLAT, Layout, layout_for, where_rows
 from .predict import (
     ForwardFn,
     LogitWindow,
     Prediction,
-    logits_to_prediction,
-    on_canvas,
     predict,
     predict_prefill,
     predict_window,
@@ -128,10 +128,11 @@ class Loop:
     dcfg: DecodeConfig
     prompt_length: int
     forward: ForwardFn
-    prefill: Callable | None = None  # (tokens, mask, logits_from=) -> (logits, keys, values); cache != "none"
+    # (tokens, mask, logits_from=, into=) -> (logits, keys, values); cache != "none" (``layouts.ModelCalls``)
+    prefill: Callable | None = None
     window: Callable | None = None  # DiffusionLM.window; cache != "none"
     positions: Callable | None = None  # DiffusionLM.positions (the family's position rule); cache != "none"
-    layout: BlockLayout | None = None  # block-causal families: per-row alignment to blocks (else None)
+    layout: Layout = FLAT  # the family's canvas and attention (``layouts``): asked instead of branching
 
     @property
     def region_length(self) -> int:
@@ -142,7 +143,8 @@ class Loop:
 
     @property
     def total_length(self) -> int:
-        return self.prompt_length + self.dcfg.gen_length if self.layout is None else self.layout.total_length(self.dcfg)
+        """Canvas positions (``Layout.canvas_length``): the decoded region after ``prompt_length``."""
+        return self.prompt_length + self.layout.region_length(self.dcfg)
 
     def call(
         self,
@@ -168,7 +170,7 @@ class Loop:
     @property
     def call_shapes(self) -> tuple[CallShape, ...]:
         """The shapes of call this decode may make, in the order of its ``calls`` counters."""
-        return call_shapes(self.dcfg, self.total_length, self.layout is not None)
+        return self.layout.call_shapes(self.dcfg, self.total_length)
 
     def count_call(self, calls: jax.Array, index: int | jax.Array, made: jax.Array | int = 1) -> jax.Array:
         """``calls`` with ``made`` (0 or 1) more call of shape ``index``."""
@@ -177,15 +179,11 @@ class Loop:
     @property
     def window_lengths(self) -> tuple[int, ...]:
         """Static query windows of a cached call, ascending (``rules.window_lengths``)."""
-        return rules.window_lengths(self.dcfg, self.layout is not None)
+        return self.layout.window_lengths(self.dcfg)
 
     def row_end(self, values: RowValues) -> jax.Array:
-        """[B] the canvas index after each row's own generation (``values.num_blocks``, at most the
-        canvas's); block-causal: the canvas end (a row's blocks are offset by its prompt's tail, and
-        later blocks are never visible to earlier ones)."""
-        if self.layout is not None:
-            return jnp.full(values.num_blocks.shape, self.total_length, jnp.int32)
-        return self.prompt_length + values.num_blocks * self.dcfg.block_length
+        """[B] the canvas index after each row's own generation (``Layout.row_end``)."""
+        return self.layout.row_end(self, values)
 
     def block_span(self, block: jax.Array) -> tuple[jax.Array, jax.Array]:
         start = rules.block_start(self.prompt_length, block, self.dcfg.block_length)
@@ -209,41 +207,11 @@ class Loop:
 
     def advance(self, canvas, block, step, done, values: RowValues, before=None):
         """Move rows whose block is complete to the next block; stop rows at their last block
-        (``values.num_blocks``) or at EOS.
+        (``values.num_blocks``) or at EOS (``Layout.advance``).
 
         ``before`` is the canvas before this commit (the block-causal rule needs what was just
         committed)."""
-        if self.layout is not None:
-            return self._advance_block_causal(canvas, block, step, done, values, before)
-        return rules.advance(jnp, canvas, block, step, done, self.prompt_length, self.mcfg, self.dcfg, values)
-
-    def _advance_block_causal(self, canvas, block, step, done, values: RowValues, before):
-        """``advance`` as LLaDA2.0's ``generate``: a row stops after a complete block when its
-        generated part holds EOS, and after its own last block; with ``eos_early_stop`` also
-        mid-block, when this commit placed an EOS and every generated position up to the first
-        EOS is filled. The canvas is left as is: ``output_canvas`` cuts after the first EOS."""
-        mask_id, eos_id = self.mcfg.mask_id, self.mcfg.eos_id
-        masked = canvas == mask_id
-        complete = ~jnp.any(self.in_block(block) & masked, axis=-1) & ~done
-        pos = jnp.arange(self.total_length)[None, :]
-        generated = pos >= self.layout.gen_start[:, None]
-        eos = (canvas == eos_id) & generated
-        stop = complete & jnp.any(eos, axis=-1)  # later blocks are still all masks
-        if self.dcfg.eos_early_stop and before is not None:
-            placed = jnp.any((before == mask_id) & (canvas == eos_id), axis=-1)
-            first = jnp.where(jnp.any(eos, axis=-1), jnp.argmax(eos, axis=-1), -1)
-            filled = ~jnp.any(masked & generated & (pos < first[:, None]), axis=-1)
-            stop |= ~done & placed & (first >= 0) & filled
-        last = self.layout.last_block(values.num_blocks * self.dcfg.block_length)
-        new_done = done | stop | (complete & (block >= last))
-        block = jnp.where(complete & ~new_done, block + 1, block)
-        return canvas, block, jnp.where(complete, 0, step), new_done
-
-
-def layout_loop(mcfg, dcfg: DecodeConfig, prompt_mask: jax.Array) -> Loop:
-    """The static part of a block-causal loop (no model): its geometry, for reading a canvas."""
-    layout = BlockLayout(prompt_mask.astype(jnp.int32).sum(axis=1), prompt_mask.shape[1], dcfg.block_length)
-    return Loop(mcfg, dcfg, layout.start, None, layout=layout)
+        return self.layout.advance(self, canvas, block, step, done, values, before)
 
 
 def init_state(
@@ -254,7 +222,7 @@ def init_state(
     (``step_cached``), so a row written into a running batch later (``decode_join``) draws the same."""
     batch = prompt_ids.shape[0]
     keys, values = row_inputs(keys, values, batch, loop.dcfg)
-    canvas = initial_canvas(prompt_ids, loop.layout, loop.mcfg, loop.dcfg)
+    canvas = loop.layout.initial_canvas(prompt_ids, loop.mcfg, loop.dcfg)
     cached = {}
     if loop.dcfg.cache != "none":
         # Block 0's block-start full forward, which also fills the KV cache.
@@ -393,79 +361,6 @@ def _apply_choice(
     )
 
 
-def _where_rows(rows: jax.Array, new, old, axis: int = 0):
-    """Per-row select of two pytrees whose batch axis is ``axis``."""
-
-    def pick(a, b):
-        shape = [1] * a.ndim
-        shape[axis] = rows.shape[0]
-        return jnp.where(rows.reshape(shape), a, b)
-
-    return jax.tree.map(pick, new, old)
-
-
-def _refresh(loop: Loop, attention_mask: jax.Array, state: DecodeState, rows: jax.Array, keys: jax.Array):
-    """The block-start full forward of ``rows`` (one call, only if some row needs it): their
-    prediction and KV cache rows replaced by those of their current canvas. Returns (pred, cache,
-    calls made)."""
-
-    def do_refresh(_):
-        window = loop.logit_window(state.block)  # the refreshed rows' new blocks
-        if loop.layout is None:
-            # The fresh keys/values are written into the carried cache layer by layer (``into``).
-            prefill = partial(loop.prefill, into=(*state.cache, rows))
-        else:
-            prefill = loop.prefill
-        pred, k, v = predict_prefill(
-            prefill, state.canvas, attention_mask, loop.prompt_length, keys, state.values, loop.mcfg, loop.dcfg, window
-        )
-        if loop.layout is not None:  # block-causal prefill: the rows' new keys/values selected
-            k, v = (jnp.where(rows[None, :, None, None, None], new, old) for new, old in zip((k, v), state.cache))
-        return _where_rows(rows, pred, state.pred), constrain_kv_cache((k, v), loop.mcfg)
-
-    pred, cache = jax.lax.cond(jnp.any(rows), do_refresh, lambda _: (state.pred, state.cache), None)
-    return pred, cache, jnp.any(rows).astype(jnp.int32)
-
-
-def _block_refresh(loop: Loop, attention_mask: jax.Array, state: DecodeState, rows: jax.Array, keys: jax.Array):
-    """``_refresh`` for a block-causal model: the first call of a block is a window over [previous
-    block, current block] against the cache of the blocks before them (one call, only if some row
-    needs it). The previous block is final, so its keys/values, written into the cache here, are
-    exact for the rest of the decode; the current block's predictions replace the rows'. A fresh
-    row (joined, its prompt not in the cache yet) gets the full forward ``init_state`` gives a new
-    decode instead (``_refresh``). Returns (pred, cache, (full calls, window calls) made)."""
-    pred, cache, window_calls = _block_window_refresh(loop, attention_mask, state, rows & ~state.fresh, keys)
-    state = state.replace(pred=pred, cache=cache)
-    pred, cache, full_calls = _refresh(loop, attention_mask, state, rows & state.fresh, keys)
-    return pred, cache, (full_calls, window_calls)
-
-
-def _block_window_refresh(loop: Loop, attention_mask: jax.Array, state: DecodeState, rows, keys: jax.Array):
-    """``_block_refresh``'s window over [previous block, current block] for ``rows``."""
-    b, (batch, n) = loop.dcfg.block_length, state.canvas.shape
-
-    def do_refresh(_):
-        start, _ = loop.block_span(state.block)
-        previous = start - b
-        index = previous[:, None] + jnp.arange(2 * b)[None, :]
-        tokens = jnp.take_along_axis(state.canvas, index, axis=1)[:, None]
-        positions = jnp.take_along_axis(loop.positions(attention_mask, batch, n), index, axis=1)[:, None]
-        earlier = attention_mask.astype(bool) & (jnp.arange(n)[None, :] < previous[:, None])
-        window = jnp.ones((batch, 2 * b), bool)
-        logits, k, v = loop.window(tokens, positions, *state.cache, earlier, window, 2 * b, return_kv=True)
-        pred = logits_to_prediction(logits[:, 0, b:], keys, state.values.sampling(), loop.mcfg, loop.dcfg)
-        pred = on_canvas(pred, state.canvas, loop.prompt_length, LogitWindow(start, b))
-        write = jax.vmap(lambda c, new, at: jax.lax.dynamic_update_slice_in_dim(c, new, at, axis=1), (1, 1, 0), 1)
-        cache = tuple(
-            jnp.where(rows[None, :, None, None, None], write(c, new[:, :, 0, :b], previous), c)
-            for c, new in zip(state.cache, (k, v))
-        )
-        return _where_rows(rows, pred, state.pred), constrain_kv_cache(cache, loop.mcfg)
-
-    pred, cache = jax.lax.cond(jnp.any(rows), do_refresh, lambda _: (state.pred, state.cache), None)
-    return pred, cache, jnp.any(rows).astype(jnp.int32)
-
-
 def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeState:
     """``step`` with the block KV cache (Fast-dLLM semantics, docs/algorithms.md "Block KV cache").
 
@@ -489,13 +384,7 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
     waiting, refresh = rules.cache_phase(jnp, state.stale, state.done)
     refresh |= rules.refresh_due(jnp, state.since_refresh, state.stale, state.done, dcfg.refresh_every)
     primed = refresh & state.fresh  # joined rows: this refresh is their first forward
-    if loop.layout is None:
-        pred, cache, refresh_calls = _refresh(loop, attention_mask, state, refresh, refresh_key)
-        by_shape = loop.count_call(state.calls, 0, refresh_calls)
-    else:
-        pred, cache, (full_calls, window_calls) = _block_refresh(loop, attention_mask, state, refresh, refresh_key)
-        by_shape = loop.count_call(loop.count_call(state.calls, 0, full_calls), 1, window_calls)
-        refresh_calls = full_calls + window_calls
+    pred, cache, refresh_calls, by_shape = loop.layout.refresh(loop, attention_mask, state, refresh, refresh_key)
 
     frozen = state.done | waiting | primed  # waiting rows are frozen like finished ones
     valid = loop.committable(state.replace(done=frozen))
@@ -514,8 +403,8 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
     call = partial(_window_call, loop, attention_mask, cache, pred, start, window_key, state.values)
     preds, window_calls, forwarded, shape = _forward_leading(proposal, windowed, pred, call, lengths, bucket)
     sequences = refresh_calls * batch + sequences_forwarded(batch, forwarded, dcfg)
-    first_window = 1 if loop.layout is None else 2  # after refresh (and block_refresh): calls.call_shapes
-    by_shape = loop.count_call(by_shape, first_window + shape, window_calls)
+    # The window shapes follow the layout's refresh shapes in ``Loop.call_shapes``.
+    by_shape = loop.count_call(by_shape, loop.layout.refresh_shapes + shape, window_calls)
     new = _apply_choice(
         loop,
         state,
@@ -567,7 +456,7 @@ def _window_call(
         tokens,
         jnp.broadcast_to(positions[:, None], (batch, m, w)),
         cache,
-        attention_mask.astype(bool) & _cached_keys(loop, pos, start, in_window),
+        attention_mask.astype(bool) & loop.layout.cached_keys(pos, start, in_window),
         window_mask,
         dcfg.block_length - shift,
         keys,
@@ -579,12 +468,6 @@ def _window_call(
     # position keeps the prediction of its block-start full forward, as Fast-dLLM does).
     place = lambda a, b, s: jax.lax.dynamic_update_slice_in_dim(a, b, s, axis=1)  # noqa: E731
     return jax.tree.map(lambda a, b: jax.vmap(place)(a, b, start + shift), _broadcast(pred, m), win)
-
-
-def _cached_keys(loop: Loop, pos: jax.Array, start: jax.Array, in_window: jax.Array) -> jax.Array:
-    """The cached keys a window attends to (besides pads): all but those the window replaces;
-    block-causal, only the blocks before the window's (later blocks are not visible, and not final)."""
-    return pos < start[:, None] if loop.layout is not None else ~in_window
 
 
 def _broadcast(pred: Prediction, k: int) -> Prediction:
@@ -629,60 +512,31 @@ def finish(state: DecodeState, canvas: jax.Array | None = None) -> DecodeOutput:
     )
 
 
-def _loop_for(model, prompt_length: int, mcfg: ModelConfig, dcfg: DecodeConfig) -> Loop:
+def _loop_for(model, prompt_length: int, mcfg: ModelConfig, dcfg: DecodeConfig, layout: Layout = FLAT) -> Loop:
+    """The loop of ``model`` on ``layout`` (its ``prompt_length``: ``Layout.decode_start``), with the
+    model's calls as the layout makes them."""
+    calls = layout.model_calls(model, dcfg)
     return Loop(
         mcfg,
         dcfg,
         prompt_length,
-        model,
-        prefill=model.prefill,
-        window=model.window,
-        positions=model.positions,
+        calls.forward,
+        prefill=calls.prefill,
+        window=calls.window,
+        positions=calls.positions,
+        layout=layout,
     )
-
-
-def _block_causal_loop(model, prompt_mask: jax.Array, mcfg, dcfg: DecodeConfig) -> Loop:
-    """The loop of a block-causal model: every call passes ``block_length`` and the rows' own
-    positions (canvas index minus the row's block padding); decoding starts at ``layout.start``."""
-    b = dcfg.block_length
-    positions = lambda mask, batch=None, n=None: jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0)  # noqa: E731
-
-    def full(call):
-        return lambda tokens, mask, **kw: call(tokens, mask, positions=positions(mask), block_length=b, **kw)
-
-    return dataclasses.replace(
-        layout_loop(mcfg, dcfg, prompt_mask),
-        forward=full(model),
-        prefill=full(model.prefill),
-        window=partial(model.window, block_length=b),
-        positions=positions,
-    )
-
-
-def _attention_mask(prompt_mask: jax.Array, gen_length: int, row_gen: jax.Array | None = None) -> jax.Array:
-    """The canvas's attention mask [B, P + gen_length]: the prompt's, then the generated positions
-    of each row's own generation (``row_gen`` [B] positions, default all): the positions past it
-    are no row's keys, so the row decodes as on a canvas of its own length."""
-    batch = prompt_mask.shape[0]
-    generated = jnp.ones((batch, gen_length), jnp.int32)
-    if row_gen is not None:
-        generated = (jnp.arange(gen_length)[None, :] < row_gen[:, None]).astype(jnp.int32)
-    return jnp.concatenate([prompt_mask.astype(jnp.int32), generated], 1)
 
 
 def loop_and_mask(
-    model, prompt_mask: jax.Array, mcfg, dcfg: DecodeConfig, values: RowValues | None = None
+    model, prompt_mask: jax.Array, mcfg: ModelConfig, dcfg: DecodeConfig, values: RowValues | None = None
 ) -> tuple[Loop, jax.Array]:
-    """The decode's ``Loop`` and its canvas attention mask [B, N] (the rows' own generation
-    lengths from ``values``, default all of the canvas; block-causal: the row's left padding
-    masked, every other position visible)."""
-    if not mcfg.block_causal:
-        row_gen = None if values is None else values.num_blocks * dcfg.block_length
-        mask = _attention_mask(prompt_mask, dcfg.gen_length, row_gen)
-        return _loop_for(model, prompt_mask.shape[1], mcfg, dcfg), mask
-    loop = _block_causal_loop(model, prompt_mask, mcfg, dcfg)
-    index = jnp.arange(loop.total_length)[None, :]
-    return loop, (index >= loop.layout.pad[:, None]).astype(jnp.int32)
+    """The decode's ``Loop`` (its layout chosen here, ``layouts.layout_for``) and its canvas
+    attention mask [B, N] (``Layout.attention_mask``: the rows' own generation lengths from
+    ``values``, default all of the canvas)."""
+    layout = layout_for(mcfg, dcfg, prompt_mask)
+    loop = _loop_for(model, layout.decode_start(prompt_mask.shape[1], dcfg), mcfg, dcfg, layout)
+    return loop, layout.attention_mask(prompt_mask, loop.total_length, dcfg, values)
 
 
 def row_inputs(key: jax.Array, values: RowValues | None, batch: int, dcfg: DecodeConfig):
@@ -701,7 +555,7 @@ def _decode(model, prompt_ids, prompt_mask, key, values, mcfg: ModelConfig, dcfg
     keys, values = row_inputs(key, values, prompt_ids.shape[0], dcfg)
     loop, attention_mask = loop_and_mask(model, prompt_mask, mcfg, dcfg, values)
     state = runner(loop, prompt_ids, attention_mask, keys, values)
-    return finish(state, output_canvas(state.canvas, loop.layout, mcfg, dcfg))
+    return finish(state, loop.layout.output_canvas(state.canvas, mcfg, dcfg))
 
 
 @partial(jax.jit, static_argnames=("graphdef", "mcfg", "dcfg"))
@@ -764,11 +618,11 @@ def decode_join(
     the next call, stale with a cache, so the refresh fills their cache rows). No model call (the
     model arguments are those of every compiled decode program, unused); the other rows are
     unchanged. A joining row must be done (finished or padding)."""
-    layout = None if not mcfg.block_causal else layout_loop(mcfg, dcfg, prompt_mask).layout
+    layout = layout_for(mcfg, dcfg, prompt_mask)
     batch = prompt_ids.shape[0]
     zeros = jnp.zeros(batch, jnp.int32)
     fresh = {
-        "canvas": initial_canvas(prompt_ids, layout, mcfg, dcfg),
+        "canvas": layout.initial_canvas(prompt_ids, mcfg, dcfg),
         "block": zeros,
         "step": zeros,
         "done": jnp.zeros(batch, bool),
@@ -782,7 +636,7 @@ def decode_join(
         fresh["stale"] = jnp.ones(batch, bool)
         fresh["since_refresh"] = zeros
     current = {name: getattr(state, name) for name in fresh}
-    return constrain_state(state.replace(**_where_rows(join, fresh, current)), mcfg)
+    return constrain_state(state.replace(**where_rows(join, fresh, current)), mcfg)
 
 
 def run_until_block_ends(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeState:
@@ -794,12 +648,6 @@ def run_until_block_ends(loop: Loop, attention_mask: jax.Array, state: DecodeSta
     entry_block = state.block
     still_in_block = lambda s: jnp.any(~s.done & (s.block == entry_block))  # noqa: E731
     return jax.lax.while_loop(still_in_block, partial(step, loop, attention_mask), state)
-
-
-def final_blocks(block, done):
-    """Blocks of each row whose tokens are final: those it has left, and its current one once done
-    (a row stops in the block that completes it: the last one, or one holding EOS)."""
-    return block + done.astype(block.dtype)
 
 
 @partial(jax.jit, static_argnames=("graphdef", "mcfg", "dcfg"))
@@ -826,13 +674,5 @@ def streamed(canvas, block, done, prompt_mask, num_blocks, *, mcfg, dcfg: Decode
     pieces of its generated ids (``final_blocks``; block-causal: a row's blocks are offset by its
     prompt's tail, so a piece is final once the decoded blocks cover it, and once the row is done
     every piece up to the one holding its first EOS, as ``final_blocks`` counts a row that stopped
-    at EOS)."""
-    if not mcfg.block_causal:
-        return canvas, final_blocks(block, done)
-    loop = layout_loop(mcfg, dcfg, prompt_mask)
-    out = output_canvas(canvas, loop.layout, mcfg, dcfg)
-    is_eos = out[:, loop.layout.padded_length :] == mcfg.eos_id
-    up_to_eos = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1) // dcfg.block_length + 1, num_blocks)
-    covered = (block + 1) * dcfg.block_length - loop.layout.tail  # generated ids up to the current block's end
-    pieces = jnp.where(done, up_to_eos, (covered - dcfg.block_length) // dcfg.block_length)
-    return out, jnp.clip(pieces, 0, num_blocks)
+    at EOS; ``Layout.streamed``)."""
+    return layout_for(mcfg, dcfg, prompt_mask).streamed(canvas, block, done, num_blocks, mcfg, dcfg)

@@ -119,7 +119,7 @@ def advance(
     "Decode loop"). Returns (canvas, block, step, done).
 
     ``mcfg`` is any family's config (``mask_id``, ``eos_id``, ``stop_ids``); the block-causal rule
-    is the engine's own (``Loop._advance_block_causal``)."""
+    is the engine's own (``layouts.BlockCausalLayout.advance``)."""
     values = dcfg if values is None else values
     b = dcfg.block_length
     start = block_start(prompt_length, block, b)

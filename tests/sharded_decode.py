@@ -59,14 +59,15 @@ def kv_cache_sharding(lm) -> list:
     import jax.numpy as jnp
     from flax import nnx
 
-    from psd_jax.engine import _attention_mask, _loop_for, init_state
+    from psd_jax.engine import _loop_for, init_state
+    from psd_jax.layouts import canvas_attention_mask
 
     settings = CACHED["threshold+dual"]
     ids, mask = jnp.ones((2, 16), jnp.int32), jnp.ones((2, 16), jnp.int32)
 
     def first_state(params):
         loop = _loop_for(nnx.merge(lm.graphdef, params), 16, lm.config, settings)
-        return init_state(loop, ids, _attention_mask(mask, settings.gen_length), jax.random.key(0))
+        return init_state(loop, ids, canvas_attention_mask(mask, settings.gen_length), jax.random.key(0))
 
     with jax.set_mesh(lm.mesh):
         state = jax.jit(first_state)(lm.params)
