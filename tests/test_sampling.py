@@ -107,7 +107,8 @@ def dream_logits(cases) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def llada2_logits(llada2_cases) -> np.ndarray:
-    raw = np.asarray(llada2_cases["llada2-tiny.forward.logits"], np.float32)
+    # A copy: the goldens are one session fixture, and test_llada2 reads these logits as upstream's.
+    raw = np.array(llada2_cases["llada2-tiny.forward.logits"], np.float32)
     raw[..., load_config(GOLDENS / "llada2-tiny").mask_id] = -np.inf
     return raw
 
