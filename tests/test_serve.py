@@ -746,8 +746,8 @@ def test_sigterm_drains_and_exits_0(tmp_path):
             try:
                 refused = httpx.post(f"{url}/v1/completions", json=body, timeout=10)
                 assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_shutting_down"
-            except httpx.ConnectError:
-                pass  # no longer listening
+            except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
+                pass  # no longer listening: refused, or accepted as the listener closed and reset
             reply = answer.result(timeout=120)
         assert reply.status_code == 200 and reply.json()["usage"]["model_calls"] == 384  # decoded to the end
         assert proc.wait(timeout=30) == 0
