@@ -1,7 +1,7 @@
 """Hugging Face tensor names -> our parameters: one table per family.
 
 Each row maps a source key (``{i}`` = layer index, ``{e}`` = expert index) to a parameter of the
-family's module (``models.DiffusionLM``, ``models.LLaDA2MoE``, ``models.LLaDAMoE``);
+family's module (``models.DiffusionLM``, ``models.LLaDA2MoE``, ``models.LLaDAMoE``, ``models.SDAR``);
 ``transpose`` marks torch ``Linear`` weights ([out, in]) that we store as [in, out].
 ``expected_keys`` expands a table for a given config into the exact set of source tensors with
 their expected source shapes, which is what the completeness and shape checks compare against.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from models import AnyConfig, LLaDA2Config, LLaDAMoEConfig, param_shapes
+from models import AnyConfig, LLaDA2Config, LLaDAMoEConfig, SDARConfig, param_shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,10 +174,18 @@ def lladamoe_expected_keys(cfg: LLaDAMoEConfig) -> dict[str, Target]:
     return _grouped_keys(param_shapes(cfg), LLADAMOE_TOP, groups, cfg.n_experts)
 
 
+def sdar_expected_keys(cfg: SDARConfig) -> dict[str, Target]:
+    """SDAR's source tensors (the Qwen3 names): every layer dense, LLaDA-MoE's attention and dense MLP rows."""
+    groups = [("dense", list(range(cfg.n_layers)), LLADAMOE_ATTN + LLADAMOE_DENSE)]
+    return _grouped_keys(param_shapes(cfg), LLADAMOE_TOP, groups, 0)
+
+
 def expected_keys(cfg: AnyConfig) -> dict[str, Target]:
     """Every source tensor the config implies, with where it goes and the shape it must have."""
     if isinstance(cfg, LLaDA2Config):
         return llada2_expected_keys(cfg)
+    if isinstance(cfg, SDARConfig):
+        return sdar_expected_keys(cfg)
     if isinstance(cfg, LLaDAMoEConfig):
         return lladamoe_expected_keys(cfg)
     shapes = param_shapes(cfg)

@@ -1,4 +1,4 @@
-"""Flax NNX modules for the LLaDA, Dream, LLaDA2.0 and LLaDA-MoE diffusion language models.
+"""Flax NNX modules for the LLaDA, Dream, LLaDA2.0, LLaDA-MoE and SDAR diffusion language models.
 
 ``param_shapes``, ``param_dtype`` and ``model_class`` dispatch on the config's type, so the
 converter and checkpoint code stay generic over the families."""
@@ -7,20 +7,31 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from . import llada2, lladamoe, transformer
-from .config import ConfigError, LLaDA2Config, LLaDAMoEConfig, ModelConfig, config_from_dict, load_config
+from . import llada2, lladamoe, sdar, transformer
+from .config import (
+    ConfigError,
+    LLaDA2Config,
+    LLaDAMoEConfig,
+    ModelConfig,
+    SDARConfig,
+    config_from_dict,
+    load_config,
+)
 from .llada2 import LLaDA2MoE
 from .lladamoe import LLaDAMoE
+from .sdar import SDAR
 from .transformer import DiffusionLM
 
-AnyConfig = ModelConfig | LLaDA2Config | LLaDAMoEConfig
+AnyConfig = ModelConfig | LLaDA2Config | LLaDAMoEConfig | SDARConfig
 
 
 def family_module(cfg: AnyConfig):
-    """The module (``transformer``, ``llada2`` or ``lladamoe``) holding the family's parameter table
-    (``param_shapes``) and logical axes (``logical_axes``)."""
+    """The module (``transformer``, ``llada2``, ``lladamoe`` or ``sdar``) holding the family's parameter
+    table (``param_shapes``) and logical axes (``logical_axes``)."""
     if isinstance(cfg, LLaDA2Config):
         return llada2
+    if isinstance(cfg, SDARConfig):
+        return sdar
     return lladamoe if isinstance(cfg, LLaDAMoEConfig) else transformer
 
 
@@ -37,9 +48,12 @@ def param_dtype(cfg: AnyConfig, name: str, dtype) -> jnp.dtype:
 
 
 def model_class(cfg: AnyConfig) -> type[DiffusionLM] | type[LLaDA2MoE]:
-    """The module class that runs ``cfg``'s family (``LLaDAMoE`` is a ``DiffusionLM``)."""
+    """The module class that runs ``cfg``'s family (``LLaDAMoE`` is a ``DiffusionLM``, ``SDAR`` an
+    ``LLaDA2MoE``)."""
     if isinstance(cfg, LLaDA2Config):
         return LLaDA2MoE
+    if isinstance(cfg, SDARConfig):
+        return SDAR
     return LLaDAMoE if isinstance(cfg, LLaDAMoEConfig) else DiffusionLM
 
 
@@ -52,6 +66,8 @@ __all__ = [
     "LLaDAMoE",
     "LLaDAMoEConfig",
     "ModelConfig",
+    "SDAR",
+    "SDARConfig",
     "config_from_dict",
     "family_module",
     "load_config",

@@ -1,7 +1,8 @@
 """Frozen model configs parsed from a Hugging Face ``config.json``: ``ModelConfig`` for the dense
 LLaDA and Dream families, ``LLaDA2Config`` for LLaDA2.0 (``llada2_moe``, mixture of experts) and
 ``LLaDAMoEConfig`` for LLaDA-MoE (bidirectional mixture of experts; its ``model_type`` is "llada" as
-dense LLaDA's, told apart by its architecture name or its MoE fields: ``is_lladamoe``).
+dense LLaDA's, told apart by its architecture name or its MoE fields: ``is_lladamoe``) and
+``SDARConfig`` for SDAR (block diffusion on the Qwen3 layout).
 
 Configs are hashable so they can be static arguments of ``jax.jit``. Both expose uniformly what
 decoding needs (mask/EOS/pad ids, logit shift, position rule, stop ids, parameter count) so
@@ -16,7 +17,8 @@ import json
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-FAMILIES = ("llada", "dream", "llada2_moe", "lladamoe")
+FAMILIES = ("llada", "dream", "llada2_moe", "lladamoe", "sdar")
+BLOCK_CAUSAL_FAMILIES = ("llada2_moe", "sdar")
 # Side files of a LLaDA2.0 or LLaDA-MoE directory that may name the special ids (their config.json
 # names no mask id).
 DECODE_IDS_FILE = "decode.json"
@@ -56,10 +58,10 @@ class _SharedConfig:
 
     @property
     def block_causal(self) -> bool:
-        """Whether the family was trained for block diffusion (LLaDA2.0): decoding attends
+        """Whether the family was trained for block diffusion (LLaDA2.0, SDAR): decoding attends
         block-causally, with blocks aligned from each row's position 0, and finished blocks'
         keys/values never change."""
-        return self.family == "llada2_moe"
+        return self.family in BLOCK_CAUSAL_FAMILIES
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
@@ -188,7 +190,7 @@ def is_lladamoe(cfg: dict) -> bool:
 
 def config_from_dict(
     cfg: dict, source: str = "config", special_ids: dict[str, int] | None = None
-) -> ModelConfig | LLaDA2Config | LLaDAMoEConfig:
+) -> ModelConfig | LLaDA2Config | LLaDAMoEConfig | SDARConfig:
     """Parse a Hugging Face config dict of a supported family; errors name the offending field.
 
     ``special_ids`` (``mask_token_id``/``eos_token_id``/``pad_token_id``) fill in what the config.json
@@ -202,10 +204,12 @@ def config_from_dict(
         out = _dream(cfg, source)
     elif model_type == "llada2_moe":
         return llada2_config(cfg, source, special_ids or {})
+    elif model_type == "sdar":
+        return sdar_config(cfg, source, special_ids or {})
     else:
         raise ConfigError(
             f"{source}: unknown model_type {model_type!r}; supported: 'llada' (LLaDA and LLaDA-MoE), "
-            "'Dream' (Dream) and 'llada2_moe' (LLaDA2.0)"
+            "'Dream' (Dream), 'llada2_moe' (LLaDA2.0) and 'sdar' (SDAR)"
         )
     if out.d_model % out.n_heads:
         raise ConfigError(f"{source}: d_model {out.d_model} is not divisible by n_heads {out.n_heads}")
@@ -216,7 +220,9 @@ def config_from_dict(
 _ID_FIELDS = {"mask_token_id": "mask_id", "eos_token_id": "eos_id", "pad_token_id": "pad_id"}
 
 
-def _check_heads_and_ids(out: ModelConfig | LLaDA2Config | LLaDAMoEConfig, source: str, ids: tuple[str, ...]) -> None:
+def _check_heads_and_ids(
+    out: ModelConfig | LLaDA2Config | LLaDAMoEConfig | SDARConfig, source: str, ids: tuple[str, ...]
+) -> None:
     """Refuse query heads that do not split into the kv heads' groups, or any of the special ``ids``
     (config.json names: ``mask_token_id``, ...) outside the vocabulary."""
     if out.n_heads % out.n_kv_heads:
@@ -227,8 +233,9 @@ def _check_heads_and_ids(out: ModelConfig | LLaDA2Config | LLaDAMoEConfig, sourc
             raise ConfigError(f"{source}: {name} {value} is outside the vocabulary ({out.vocab_size})")
 
 
-def load_config(model_dir: str | Path) -> ModelConfig | LLaDA2Config | LLaDAMoEConfig:
-    """Read ``model_dir/config.json`` (and, for LLaDA2.0 and LLaDA-MoE, the special ids from its side files)."""
+def load_config(model_dir: str | Path) -> ModelConfig | LLaDA2Config | LLaDAMoEConfig | SDARConfig:
+    """Read ``model_dir/config.json`` (and, for LLaDA2.0, LLaDA-MoE and SDAR, the special ids from its
+    side files; for SDAR also the stop list)."""
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ConfigError(f"{path}: no config.json in model directory {model_dir}")
@@ -236,8 +243,12 @@ def load_config(model_dir: str | Path) -> ModelConfig | LLaDA2Config | LLaDAMoEC
         cfg = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not valid JSON ({exc})") from exc
-    side_ids = cfg.get("model_type") == "llada2_moe" or (cfg.get("model_type") == "llada" and is_lladamoe(cfg))
+    side_ids = cfg.get("model_type") in ("llada2_moe", "sdar") or (
+        cfg.get("model_type") == "llada" and is_lladamoe(cfg)
+    )
     special = special_ids_from_dir(model_dir) if side_ids else None
+    if cfg.get("model_type") == "sdar":
+        special = {**special, "stop_token_ids": stop_ids_from_dir(model_dir)}
     return config_from_dict(cfg, source=str(path), special_ids=special)
 
 
@@ -606,3 +617,106 @@ def _lladamoe_experts(cfg: dict, has_moe: bool, source: str) -> dict[str, int]:
     if shared is not None and (not isinstance(shared, int) or shared < 1):
         raise ConfigError(f"{source}: shared_expert_intermediate_size={shared!r} must be a positive integer or null")
     return dict(n_experts=n_experts, n_experts_per_tok=top_k, moe_hidden=hidden, shared_hidden=shared or 0)
+
+
+# ---------------------------------------------------------------------------------------- SDAR
+
+GENERATION_CONFIG_FILE = "generation_config.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class SDARConfig(_SharedConfig):
+    """SDAR (upstream ``SDARForCausalLM``, e.g. SDAR-8B-Chat): block diffusion on the Qwen3 layout.
+    Pre-norm layers of GQA attention with separate q/k/v projections (no bias), a per-head RMSNorm on
+    q and k (over head_dim) before RoPE (rotate-half, every dim), a dense SwiGLU MLP; final RMSNorm and
+    an untied LM head. Decoding attends block-causally (``models.sdar.SDAR`` takes ``block_length``
+    as LLaDA2.0's module does). ``eot_id`` is ``<|im_end|>``, so ``stop_ids`` is upstream's stop list
+    (``generation_config.json``'s ``eos_token_id``)."""
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    mlp_hidden: int
+    block_size: int  # the block length the model was trained with (config.json ``block_size``)
+    family: Literal["sdar"] = "sdar"
+
+    @property
+    def rotary_dim(self) -> int:
+        """Every dim of a head is rotated."""
+        return self.head_dim
+
+    @property
+    def n_dense_layers(self) -> int:
+        return self.n_layers
+
+    @property
+    def n_moe_layers(self) -> int:
+        return 0
+
+    def param_count(self) -> int:
+        """Parameters implied by the shapes (embedding and LM head included)."""
+        d, hd = self.d_model, self.head_dim
+        attn = d * (self.n_heads + 2 * self.n_kv_heads) * hd + self.n_heads * hd * d + 2 * hd + 2 * d
+        return self.n_layers * (attn + 3 * d * self.mlp_hidden) + 2 * self.vocab_size * d + d
+
+
+# option -> the values this implementation runs
+_SDAR_ALLOWED: dict[str, tuple[Any, ...]] = {
+    "hidden_act": ("silu", None),
+    "attention_bias": (False, None),
+    "use_sliding_window": (False, None),
+    "rope_scaling": (None, {}),
+    "tie_word_embeddings": (False, None),
+}
+
+
+def sdar_config(cfg: dict, source: str, special_ids: dict[str, Any]) -> SDARConfig:
+    """Parse an ``sdar`` config dict. config.json names the mask and EOS ids; ``special_ids`` (the
+    directory's side files: ``decode.json``, ``generation_config.json``) may add the pad id and the
+    stop list, whose id other than EOS is ``<|im_end|>`` (``eot_id``)."""
+    for key, allowed in _SDAR_ALLOWED.items():
+        if (value := cfg.get(key)) not in allowed:
+            raise ConfigError(f"{source}: SDAR option {key}={value!r} is not supported (only {allowed[0]!r})")
+    n_heads = _require(cfg, "num_attention_heads", source)
+    d_model = _require(cfg, "hidden_size", source)
+    ids = _side_special_ids(cfg, special_ids, source, "SDAR")
+    stops = [int(i) for i in special_ids.get("stop_token_ids", []) if int(i) != ids["eos_id"]]
+    if len(stops) > 1:
+        raise ConfigError(
+            f"{source}: SDAR stop list {special_ids['stop_token_ids']} has more than EOS and one end of turn"
+        )
+    out = SDARConfig(
+        vocab_size=_require(cfg, "vocab_size", source),
+        d_model=d_model,
+        n_layers=_require(cfg, "num_hidden_layers", source),
+        n_heads=n_heads,
+        n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
+        head_dim=cfg.get("head_dim") or d_model // n_heads,
+        mlp_hidden=_require(cfg, "intermediate_size", source),
+        block_size=int(cfg.get("block_size") or 4),
+        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        max_length=_require(cfg, "max_position_embeddings", source),
+        eot_id=stops[0] if stops else None,
+        **ids,
+    )
+    _check_heads_and_ids(out, source, ("mask_token_id", "eos_token_id", "pad_token_id"))
+    if out.eot_id is not None and not 0 <= out.eot_id < out.vocab_size:
+        raise ConfigError(f"{source}: stop id {out.eot_id} is outside the vocabulary ({out.vocab_size})")
+    return out
+
+
+def stop_ids_from_dir(model_dir: str | Path) -> list[int]:
+    """The stop list of a directory: ``generation_config.json``'s ``eos_token_id`` (an id or a list),
+    else ``decode.json``'s ``stop_token_ids``; empty when neither names one."""
+    model_dir = Path(model_dir)
+    for name, key in ((GENERATION_CONFIG_FILE, "eos_token_id"), (DECODE_IDS_FILE, "stop_token_ids")):
+        file = model_dir / name
+        if file.is_file():
+            value = json.loads(file.read_text()).get(key)
+            if value is not None:
+                return [int(v) for v in (value if isinstance(value, list) else [value])]
+    return []

@@ -39,7 +39,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 QUANTIZE = ("int8", "int4")
 INT4_GROUP = 32  # contraction rows per int4 scale (smaller where the axis is not a multiple)
 QTYPES = {"int8": jnp.int8, "int4": jnp.int4}
-FAMILIES = ("llada", "dream", "llada2_moe", "lladamoe")
+FAMILIES = ("llada", "dream", "llada2_moe", "lladamoe", "sdar")
 # The quantized parameters by name: LLaDA and Dream's stacked [L, in, out] projections, and
 # LLaDA2.0's and LLaDA-MoE's per layer group (``dense_``/``moe_`` + name): [L, in, out], the experts
 # [L, E, in, out].

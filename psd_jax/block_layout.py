@@ -86,15 +86,20 @@ def initial_canvas(prompt_ids: jax.Array, layout: BlockLayout, mcfg: ModelConfig
     return jnp.where((pos >= 0) & (pos < lengths), tokens, fill)
 
 
-def output_canvas(canvas: jax.Array, layout: BlockLayout, mcfg: ModelConfig, dcfg: DecodeConfig) -> jax.Array:
+def output_canvas(
+    canvas: jax.Array, layout: BlockLayout, mcfg: ModelConfig, dcfg: DecodeConfig, cut_after_eos: bool = True
+) -> jax.Array:
     """The canvas as every caller reads it, [B, P + gen_length]: the left-padded prompt, then the
-    gen_length generated ids, rebuilt from each row's layout, every id after the first EOS replaced
-    by EOS (upstream returns the sequence cut there)."""
+    gen_length generated ids, rebuilt from each row's layout; with ``cut_after_eos`` every id after
+    the first EOS is EOS (LLaDA2.0's upstream returns the sequence cut there), and in any case a
+    position no block decoded (a row that stopped early: upstream leaves ``[MASK]``) is EOS."""
     eos_id = mcfg.eos_id
     index = layout.gen_start[:, None] + jnp.arange(dcfg.gen_length)[None, :]
     generated = jnp.take_along_axis(canvas, index, axis=1)
-    is_eos = generated == eos_id
-    generated = jnp.where(jnp.cumsum(is_eos, axis=1) - is_eos > 0, eos_id, generated)
+    generated = jnp.where(generated == mcfg.mask_id, eos_id, generated)
+    if cut_after_eos:
+        is_eos = generated == eos_id
+        generated = jnp.where(jnp.cumsum(is_eos, axis=1) - is_eos > 0, eos_id, generated)
     p = layout.padded_length
     prompt = jnp.take_along_axis(canvas, layout.prompt_index(), axis=1)
     prompt = jnp.where(jnp.arange(p)[None, :] >= (p - layout.lengths)[:, None], prompt, mcfg.pad_id)

@@ -20,7 +20,9 @@ import numpy as np
 if TYPE_CHECKING:
     from models import ModelConfig
 
-POLICIES = ("fixed", "threshold", "factor", "dream", "threshold_schedule")
+POLICIES = ("fixed", "threshold", "factor", "dream", "threshold_schedule", "sequential")
+# Policies that take ``steps`` per block, as their upstream decoders (LLaDA2.0's and SDAR's) do.
+PER_BLOCK_STEPS = ("threshold_schedule", "sequential")
 CONFIDENCES = ("prob", "margin", "entropy", "random")
 DECODERS = ("plain", "psd", "rps")
 ACCEPTANCES = ("tokens", "strict")
@@ -57,8 +59,8 @@ MAX_BRANCHES = 64
 class DecodeConfig:
     gen_length: int = 128
     block_length: int = 32
-    steps: int | None = None  # total steps over all blocks (threshold_schedule: per block); None: one token per step
-    policy: Literal["fixed", "threshold", "factor", "dream", "threshold_schedule"] = "fixed"
+    steps: int | None = None  # total steps over all blocks (PER_BLOCK_STEPS: per block); None: one token per step
+    policy: Literal["fixed", "threshold", "factor", "dream", "threshold_schedule", "sequential"] = "fixed"
     confidence: Literal["prob", "margin", "entropy", "random"] = "prob"
     threshold: float = 0.9
     factor: float = 1.0
@@ -102,7 +104,7 @@ class DecodeConfig:
     @property
     def total_steps(self) -> int:
         """Steps over all blocks (``steps``, default ``gen_length``: one token per step)."""
-        if self.policy == "threshold_schedule":
+        if self.policy in PER_BLOCK_STEPS:
             return self.steps_per_block * self.num_blocks
         return self.gen_length if self.steps is None else self.steps
 
@@ -112,9 +114,10 @@ class DecodeConfig:
 
     @property
     def steps_per_block(self) -> int:
-        """Schedule steps per block. ``threshold_schedule`` takes ``steps`` per block, as LLaDA2.0's
-        ``generate`` (default block_length: one token per step); the others split the total."""
-        if self.policy == "threshold_schedule":
+        """Schedule steps per block. ``threshold_schedule`` and ``sequential`` take ``steps`` per
+        block, as LLaDA2.0's and SDAR's decoders (default block_length: one token per step); the
+        others split the total."""
+        if self.policy in PER_BLOCK_STEPS:
             return self.block_length if self.steps is None else self.steps
         return self.total_steps // self.num_blocks
 
@@ -138,9 +141,10 @@ class DecodeConfig:
 FIELD_HELP: dict[str, str] = {
     "gen_length": "generated positions (the canvas after the prompt)",
     "block_length": "semi-autoregressive block size; must divide gen_length",
-    "steps": "threshold_schedule: steps PER BLOCK, as LLaDA2.0's generate (unset: block_length); "
+    "steps": "threshold_schedule, sequential: steps PER BLOCK, as LLaDA2.0's and SDAR's decoders (unset: block_length); "
     "fixed/dream: total steps over all blocks (unset: gen_length, one token per step)",
-    "policy": "which masked positions of the block to commit each step",
+    "policy": "which masked positions of the block to commit each step (sequential: the schedule's count, "
+    "leftmost first, as SDAR's generate.py)",
     "confidence": "the score a policy ranks positions by (upstream aliases low_confidence, maskgit_plus, topk_margin, neg_entropy)",
     "threshold": "threshold policy: commit every position with confidence >= this (and the most confident one); "
     "threshold_schedule: those with confidence > this if at least the schedule's count, else the top count",
@@ -265,7 +269,7 @@ def _check_values(c: DecodeConfig) -> None:
             _fail(f"{name} {message}, got {value!r} ({cast!r} as float32, the decode's precision)")
     if c.gen_length % c.block_length:
         _fail(f"block_length {c.block_length} does not divide gen_length {c.gen_length}")
-    if c.policy != "threshold_schedule" and c.total_steps % c.num_blocks:
+    if c.policy not in PER_BLOCK_STEPS and c.total_steps % c.num_blocks:
         _fail(
             f"steps {c.total_steps} is not divisible by the number of blocks {c.num_blocks} (gen_length / block_length)"
         )
@@ -281,10 +285,10 @@ def _check_values(c: DecodeConfig) -> None:
 
 def _check_work(c: DecodeConfig) -> None:
     """Bounds between fields: no setting may ask for model calls or branches that no decode can use."""
-    if c.policy == "threshold_schedule":
+    if c.policy in PER_BLOCK_STEPS:
         if c.steps_per_block > c.block_length:
             _fail(
-                f"steps {c.steps_per_block} (per block, threshold_schedule) exceeds block_length {c.block_length}: "
+                f"steps {c.steps_per_block} (per block, {c.policy}) exceeds block_length {c.block_length}: "
                 "every step commits at least one position"
             )
     elif c.total_steps > c.gen_length:
@@ -358,8 +362,8 @@ def check_for_model(c: DecodeConfig, mcfg: ModelConfig) -> None:
 # to anything but its default elsewhere would be silently ignored, so it is refused.
 USED_ONLY_WITH: dict[str, tuple[Callable[[DecodeConfig], bool], str]] = {
     "steps": (
-        lambda c: c.policy in ("fixed", "dream", "threshold_schedule"),
-        "policy 'fixed' or 'dream' (total steps), or 'threshold_schedule' (steps per block)",
+        lambda c: c.policy in ("fixed", "dream", *PER_BLOCK_STEPS),
+        "policy 'fixed' or 'dream' (total steps), or 'threshold_schedule' or 'sequential' (steps per block)",
     ),
     "threshold": (
         lambda c: c.policy in ("threshold", "threshold_schedule"),

@@ -39,7 +39,7 @@ def _default_text(field: str) -> str:
         )
     default = getattr(DecodeConfig, field)
     if field == "steps":
-        return "gen_length; block_length per block with threshold_schedule"
+        return "gen_length; block_length per block with threshold_schedule and sequential"
     return "policy's own" if default is None else str(default).lower() if isinstance(default, bool) else str(default)
 
 

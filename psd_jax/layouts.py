@@ -6,7 +6,7 @@ Two layouts (docs/algorithms.md "Block KV cache" and "LLaDA2.0: block diffusion"
 - ``FlatLayout``: bidirectional models (LLaDA, Dream, LLaDA-MoE). The canvas is the left-padded
   prompt then gen_length masks; every position attends to every other, so a block-start refresh is
   a full forward, and a window call attends to every cached key but those it replaces.
-- ``BlockCausalLayout``: block-causal models (LLaDA2.0, ``ModelConfig.block_causal``). Blocks are
+- ``BlockCausalLayout``: block-causal models (LLaDA2.0, SDAR: ``ModelConfig.block_causal``). Blocks are
   aligned from each row's own position 0 (``block_layout.BlockLayout``), later blocks are never
   visible to earlier ones, so the cache is exact: a finished block's keys/values are written once,
   by a window over [previous block, current block] at the next block's first call.
@@ -235,12 +235,37 @@ class FlatLayout(Layout):
         return canvas, final_blocks(block, done)
 
 
+@dataclasses.dataclass(frozen=True)
+class BlockStopRules:
+    """When a block-causal family's upstream decoder stops a row, and what it returns after.
+
+    - ``always_at_block_end``: a complete block whose row's generated part holds a stop id ends the
+      row whatever ``eos_early_stop`` says (LLaDA2.0's ``generate``); otherwise only with it (SDAR's
+      ``stopping_criteria_idx``).
+    - ``mid_block``: with ``eos_early_stop``, a commit that places EOS also ends the row once every
+      generated position before it is filled (LLaDA2.0's ``eos_early_stop``).
+    - ``cut_after_eos``: the output holds EOS after the first EOS (upstream returns the sequence cut
+      there); otherwise the finished blocks' tokens are returned as decoded, and only the positions
+      no block decoded (upstream: still ``[MASK]``) hold EOS."""
+
+    always_at_block_end: bool
+    mid_block: bool
+    cut_after_eos: bool
+
+
+BLOCK_STOP_RULES: dict[str, BlockStopRules] = {
+    "llada2_moe": BlockStopRules(always_at_block_end=True, mid_block=True, cut_after_eos=True),
+    "sdar": BlockStopRules(always_at_block_end=False, mid_block=False, cut_after_eos=False),
+}
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class BlockCausalLayout(Layout):
     """Block-causal models: rows aligned to blocks from their own position 0 (``rows``), later
-    blocks never visible to earlier ones."""
+    blocks never visible to earlier ones; ``stops``: the family's ``BlockStopRules``."""
 
     rows: BlockLayout
+    stops: BlockStopRules
 
     block_causal: ClassVar[bool] = True
     refresh_shapes: ClassVar[int] = 2  # refresh (a fresh row's), block_refresh
@@ -296,18 +321,22 @@ class BlockCausalLayout(Layout):
         return jnp.full(values.num_blocks.shape, loop.total_length, jnp.int32)
 
     def advance(self, loop: Loop, canvas, block, step, done, values: RowValues, before):
-        """As LLaDA2.0's ``generate``: a row stops after a complete block when its generated part
-        holds EOS, and after its own last block; with ``eos_early_stop`` also mid-block, when this
-        commit placed an EOS (``before``: the canvas before it) and every generated position up to
-        the first EOS is filled. The canvas is left as is: ``output_canvas`` cuts after the first EOS."""
+        """As the family's upstream decoder (``stops``): a row stops after a complete block when its
+        generated part holds a stop id (LLaDA2.0: always; SDAR: with ``eos_early_stop``), and after
+        its own last block; LLaDA2.0 with ``eos_early_stop`` also mid-block, when this commit placed
+        an EOS (``before``: the canvas before it) and every generated position up to the first EOS
+        is filled. The canvas is left as is: ``output_canvas`` reads it as upstream returns it."""
         mask_id, eos_id = loop.mcfg.mask_id, loop.mcfg.eos_id
         masked = canvas == mask_id
         complete = ~jnp.any(loop.in_block(block) & masked, axis=-1) & ~done
         pos = jnp.arange(loop.total_length)[None, :]
         generated = pos >= self.rows.gen_start[:, None]
         eos = (canvas == eos_id) & generated
-        stop = complete & jnp.any(eos, axis=-1)  # later blocks are still all masks
-        if loop.dcfg.eos_early_stop and before is not None:
+        stop_token = jnp.isin(canvas, jnp.asarray(loop.mcfg.stop_ids)) & generated
+        stop = complete & jnp.any(stop_token, axis=-1)  # later blocks are still all masks
+        if not self.stops.always_at_block_end:
+            stop &= loop.dcfg.eos_early_stop
+        if self.stops.mid_block and loop.dcfg.eos_early_stop and before is not None:
             placed = jnp.any((before == mask_id) & (canvas == eos_id), axis=-1)
             first = jnp.where(jnp.any(eos, axis=-1), jnp.argmax(eos, axis=-1), -1)
             filled = ~jnp.any(masked & generated & (pos < first[:, None]), axis=-1)
@@ -360,8 +389,8 @@ class BlockCausalLayout(Layout):
         return pos < start[:, None]
 
     def output_canvas(self, canvas: jax.Array, mcfg: ModelConfig, dcfg: DecodeConfig) -> jax.Array:
-        """Rebuilt from each row's layout, cut after the first EOS (``block_layout.output_canvas``)."""
-        return output_canvas(canvas, self.rows, mcfg, dcfg)
+        """Rebuilt from each row's layout, as the family's upstream returns it (``block_layout.output_canvas``)."""
+        return output_canvas(canvas, self.rows, mcfg, dcfg, self.stops.cut_after_eos)
 
     def streamed(self, canvas, block, done, num_blocks, mcfg: ModelConfig, dcfg: DecodeConfig):
         """A row's blocks are offset by its prompt's tail, so a piece is final once the decoded
@@ -388,4 +417,6 @@ def layout_for(mcfg: ModelConfig, dcfg: DecodeConfig, prompt_mask: jax.Array) ->
     if not mcfg.block_causal:
         return FLAT
     lengths = prompt_mask.astype(jnp.int32).sum(axis=1)
-    return BlockCausalLayout(BlockLayout(lengths, prompt_mask.shape[1], dcfg.block_length))
+    return BlockCausalLayout(
+        BlockLayout(lengths, prompt_mask.shape[1], dcfg.block_length), BLOCK_STOP_RULES[mcfg.family]
+    )

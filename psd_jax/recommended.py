@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .config import RECOMMENDED, DecodeConfig, DecodeConfigError
+from .config import PER_BLOCK_STEPS, RECOMMENDED, DecodeConfig, DecodeConfigError
 
 RECOMMENDED_FILE = "recommended.json"
 NAME = "recommended"  # the name every front end accepts for it
@@ -119,7 +119,7 @@ def write_recommended(
     the file written."""
     fields = settings.changed()
     fields.pop("gen_length", None)  # the generation length is the caller's: only the decoder is recommended
-    if settings.policy != "threshold_schedule" and settings.steps == settings.gen_length:
+    if settings.policy not in PER_BLOCK_STEPS and settings.steps == settings.gen_length:
         fields.pop("steps")  # one token per step, at any generation length
     fields["block_length"] = settings.block_length
     file = Path(model_dir) / RECOMMENDED_FILE

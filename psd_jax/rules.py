@@ -229,7 +229,7 @@ def most_needed(xp, needed: Array, rows: Array) -> Array:
 
 def step_counts(dcfg: DecodeConfig) -> np.ndarray | None:
     """Per-step commit counts of the scheduled policies (``None`` for confidence-driven ones)."""
-    if dcfg.policy in ("fixed", "threshold_schedule"):
+    if dcfg.policy in ("fixed", "threshold_schedule", "sequential"):
         return llada_schedule(dcfg.block_length, dcfg.steps_per_block)
     if dcfg.policy == "dream":
         return dream_schedule(dcfg.block_length, dcfg.steps_per_block, dcfg.dream_eps)
@@ -297,6 +297,11 @@ def commit_mask(
     elif dcfg.policy == "threshold_schedule":
         k = scheduled_count(xp, counts, step, remaining)
         chosen = threshold_schedule_mask(xp, conf, valid, rank, k, per_row(values.threshold))
+    elif dcfg.policy == "sequential":
+        # SDAR generate.py: the schedule's count of the leftmost masked positions (upstream takes the
+        # positions from the first masked one on, all masked under this policy's own steps).
+        leftmost = xp.cumulative_sum(xp.astype(valid, xp.int32), axis=-1) - 1
+        chosen = leftmost < scheduled_count(xp, counts, step, remaining)[:, None]
     elif dcfg.policy == "threshold":
         # Fast-dLLM get_transfer_index: the argmax position plus every position with c >= tau.
         chosen = (rank == 0) | (conf >= per_row(values.threshold))

@@ -16,6 +16,13 @@ confidence differently, and psd-jax follows each one (``SAMPLERS``):
 - **LLaDA2.0** (``LLaDA2MoeModelLM._sample_with_temperature_topk_topp``): at T = 0 the argmax and
   the untempered softmax, no filter; at T > 0 ``logits / T``, then top-k, then top-p (the other
   order), the token drawn from the softmax of the result and scored on it.
+- **SDAR** (``generate.py`` ``sample_with_temperature_topk_topp``): ``logits / T``, then top-k, then
+  top-p, the token drawn from the softmax of the result and scored on it. Upstream has no
+  temperature 0: its greedy is ``temperature=1, top_k=1``, which here is temperature 0 with
+  ``top_k=1`` (the filters apply at greedy too), so the confidence is 1 and a threshold rule
+  commits a whole block in one call, as upstream's does. Temperature 0 without filters scores the
+  argmax on the full softmax, as SDAR's evaluation decoder (``block_diffusion_generate`` of its
+  Hugging Face path) does.
 
 The filters are upstream's definitions. Top-p: sort the logits descending, take the cumulative
 softmax, remove the tokens whose cumulative probability exceeds ``p``, shifted right by one so
@@ -79,6 +86,7 @@ SAMPLERS: dict[str, Sampler] = {
     "dream": Sampler("Dream generation_utils.sample_tokens", ("top_p", "top_k"), "sampled", True),
     "llada2_moe": Sampler("LLaDA2.0 generate _sample_with_temperature_topk_topp", ("top_k", "top_p"), "sampled", False),
     "lladamoe": Sampler("LLaDA generate.py get_transfer_index", ("top_p", "top_k"), "logits", False),
+    "sdar": Sampler("SDAR generate.py sample_with_temperature_topk_topp", ("top_k", "top_p"), "sampled", True),
 }
 
 

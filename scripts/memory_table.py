@@ -58,6 +58,7 @@ MODELS = {
     "LLaDA-8B": HF / "LLaDA-8B-Instruct",
     "Dream-7B": HF / "Dream-v0-Instruct-7B",
     "LLaDA2.0-mini": HF / "LLaDA2.0-mini",
+    "SDAR-8B": HF / "SDAR-8B-Chat",
 }
 GiB = 2**30
 # name: (devices, HBM per device in bytes, mesh spec)

@@ -14,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from psd_jax.config import PER_BLOCK_STEPS
 from psd_jax.evaluate.protocols import GROUP_NOTES, PSD, RPS, Protocol, joined, published
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "evaluation.md"
@@ -35,7 +36,7 @@ def decoding(p: Protocol) -> str:
     policy = f"{d['policy']} {d['threshold']}" if "threshold" in d else d["policy"]
     parts = [f"gen {d['gen_length']}", f"block {d['block_length']}", policy]
     if "steps" in d:
-        parts.append(f"steps {d['steps']}" + (" per block" if d["policy"] == "threshold_schedule" else ""))
+        parts.append(f"steps {d['steps']}" + (" per block" if d["policy"] in PER_BLOCK_STEPS else ""))
     if d.get("confidence", "prob") != "prob":
         parts.append(f"{d['confidence']} confidence")
     parts += [name for name in ("logits_eos_inf", "confidence_eos_eot_inf") if d.get(name)]

@@ -69,9 +69,11 @@ def loop_commit(conf_row, valid_row, step: int, dcfg: DecodeConfig) -> set[int]:
     order = loop_order(conf_row, valid_row)
     r = len(order)
     counts = rules.step_counts(dcfg)
-    if dcfg.policy in ("fixed", "dream", "threshold_schedule"):
+    if dcfg.policy in ("fixed", "dream", "threshold_schedule", "sequential"):
         last = len(counts) - 1
         k = r if step >= last else int(counts[step])
+        if dcfg.policy == "sequential":  # the k leftmost, whatever the confidences
+            return set(sorted(order)[:k])
         if dcfg.policy == "threshold_schedule":
             k = min(k, r)
             sure = {i for i in order if conf_row[i] > dcfg.threshold}
@@ -158,6 +160,7 @@ POLICIES = {
     "threshold_schedule": DecodeConfig(
         gen_length=8, block_length=8, steps=3, policy="threshold_schedule", threshold=0.6
     ),
+    "sequential": DecodeConfig(gen_length=8, block_length=8, steps=3, policy="sequential"),
 }
 
 

@@ -34,7 +34,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from ..api import LoadedModel, load_model
-from ..config import DecodeConfig
+from ..config import PER_BLOCK_STEPS, DecodeConfig
 from ..errors import InputError
 from ..lengths import check_context
 from .args import EvalArgs, parse_eval_args
@@ -135,8 +135,8 @@ class PsdJaxLM(LM):
         if max_tokens is None or max_tokens >= s.gen_length:
             return s
         blocks = math.ceil(max_tokens / s.block_length)
-        # threshold_schedule counts steps per block already; the others count them over the generation.
-        steps = s.steps if s.steps is None or s.policy == "threshold_schedule" else s.steps_per_block * blocks
+        # threshold_schedule and sequential count steps per block already; the others over the generation.
+        steps = s.steps if s.steps is None or s.policy in PER_BLOCK_STEPS else s.steps_per_block * blocks
         capped = s.replace(gen_length=blocks * s.block_length, steps=steps)
         self.efficiency.task(task).gen_lengths[str(max_tokens)] = capped.gen_length
         if (task, max_tokens) not in self._noted:

@@ -60,14 +60,14 @@ from ..sampling import filters_set, sampler_for
 
 
 def check_supported(mcfg: ModelConfig, dcfg: DecodeConfig | None = None) -> None:
-    """Refuse, by name, what this backend does not implement: block-causal families (LLaDA2.0's
-    block diffusion, ``mcfg.block_causal``), families other than LLaDA and Dream, PSD's drafts into the next block and the top-p/top-k
+    """Refuse, by name, what this backend does not implement: block-causal families (LLaDA2.0's and
+    SDAR's block diffusion, ``mcfg.block_causal``), families other than LLaDA and Dream, PSD's drafts into the next block and the top-p/top-k
     filters (``dcfg``). Every policy,
     confidence, decoder and cache is implemented (through ``psd_jax.rules``)."""
     if mcfg.block_causal:
         raise InputError(
-            f"the PyTorch backend does not implement block-causal decoding ({mcfg.family!r}, LLaDA2.0's "
-            "block diffusion); decode this model with the JAX engine (psd_jax.load_model)"
+            f"the PyTorch backend does not implement block-causal decoding ({mcfg.family!r}: block diffusion); "
+            "decode this model with the JAX engine (psd_jax.load_model)"
         )
     if mcfg.family not in ("llada", "dream"):
         raise InputError(
