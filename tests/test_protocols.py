@@ -56,7 +56,7 @@ def test_docs_hold_exactly_the_generated_tables():
 
 def test_every_row_names_its_source_and_psd_and_rps_run_on_top_of_every_generation_row():
     rows = published()
-    assert len(rows) == 51 and all(p.source and p.model and p.task for p in rows)
+    assert len(rows) == 53 and all(p.source and p.model and p.task for p in rows)
     generation = [p for p in rows if p.generates]
     assert len(PROTOCOLS) == len(rows) + 2 * len(generation)
     for base in generation:
@@ -91,6 +91,7 @@ def test_every_protocol_runs_on_its_models_real_config():
     vocabulary, family rules), with its generation kwargs mapped as the harness model maps them; the
     LLaDA and Dream rows' model arguments pass the pre-check against the real configuration directory."""
     configs = {"llada": load_config(LLADA_DIR), "dream": load_config(DREAM_DIR), "llada2_moe": llada2_mini_config()}
+    configs["sdar"] = load_config(HF_CONFIGS / "SDAR-8B-Chat")
     directories = {"llada": LLADA_DIR, "dream": DREAM_DIR}
     for p in PROTOCOLS.values():
         if p.family in directories:

@@ -43,7 +43,7 @@ class Protocol:
     group: str  # the table section
     source: str  # upstream file(s) the settings come from
     model: str  # the Hugging Face checkpoint upstream evaluated
-    family: str  # models' family name: llada, dream, llada2_moe
+    family: str  # models' family name: llada, dream, llada2_moe, sdar
     task: str  # harness task (psd_jax/evaluate/tasks holds the project's own)
     shots: int
     chat: bool  # the chat template, the whole prompt in one user turn unless multiturn
@@ -521,6 +521,39 @@ def _llada2_mini() -> list[Protocol]:
     return rows
 
 
+def _sdar_chat() -> list[Protocol]:
+    reported = {
+        "gen_length": 512,
+        "block_length": 4,
+        "steps": 4,
+        "policy": "threshold_schedule",
+        "threshold": 1.0,
+        "eos_early_stop": True,
+    }
+    rows = []
+    for name, task, code in (("gsm8k", "gsm8k", False), ("humaneval", "humaneval_fenced", True)):
+        rows.append(
+            Protocol(
+                name=f"sdar-8b-{name}",
+                group="SDAR-8B-Chat (the reported inference settings)",
+                source="JetAstra/SDAR README ('block_length = 4, denoising_steps = 4, greedy decoding') and "
+                "generate.py (chat template, add_special_tokens=False, stop list from generation_config.json)",
+                model="JetLM/SDAR-8B-Chat",
+                family="sdar",
+                task=task,
+                shots=0,
+                chat=True,
+                decode=reported,
+                add_special_tokens=False,  # generate.py encodes the templated text without added tokens
+                stop="none: the whole answer" if code else "the task's stop strings",
+                scoring="prompt + the answer's first fenced python block, sanitized" if code else "the task's metric",
+                published_source="the README's table is an image; its numbers are not stored here",
+                differs="SDAR reports OpenCompass runs; task, shots, prompt and gen_length are this table's choice",
+            )
+        )
+    return rows
+
+
 # ----------------------------------------------------------------------------- the table
 
 
@@ -546,6 +579,7 @@ def _table() -> dict[str, Protocol]:
         *_llada_base(),
         *_llada_instruct(),
         *_llada2_mini(),
+        *_sdar_chat(),
     ]
     rows = list(published)
     for base in published:
@@ -607,6 +641,11 @@ GROUP_NOTES: dict[str, str] = {
         "LLaDA2.0's generate (threshold_schedule: steps per block, threshold 0.95) at the card's usage "
         "settings; the prompt is the chat template encoded without added special tokens, as "
         "apply_chat_template(tokenize=True) does."
+    ),
+    "SDAR-8B-Chat (the reported inference settings)": (
+        "SDAR's evaluation decoder at its reported settings (threshold_schedule with threshold 1: the "
+        "static schedule, 4 steps per block of 4, greedy), stopping after the block that holds a stop id "
+        "(<|im_end|> or <|endoftext|>); the prompt is the chat template encoded without added special tokens."
     ),
 }
 
