@@ -1,4 +1,4 @@
-"""Per-device memory of LLaDA-8B / Dream-7B / LLaDA2.0-mini decoding (bfloat16) on TPU v5e-8, TPU v4-8 and one 80 GB GPU.
+"""Per-device memory of LLaDA-8B / Dream-7B / LLaDA2.0-mini / SDAR-8B decoding (bfloat16) on TPU v5e-8, TPU v4-8 and one 80 GB GPU.
 
 Why: to say which batch / generation length fits where before renting the hardware. Nothing is
 guessed and no weight is materialised (only ``ShapeDtypeStruct`` / ``eval_shape``):
@@ -37,7 +37,7 @@ Runs itself in a subprocess. Prints Markdown, writes ``--json``.
 with the TPU compiler, ``COMPILER_OPTIONS``), ``--quantize int8|int4`` stores the projections as ``models.quantize`` does (int4: one-device targets).
 
     python -m scripts.memory_table [--json PATH] [--decode] [--batches 1,8,32] [--gens 256,1024] [--compiler cpu|tpu]
-        [--models LLaDA-8B,Dream-7B,LLaDA2.0-mini] [--mesh "TARGET:SPEC;..."] [--targets ...] [--quantize int8|int4]
+        [--models LLaDA-8B,Dream-7B,LLaDA2.0-mini,SDAR-8B] [--mesh "TARGET:SPEC;..."] [--targets ...] [--quantize int8|int4]
 """
 
 from __future__ import annotations

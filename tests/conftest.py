@@ -192,7 +192,7 @@ class SharedRun:
         out = self.root / "one-process"
         out.mkdir()
         script = Path(__file__).with_name("sharded_decode.py")
-        args = [GOLDENS / "llada-tiny", GOLDENS / "llada2-tiny", word_model, out]
+        args = [GOLDENS / "llada-tiny", GOLDENS / "llada2-tiny", word_model, out, GOLDENS / "sdar-tiny"]
         with (out / "stdout.txt").open("w") as stdout, (out / "stderr.txt").open("w") as stderr:
             self.proc = subprocess.Popen(
                 [sys.executable, str(script), *map(str, args)], env=env, stdout=stdout, stderr=stderr

@@ -24,15 +24,16 @@ from pathlib import Path
 from sharded_decode import CACHED, DECODERS, block_decode_rows
 from word_model import PROMPTS, TASK, converted, text
 
-# (mesh, setting of sharded_decode): every decoder, uncached and with the dual cache, rows over
-# `data` (one process each) with heads over `model`, and `model` across the two processes.
+# (mesh, setting of sharded_decode): rows over `data` (one process each) with heads over `model`,
+# and `model` across the two processes; uncached and with the dual cache. Every decoder runs on a
+# mesh in tests/sharded_decode.py: what two processes add is the split across them, one setting
+# each (each setting is a compile in both processes).
 GENERATE = {
-    "rps": "data=2,model=4",
     "psd+dual": "data=2,model=4",
     "fixed": "data=1,model=8",
 }
 CONVERTED = "fixed"  # also decoded from the converted checkpoint (heads across the two processes)
-TEXT_REFERENCE = "rps"  # the one setting the one-process reference also runs through generate (its text)
+TEXT_REFERENCE = "psd+dual"  # the one setting the one-process reference also runs through generate (its text)
 PROMPT_BUCKET = "16"
 SERVE_MESH = "data=2,model=4"
 SERVE = ["--policy", "threshold", "--threshold", "0.7", "--batch-sizes", "1,2", "--warmup-lengths", "none"]

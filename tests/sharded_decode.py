@@ -1,10 +1,11 @@
 """Run in a subprocess with 8 simulated CPU devices: decode on several meshes, print JSON.
 
-Usage: XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharded_decode.py CKPT [MOE_CKPT [WORD_MODEL OUT]]
+Usage: XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharded_decode.py CKPT [MOE_CKPT [WORD_MODEL OUT [SDAR_CKPT]]]
 
 With MOE_CKPT (llada2-tiny: 8 experts, top-2) it also runs LLaDA2.0's forward and one block
 diffusion decode per expert mesh; with WORD_MODEL (tests/word_model.py) and OUT, the command-line
-front ends as one process, for the multi-process tests (tests/multihost_driver.py).
+front ends as one process, for the multi-process tests (tests/multihost_driver.py); with SDAR_CKPT
+(sdar-tiny) one cached SDAR decode on a mesh against one device.
 """
 
 from __future__ import annotations
@@ -281,7 +282,13 @@ def serving_on_a_mesh(ckpt: str) -> dict:
     return out
 
 
-def main(ckpt: str, moe_ckpt: str | None = None, word_model: str | None = None, out_dir: str | None = None) -> None:
+def main(
+    ckpt: str,
+    moe_ckpt: str | None = None,
+    word_model: str | None = None,
+    out_dir: str | None = None,
+    sdar_ckpt: str | None = None,
+) -> None:
     assert jax.device_count() == 8, jax.devices()
     out = {"reference": {}, "meshes": {}}
     single = load_model(ckpt)
@@ -312,7 +319,28 @@ def main(ckpt: str, moe_ckpt: str | None = None, word_model: str | None = None, 
         out["moe_int8"] = quantized_expert_mesh(moe_ckpt)
     if word_model is not None:
         out["front_ends"] = front_end_references(word_model, out_dir)
+    if sdar_ckpt is not None:
+        out["sdar"] = sdar_mesh(sdar_ckpt)
     print(json.dumps(out))
+
+
+# SDAR (block-causal, dense): rows over ``data``, heads and kv heads over ``model``; the exact block
+# cache with the evaluation decoder's dynamic threshold, the golden prompts and a fourth row.
+SDAR_MESH = "data=4,model=2"
+SDAR_PROMPTS = [[91, 400, 12], [5, 77, 301, 12, 9, 480, 33, 2, 150, 64, 7, 260, 44], _ROWS[1][:24], _ROWS[0][:9]]
+SDAR_DECODE = DecodeConfig(gen_length=32, block_length=4, steps=4, policy="threshold_schedule", threshold=0.5)
+
+
+def sdar_mesh(ckpt: str) -> dict:
+    """SDAR's cached decode on ``SDAR_MESH`` and on one device: tokens and model calls per row."""
+    start = time.perf_counter()
+    settings = SDAR_DECODE.replace(cache="prefix")
+    decoded = lambda lm: [[r.output_ids, r.nfe] for r in lm.generate(SDAR_PROMPTS, settings)]  # noqa: E731
+    lm = load_model(ckpt, mesh=SDAR_MESH)
+    split = sorted({path[-1] for path, p in lm.params.flat_state() if not p[...].sharding.is_fully_replicated})
+    out = {"decoded": decoded(lm), "reference": decoded(load_model(ckpt)), "split_params": split}
+    print(f"sdar {SDAR_MESH}: {time.perf_counter() - start:.1f}s", file=sys.stderr)
+    return out
 
 
 def quantized_meshes(ckpt: str) -> dict:
@@ -412,4 +440,4 @@ def quantized_expert_mesh(ckpt: str) -> dict:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])

@@ -266,3 +266,33 @@ def test_int8_is_the_dequantized_weights_product(cases):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
     assert isinstance(quantized.model.dense_wq.get_value(), qwix.QArray)
     assert quantized.model.lm_head.get_value().dtype == np.float32
+
+
+def test_server_answers_concurrent_token_id_prompts_as_generate(lm, cases):
+    """``/v1/completions`` with token-id prompts (the tiny checkpoint has no tokenizer), three clients
+    at once with the evaluation decoder's dynamic threshold: each answer is ``generate``'s ids for
+    the prompt alone, cut at its first stop id, with its model calls."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from psd_jax.serve import build_app
+
+    from test_serve import running
+
+    setting = "bd3_g32b4s4t05"
+    settings = settings_of(cases, setting)
+    app = build_app(lm, settings, name="sdar", batch_sizes=(1, 2, 4), max_wait_ms=50, prompt_bucket=32)
+    with running(app) as url:
+
+        def complete(prompt: list[int]) -> dict:
+            body = {"model": "sdar", "prompt": prompt, "max_tokens": settings.gen_length}
+            return httpx.post(f"{url}/v1/completions", json=body, timeout=300).json()
+
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(complete, prompts(cases, setting)))
+    for row, answer in zip(ROWS, answers):
+        (alone,) = lm.generate([prompts(cases, setting)[row]], settings, prompt_bucket=32)
+        assert answer["choices"][0]["token_ids"] == alone.output_ids[: alone.tokens], row
+        assert answer["usage"]["model_calls"] == alone.nfe == int(case(cases, setting, row, "nfe_logits")), row
+    assert [a["choices"][0]["finish_reason"] for a in answers] == ["length", "length", "stop"]

@@ -118,6 +118,14 @@ def test_expert_mesh_decodes_single_device_tokens(sharded_run, mesh):
     assert all(len(ids) == MOE_DECODE[mesh].gen_length for ids, _ in run["decoded"])
 
 
+def test_sdar_on_a_mesh_decodes_single_device_tokens(sharded_run):
+    """SDAR (block-causal, dense) with its exact block cache on data=4,model=2: one device's tokens
+    and model calls for a padded batch of four rows; its projections really split over ``model``."""
+    run = sharded_run["sdar"]
+    assert run["decoded"] == run["reference"]
+    assert {"wq", "wk", "wo", "w_gate", "w_down"} <= set(run["split_params"])  # unrolled layers' names
+
+
 def test_kv_cache_sharding_is_pinned(sharded_run):
     """llada-tiny's 4 KV heads split over model=4; on model=8 (which does not divide them) the head
     dimension is split instead of the cache being replicated; rows over data."""
