@@ -32,18 +32,16 @@ DECODERS = {
 # loop too (each compile costs ~10 s of CI).
 CACHED = {
     "fixed+prefix": BASE.replace(cache="prefix"),
-    "threshold+dual": DECODERS["threshold"].replace(cache="dual"),
     "psd+dual": DECODERS["psd"].replace(cache="dual"),
     "rps+dual": DECODERS["rps"].replace(cache="dual"),
 }
 # Each (mesh, setting) is one compile (several seconds of CI), so every setting runs on one of the
-# two tensor-parallel meshes (PSD with the dual cache on both: model=8 splits the cache's head
-# dimension, model=4 its KV heads), and pure data parallelism (2 rows do not split over 8) runs one
-# uncached and one cached setting.
+# two tensor-parallel meshes (the dual cache on both: model=8 splits the cache's head dimension,
+# model=4 its KV heads), and pure data parallelism (2 rows do not split over 8) runs the cached PSD.
 MESHES = {
-    "data=1,model=8": ["fixed", "psd", "fixed+prefix", "psd+dual", "rps+dual"],
-    "data=2,model=4": ["threshold", "rps", "threshold+dual", "psd+dual"],
-    "data=8,model=1": ["fixed", "psd+dual"],
+    "data=1,model=8": ["fixed", "psd", "fixed+prefix", "rps+dual"],
+    "data=2,model=4": ["threshold", "rps", "psd+dual"],
+    "data=8,model=1": ["psd+dual"],
 }
 
 
@@ -63,7 +61,7 @@ def kv_cache_sharding(lm) -> list:
     from psd_jax.engine import _loop_for, init_state
     from psd_jax.layouts import canvas_attention_mask
 
-    settings = CACHED["threshold+dual"]
+    settings = CACHED["psd+dual"]
     ids, mask = jnp.ones((2, 16), jnp.int32), jnp.ones((2, 16), jnp.int32)
 
     def first_state(params):
