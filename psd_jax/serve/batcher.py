@@ -40,12 +40,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..api import BlockDecode, LoadedModel
 from ..config import DecodeConfig
 from ..lengths import padded_length
 from ..runtime import program_settings
 from .errors import QueueFull, RequestError, RequestTimedOut, ShuttingDown
 from .requests import DecodeRequest
+from .session import BlockEngine, BlockSession
 
 log = logging.getLogger(__name__)
 BATCHING = ("continuous", "static")
@@ -107,7 +107,7 @@ class Running:
     final blocks already sent."""
 
     key: tuple
-    run: BlockDecode | None = None
+    run: BlockSession | None = None
     tickets: list[Ticket | None] = dataclasses.field(default_factory=list)
     sent: list[int] = dataclasses.field(default_factory=list)
     joining: list[Ticket] = dataclasses.field(default_factory=list)  # admitted, written in next turn
@@ -118,11 +118,12 @@ class Running:
 
 
 class Batcher:
-    """The queue, the batching rule and the worker thread; ``run`` is the dispatch loop."""
+    """The queue, the batching rule and the worker thread; ``run`` is the dispatch loop. It drives
+    the model through ``session.BlockEngine`` / ``BlockSession`` only."""
 
     def __init__(
         self,
-        lm: LoadedModel,
+        lm: BlockEngine,
         *,
         sizes: Sequence[int],
         max_wait_s: float,

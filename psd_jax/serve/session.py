@@ -1,0 +1,93 @@
+"""What the batcher needs of a model: the small interface it drives, apart from the engine behind it.
+
+The scheduler (``batcher.Batcher``) starts a batch of rows, advances it one block at a time, writes
+new requests into finished rows, stops rows nobody waits for and moves the batch to another compiled
+size. Three implementations answer these calls: the model itself (``api.LoadedModel`` with its
+``api.BlockDecode``), the same decode made in lockstep by every serving process
+(``lockstep.LockstepModel``), and the tests' model-free engine (tests/test_scheduler.py), which
+checks the scheduler's rules without compiling anything. The batcher names only these protocols.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from ..config import DecodeConfig
+
+
+class BlockProgress(Protocol):
+    """A batch after one ``BlockSession.advance`` (``api.BlockProgress``): per row, its generated
+    ids so far [rows, canvas gen_length], its final blocks, whether it is done, its model calls so
+    far and its own generation length."""
+
+    generated: np.ndarray
+    final_blocks: np.ndarray
+    done: np.ndarray
+    nfe: np.ndarray
+    gen_length: np.ndarray
+
+
+class BlockSession(Protocol):
+    """One batch decoded block by block (``api.BlockDecode``)."""
+
+    size: int  # rows, the compiled batch size
+    done: bool  # every row is done
+    compile_seconds: float  # compilation so far (grows when a call compiles)
+
+    def advance(self) -> BlockProgress:
+        """Decode until every row that is decoding has left its block or finished."""
+
+    def join(
+        self, rows: Sequence[int], prompts: Sequence[Sequence[int]], settings: Sequence[DecodeConfig], seeds
+    ) -> None:
+        """Start ``prompts`` in ``rows``, which are done."""
+
+    def regroup(self, index: Sequence[int]) -> None:
+        """Move to ``len(index)`` rows: new row i is row ``index[i]`` (-1: an empty, done row)."""
+
+    def prepare_regroup(self, size: int) -> object:
+        """Compile the move to ``size`` rows now (a server's warm-up)."""
+
+    def stop(self, rows: Sequence[int]) -> None:
+        """Stop decoding ``rows`` from the next ``advance`` on."""
+
+
+class ModelConfigLike(Protocol):
+    max_length: int
+    pad_id: int
+
+
+class BlockEngine(Protocol):
+    """A model that starts ``BlockSession``s (``api.LoadedModel``)."""
+
+    config: ModelConfigLike
+
+    @property
+    def compiled_programs(self) -> int:
+        """Programs compiled so far."""
+
+    def start_rows(
+        self,
+        prompts: Sequence[Sequence[int]],
+        settings: Sequence[DecodeConfig],
+        seeds: Sequence[int],
+        *,
+        batch_size: int | None = None,
+        prompt_bucket: int | None = 32,
+        gen_length: int | None = None,
+    ) -> BlockSession:
+        """A session of ``prompts``, each with its own settings and seed, padded to ``batch_size`` rows."""
+
+    def start_blocks(
+        self,
+        prompts: Sequence[Sequence[int]],
+        settings: DecodeConfig | None = None,
+        *,
+        prompt_bucket: int | None = 32,
+        batch_size: int | None = None,
+        gen_length: int | None = None,
+    ) -> BlockSession:
+        """A session of ``prompts`` with one setting (the warm-up's)."""
