@@ -151,8 +151,12 @@ def setting_name(c: DecodeConfig) -> str:
         policy = f"threshold-{c.threshold:g}"
     elif c.policy == "threshold_schedule":
         policy = f"schedule-{c.threshold:g}"
-    else:
+    elif c.policy == "sequential":
+        policy = f"sequential-s{c.steps_per_block}"
+    elif c.policy == "factor":
         policy = f"factor-{c.factor:g}"
+    else:
+        raise ValueError(f"no name for policy {c.policy!r}")
     if c.decoder == "psd":
         strict = "strict-" if c.acceptance == "strict" else ""
         rate = f"-r{c.draft_rate}" if c.draft_rate is not None else ""
