@@ -141,7 +141,8 @@ LOGIT_STD = 16.0
 
 # TINY only: XLA:CPU compiles the toy's 16 decode loops ~5x faster (slower programs; a toy does not mind).
 TINY_XLA_FLAGS = (
-    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false"
+    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false "
+    "--xla_cpu_opt_preset=FAST_COMPILE --xla_cpu_parallel_codegen_split_count=1"
 )
 
 STEPS = ("env", "forward", "jax_decode", "torch", "torch_compile", "int8")
