@@ -37,6 +37,9 @@ layer's weights in arrays of their own and unrolls the loop (the CPU default, as
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -185,7 +188,27 @@ def block_causal(query_blocks: jax.Array, key_blocks: jax.Array) -> jax.Array:
 class GroupedLayers:
     """Parameters in two stacked layer groups, ``dense_<name>`` and ``moe_<name>`` [layers of the
     group, ...] (``param_shapes``), or unrolled (``<group>_layers[i][name]``, the CPU layout): what
-    LLaDA2.0 and LLaDA-MoE share. A class using it defines ``group_names``."""
+    LLaDA2.0, LLaDA-MoE and SDAR share. A class using it sets ``param_table`` (its family's
+    ``param_shapes``) and defines ``group_names``."""
+
+    param_table: Callable[[Any], dict[str, tuple[int, ...]]]
+
+    def __init__(
+        self,
+        config: Any,
+        *,
+        dtype: jnp.dtype = jnp.float32,
+        rngs: nnx.Rngs | None = None,
+        unroll_layers: bool = False,
+    ):
+        self.config = config
+        self.dtype = jnp.dtype(dtype)
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        self._init_groups(type(self).param_table(config), self.stored_dtype, rngs, unroll_layers)
+
+    def stored_dtype(self, name: str) -> jnp.dtype:
+        """The dtype parameter ``name`` is kept in (the model's, unless the family says otherwise)."""
+        return self.dtype
 
     def _init_groups(self, shapes: dict[str, tuple[int, ...]], dtype_of, rngs: nnx.Rngs, unroll: bool) -> None:
         """Every parameter of ``shapes`` initialised (``dtype_of(name)``), stacked or unrolled."""
@@ -230,18 +253,11 @@ class GroupedLayers:
 class LLaDA2MoE(GroupedLayers, nnx.Module):
     """Token ids [B, N] -> raw logits [B, N, V] in float32 (see the module docstring for the API)."""
 
-    def __init__(
-        self,
-        config: LLaDA2Config,
-        *,
-        dtype: jnp.dtype = jnp.float32,
-        rngs: nnx.Rngs | None = None,
-        unroll_layers: bool = False,
-    ):
-        self.config = config
-        self.dtype = jnp.dtype(dtype)
-        rngs = rngs if rngs is not None else nnx.Rngs(0)
-        self._init_groups(param_shapes(config), lambda name: param_dtype(name, self.dtype), rngs, unroll_layers)
+    param_table = staticmethod(param_shapes)
+
+    def stored_dtype(self, name: str) -> jnp.dtype:
+        """The router's selection bias stays float32 (``param_dtype``)."""
+        return param_dtype(name, self.dtype)
 
     # ----------------------------------------------------------------------------- parameters
     def group_names(self, group: str) -> list[str]:

@@ -30,8 +30,6 @@ once; in float32 the two agree to rounding (tests/test_lladamoe.py: logits withi
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
-from flax import nnx
 
 from . import llada2
 from .config import LLaDAMoEConfig
@@ -98,18 +96,7 @@ class LLaDAMoE(GroupedLayers, DiffusionLM):
     """Token ids [B, N] -> raw logits [B, N, V] in float32, with ``DiffusionLM``'s calls (the module
     docstring); only the layer layout, the q/k norms, the feed-forward and the head differ."""
 
-    def __init__(
-        self,
-        config: LLaDAMoEConfig,
-        *,
-        dtype: jnp.dtype = jnp.float32,
-        rngs: nnx.Rngs | None = None,
-        unroll_layers: bool = False,
-    ):
-        self.config = config
-        self.dtype = jnp.dtype(dtype)
-        rngs = rngs if rngs is not None else nnx.Rngs(0)
-        self._init_groups(param_shapes(config), lambda name: self.dtype, rngs, unroll_layers)
+    param_table = staticmethod(param_shapes)
 
     # ----------------------------------------------------------------------------- parameters
     def group_names(self, group: str) -> list[str]:

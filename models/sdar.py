@@ -16,9 +16,6 @@ dtype before logits are returned as float32.
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-from flax import nnx
-
 from . import lladamoe
 from .config import SDARConfig
 from .llada2 import LLaDA2MoE
@@ -57,18 +54,7 @@ class SDAR(LLaDA2MoE):
     """Token ids [B, N] -> raw logits [B, N, V] in float32, with ``LLaDA2MoE``'s calls (the module
     docstring); the projections are LLaDA-MoE's, and every layer is dense."""
 
-    def __init__(
-        self,
-        config: SDARConfig,
-        *,
-        dtype: jnp.dtype = jnp.float32,
-        rngs: nnx.Rngs | None = None,
-        unroll_layers: bool = False,
-    ):
-        self.config = config
-        self.dtype = jnp.dtype(dtype)
-        rngs = rngs if rngs is not None else nnx.Rngs(0)
-        self._init_groups(param_shapes(config), lambda name: self.dtype, rngs, unroll_layers)
+    param_table = staticmethod(param_shapes)
 
     def group_names(self, group: str) -> list[str]:
         return [*ATTN_PARAMS, *DENSE_MLP_PARAMS]

@@ -487,6 +487,27 @@ def _llada_instruct() -> list[Protocol]:
     return rows
 
 
+def _chat_settings_rows(prefix: str, **fields: Any) -> list[Protocol]:
+    """Zero-shot chat rows of a checkpoint that publishes generation settings, not an evaluation
+    protocol: GSM8K and HumanEval (the whole answer, its first fenced block scored), the prompt the
+    chat template encoded without added special tokens. ``fields``: the rest of each ``Protocol``."""
+    rows = []
+    for name, task, code in (("gsm8k", "gsm8k", False), ("humaneval", "humaneval_fenced", True)):
+        rows.append(
+            Protocol(
+                name=f"{prefix}-{name}",
+                task=task,
+                shots=0,
+                chat=True,
+                add_special_tokens=False,
+                stop="none: the whole answer" if code else "the task's stop strings",
+                scoring="prompt + the answer's first fenced python block, sanitized" if code else "the task's metric",
+                **fields,
+            )
+        )
+    return rows
+
+
 def _llada2_mini() -> list[Protocol]:
     card = {
         "gen_length": 512,
@@ -496,29 +517,19 @@ def _llada2_mini() -> list[Protocol]:
         "threshold": 0.95,
         "eos_early_stop": True,
     }
-    rows = []
-    for name, task, code in (("gsm8k", "gsm8k", False), ("humaneval", "humaneval_fenced", True)):
-        rows.append(
-            Protocol(
-                name=f"llada2-mini-{name}",
-                group="LLaDA2.0-mini (the card's generation settings)",
-                source="inclusionAI/LLaDA2.0-mini model card (usage: gen_length 512, block_length 32, steps 32, "
-                "temperature 0, eos_early_stop) and LLaDA2MoeModelLM.generate's defaults (threshold 0.95)",
-                model="inclusionAI/LLaDA2.0-mini",
-                family="llada2_moe",
-                task=task,
-                shots=0,
-                chat=True,
-                decode=card,
-                add_special_tokens=False,  # the card encodes with apply_chat_template(tokenize=True)
-                stop="none: the whole answer" if code else "the task's stop strings",
-                scoring="prompt + the answer's first fenced python block, sanitized" if code else "the task's metric",
-                published_source="no stored source",
-                differs="the card gives generation settings, not an evaluation protocol: task, shots and prompt "
-                "are this table's choice; the card itself is not stored here (its settings as quoted in stored code)",
-            )
-        )
-    return rows
+    # The card encodes with apply_chat_template(tokenize=True): no added special tokens.
+    return _chat_settings_rows(
+        "llada2-mini",
+        group="LLaDA2.0-mini (the card's generation settings)",
+        source="inclusionAI/LLaDA2.0-mini model card (usage: gen_length 512, block_length 32, steps 32, "
+        "temperature 0, eos_early_stop) and LLaDA2MoeModelLM.generate's defaults (threshold 0.95)",
+        model="inclusionAI/LLaDA2.0-mini",
+        family="llada2_moe",
+        decode=card,
+        published_source="no stored source",
+        differs="the card gives generation settings, not an evaluation protocol: task, shots and prompt "
+        "are this table's choice; the card itself is not stored here (its settings as quoted in stored code)",
+    )
 
 
 def _sdar_chat() -> list[Protocol]:
@@ -530,28 +541,18 @@ def _sdar_chat() -> list[Protocol]:
         "threshold": 1.0,
         "eos_early_stop": True,
     }
-    rows = []
-    for name, task, code in (("gsm8k", "gsm8k", False), ("humaneval", "humaneval_fenced", True)):
-        rows.append(
-            Protocol(
-                name=f"sdar-8b-{name}",
-                group="SDAR-8B-Chat (the reported inference settings)",
-                source="JetAstra/SDAR README ('block_length = 4, denoising_steps = 4, greedy decoding') and "
-                "generate.py (chat template, add_special_tokens=False, stop list from generation_config.json)",
-                model="JetLM/SDAR-8B-Chat",
-                family="sdar",
-                task=task,
-                shots=0,
-                chat=True,
-                decode=reported,
-                add_special_tokens=False,  # generate.py encodes the templated text without added tokens
-                stop="none: the whole answer" if code else "the task's stop strings",
-                scoring="prompt + the answer's first fenced python block, sanitized" if code else "the task's metric",
-                published_source="the README's table is an image; its numbers are not stored here",
-                differs="SDAR reports OpenCompass runs; task, shots, prompt and gen_length are this table's choice",
-            )
-        )
-    return rows
+    # generate.py encodes the templated text without added special tokens.
+    return _chat_settings_rows(
+        "sdar-8b",
+        group="SDAR-8B-Chat (the reported inference settings)",
+        source="JetAstra/SDAR README ('block_length = 4, denoising_steps = 4, greedy decoding') and "
+        "generate.py (chat template, add_special_tokens=False, stop list from generation_config.json)",
+        model="JetLM/SDAR-8B-Chat",
+        family="sdar",
+        decode=reported,
+        published_source="the README's table is an image; its numbers are not stored here",
+        differs="SDAR reports OpenCompass runs; task, shots, prompt and gen_length are this table's choice",
+    )
 
 
 # ----------------------------------------------------------------------------- the table
