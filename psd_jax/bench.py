@@ -43,6 +43,7 @@ from .config import CACHE_NAME_HELP, DecodeConfig, DecodeConfigError, cache_fiel
 from .errors import InputError
 from .flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, non_negative_int, positive_int
 from .lengths import check_context
+from .names import setting_fields
 from .recommended import NAME as RECOMMENDED_NAME
 from .recommended import named_settings, read_recommended
 from .scoring import is_correct, load_jsonl
@@ -129,24 +130,16 @@ def latency_summary(seconds: list[float]) -> dict:
     }
 
 
-def decoder_settings(gen_length: int) -> dict[str, dict]:
-    """The matrix's setting names and their DecodeConfig fields (besides the lengths and cache):
-    fixed 1/2/4 tokens per step, threshold 0.9/0.7, LLaDA2.0's threshold schedule, PSD on each, RPS."""
-    bases = {
-        "fixed-1": {"steps": gen_length},
-        "fixed-2": {"steps": gen_length // 2},
-        "fixed-4": {"steps": gen_length // 4},
-        "threshold-0.9": {"policy": "threshold", "threshold": 0.9},
-        "threshold-0.7": {"policy": "threshold", "threshold": 0.7},
-        SCHEDULE: {"policy": "threshold_schedule", "threshold": 0.95},
-    }
-    matrix = dict(bases)
-    for name, fields in bases.items():
-        for depth in (1, 3, 5, 7):
-            matrix[f"psd-{name}-d{depth}"] = {**fields, "decoder": "psd", "depth": depth}
-    for name in ("fixed-1", "threshold-0.9", "threshold-0.7", SCHEDULE):
-        matrix[f"rps-{name}"] = {**bases[name], "decoder": "rps"}
-    return matrix
+MATRIX_BASES = ("fixed-1", "fixed-2", "fixed-4", "threshold-0.9", "threshold-0.7", SCHEDULE)
+
+
+def matrix_names() -> list[str]:
+    """The matrix's settings: fixed 1/2/4 tokens per step, threshold 0.9/0.7, LLaDA2.0's threshold
+    schedule, PSD at depths 1/3/5/7 on each, RPS on four. Any other name of ``psd_jax.names``'
+    grammar runs too (``--decoders psd-fixed-1-d15-next-conf0.95/dual+v16``)."""
+    names = list(MATRIX_BASES)
+    names += [f"psd-{name}-d{depth}" for name in MATRIX_BASES for depth in (1, 3, 5, 7)]
+    return names + [f"rps-{name}" for name in ("fixed-1", "threshold-0.9", "threshold-0.7", SCHEDULE)]
 
 
 def split_name(name: str) -> tuple[str, str | None]:
@@ -156,16 +149,17 @@ def split_name(name: str) -> tuple[str, str | None]:
 
 
 def decoder_matrix(base: DecodeConfig, names: list[str] | None = None) -> dict[str, DecodeConfig]:
-    """DecodeConfigs of the named settings (default: all, on ``base``'s cache) on ``base``'s lengths,
-    each keyed by its name with its cache (``fixed-1/none``): a name's own cache after a slash wins
-    over ``base``'s. Only the named ones are built, so a setting the lengths do not allow
-    (``fixed-2`` at block length 1) fails only when asked for."""
-    fields = decoder_settings(base.gen_length)
+    """DecodeConfigs of the named settings (default: the matrix, on ``base``'s cache) on ``base``'s
+    lengths, each keyed by its name with its cache (``fixed-1/none``, and its block length where the
+    name gives one): a name's own cache and block length win over ``base``'s. Only the named ones
+    are built, so a setting the lengths do not allow (``fixed-2`` at block length 1) fails only when
+    asked for."""
     out = {}
-    for name in fields if names is None else names:
-        setting, cache = split_name(name)
-        settings = base.replace(**fields[setting], **cache_fields(cache or base.cache_name))
-        out[f"{setting}/{settings.cache_name}"] = settings
+    for name in matrix_names() if names is None else names:
+        fields = setting_fields(name, base.gen_length)
+        settings = base.replace(**{**cache_fields(base.cache_name), **fields})
+        block = f"/b{settings.block_length}" if "block_length" in fields else ""
+        out[f"{name.split('/')[0]}/{settings.cache_name}{block}"] = settings
     return out
 
 
@@ -385,9 +379,10 @@ def build_parser() -> ArgumentParser:
     add_decode_flags(p, MATRIX_FIELDS, BENCH_DEFAULTS)
     p.add_argument(
         "--decoders",
-        help="comma-separated settings of the matrix (default: all but the opt-in ones), each with its cache after "
-        "a slash if not --cache's (threshold-0.9/none; the cache's name: " + CACHE_NAME_HELP + "); --list shows "
-        "names; recommended: the model directory's "
+        help="comma-separated setting names (default: the matrix but its opt-in ones; --list shows them; any name "
+        "the tuner writes works, e.g. psd-fixed-1-d15-next-conf0.95), each with its cache after "
+        "a slash if not --cache's (threshold-0.9/none; the cache's name: " + CACHE_NAME_HELP + ") and optionally "
+        "a block length (/b8); recommended: the model directory's "
         f"recommended setting, with its own block length and cache; {BASELINE} (the speedups' baseline) always runs",
     )
     p.add_argument(
@@ -405,25 +400,24 @@ def build_parser() -> ArgumentParser:
     return p
 
 
-def selected_names(args, known: list[str]) -> list[str]:
-    """The settings asked for (known names, each with a cache after a slash where one is given),
-    the baseline first whatever was asked."""
+def selected_names(args, known: list[str], gen_length: int) -> list[str]:
+    """The settings asked for (any name of ``psd_jax.names``' grammar, with a cache after a slash
+    where one is given), the baseline first whatever was asked."""
     if not args.decoders:
-        names = [n for n in known if args.all or n not in OPT_IN]
-    else:
-        names = [n.strip() for n in args.decoders.split(",") if n.strip()]
-        unknown = [n for n in names if split_name(n)[0] not in known]
-        if unknown or not names:
-            raise InputError(f"unknown decoder setting(s) {unknown or [args.decoders]}; see --list")
-        for name in names:
-            setting, cache = split_name(name)
-            if cache is not None and setting == RECOMMENDED_NAME:
-                raise InputError(f"{name}: {RECOMMENDED_NAME} brings its own cache")
+        return [BASELINE, *(n for n in known if args.all or n not in OPT_IN)]
+    names = [n.strip() for n in args.decoders.split(",") if n.strip()]
+    if not names:
+        raise InputError(f"no decoder setting in --decoders {args.decoders!r}; see --list")
+    for name in names:
+        setting, cache = split_name(name)
+        if setting == RECOMMENDED_NAME:
             if cache is not None:
-                try:
-                    cache_fields(cache)
-                except DecodeConfigError as exc:
-                    raise InputError(f"{name}: {exc}") from None
+                raise InputError(f"{name}: {RECOMMENDED_NAME} brings its own cache")
+            continue
+        try:
+            setting_fields(name, gen_length)
+        except DecodeConfigError as exc:
+            raise InputError(f"{name}: {exc}; see --list") from None
     return [BASELINE, *names]
 
 
@@ -433,11 +427,11 @@ def main(argv: list[str] | None = None) -> int:
         cluster = multihost.cluster_from(args)
         model_dir = model_directory(args.model)
         base = model_settings(model_dir, {**BENCH_DEFAULTS, **decode_fields(args)})
-        known = [*decoder_settings(base.gen_length), RECOMMENDED_NAME]
+        known = [*matrix_names(), RECOMMENDED_NAME]
         if args.list:
             print("\n".join(f"{name} (only with --all or --decoders)" if name in OPT_IN else name for name in known))
             return 0
-        names = selected_names(args, known)
+        names = selected_names(args, known, base.gen_length)
         matrix = decoder_matrix(base, [n for n in names if n != RECOMMENDED_NAME])
         if RECOMMENDED_NAME in names:
             matrix[RECOMMENDED_NAME] = recommended_settings(model_dir, decode_fields(args), base.gen_length)

@@ -318,14 +318,18 @@ def _check_work(c: DecodeConfig) -> None:
 
 def _check_next_block_drafts(c: DecodeConfig) -> None:
     """What drafts past the block need: acceptance by tokens (strict compares a level with the policy's
-    next step in the same block), the uncached forward (a cached call computes only the current
-    block's queries) and a policy whose step is a count of the schedule or unused."""
+    next step in the same block), a call whose queries reach the next block (uncached, the prefix
+    cache's window, or a dual window with a vicinity of a block) and a policy whose step is a count
+    of the schedule or unused."""
     if c.acceptance != "tokens":
         _fail(
             "draft_next_block (PSD) needs acceptance 'tokens': strict checks a level against the policy's next step in its own block"
         )
-    if c.cache != "none":
-        _fail(f"draft_next_block (PSD) needs cache 'none': a cached call ({c.cache!r}) computes only the current block")
+    if c.cache == "dual" and c.vicinity < min(c.block_length, c.gen_length - c.block_length):
+        _fail(
+            f"draft_next_block (PSD) with the dual cache needs vicinity >= block_length {c.block_length} "
+            f"(got {c.vicinity}): the window must recompute the next block it drafts into"
+        )
     if c.policy not in ("fixed", "threshold", "factor"):
         _fail(f"draft_next_block (PSD) works with policy 'fixed', 'threshold' or 'factor', not {c.policy!r}")
 

@@ -388,12 +388,15 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
 
     frozen = state.done | waiting | primed  # waiting rows are frozen like finished ones
     valid = loop.committable(state.replace(done=frozen))
-    proposal = propose(pred, state.canvas, valid, state.step, dcfg, state.values)
+    ahead = loop.next_block_drafts(state, ~frozen) if dcfg.draft_next_block else None
+    proposal = propose(pred, state.canvas, valid, state.step, dcfg, state.values, ahead)
     _, block_after_s0, _, done_after_s0 = loop.advance(
         proposal.s0, state.block, state.step + 1, frozen, state.values, state.canvas
     )
     live = ~done_after_s0
-    windowed = live & (block_after_s0 == state.block)  # rows whose forward is a window call
+    # Rows whose forward is a window call: those that stay in their block, and those whose drafts
+    # into the next block need verifying (the window from their block start reaches it).
+    windowed = live & ((block_after_s0 == state.block) | (proposal.needed > 1))
     start, _ = loop.block_span(state.block)
     # Static window lengths (dual: the block; prefix: buckets up to gen_length); the shortest one
     # covering every windowed row's rest of its generation is used (dual: the block, always).
@@ -451,6 +454,8 @@ def _window_call(
     tokens = jnp.take_along_axis(candidates, jnp.broadcast_to(index[:, None], (batch, m, w)), axis=2)
     positions = jnp.take_along_axis(loop.positions(attention_mask, batch, n), index, axis=1)
     shift = mcfg.logit_shift
+    # The block's predictions, and the next block's for PSD's drafts into it (``rules.logit_width``).
+    out = min(rules.logit_width(dcfg, loop.region_length) or loop.region_length, w) - shift
     win = predict_window(
         loop.window,
         tokens,
@@ -458,15 +463,22 @@ def _window_call(
         cache,
         attention_mask.astype(bool) & loop.layout.cached_keys(pos, start, in_window),
         window_mask,
-        dcfg.block_length - shift,
+        out,
         keys,
         values,
         mcfg,
         dcfg,
     )
+
     # Window position j predicts canvas position start + j + shift (Dream: the block's first
-    # position keeps the prediction of its block-start full forward, as Fast-dLLM does).
-    place = lambda a, b, s: jax.lax.dynamic_update_slice_in_dim(a, b, s, axis=1)  # noqa: E731
+    # position keeps the prediction of its block-start full forward, as Fast-dLLM does). Predictions
+    # past the canvas end (a next block after the last) are dropped: the canvas is padded to hold them.
+    def place(a: jax.Array, b: jax.Array, s: jax.Array) -> jax.Array:
+        if out <= dcfg.block_length - shift:  # always inside the canvas
+            return jax.lax.dynamic_update_slice_in_dim(a, b, s, axis=1)
+        padded = jnp.concatenate([a, jnp.zeros_like(a[:, :out])], axis=1)
+        return jax.lax.dynamic_update_slice_in_dim(padded, b, s, axis=1)[:, :n]
+
     return jax.tree.map(lambda a, b: jax.vmap(place)(a, b, start + shift), _broadcast(pred, m), win)
 
 

@@ -139,11 +139,12 @@ def logit_width(dcfg: DecodeConfig, region_length: int) -> int | None:
     """Positions per row that get logits, from its current block's start: the block with a cache
     (a row whose block completes gets the next block's predictions from its block-start forward),
     the block and the next without (a row whose block completes commits from this forward next),
-    and one more with ``draft_next_block`` (a row that moved on by accepting drafts in the next
-    block drafts from this forward into the one after);
+    and one more block with ``draft_next_block`` (uncached, a row that moved on by accepting drafts
+    in the next block drafts from this forward into the one after; cached, the next block is what
+    the drafts verified by a window call reach, and a row that moved on is refreshed first);
     None when that covers every position after ``prompt_length`` (``region_length`` of them):
     then the logits of those. Both backends' calls use this window (docs/algorithms.md "Prediction")."""
-    width = dcfg.block_length * (1 if dcfg.cache != "none" else 3 if dcfg.draft_next_block else 2)
+    width = dcfg.block_length * ((1 if dcfg.cache != "none" else 2) + dcfg.draft_next_block)
     return None if width >= region_length else width
 
 

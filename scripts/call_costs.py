@@ -20,7 +20,7 @@ from pathlib import Path
 
 from psd_jax import load_model
 from psd_jax.api import model_settings
-from psd_jax.bench import BASELINE, decoder_matrix, decoder_settings
+from psd_jax.bench import BASELINE, decoder_matrix
 from psd_jax.costs import call_timers, predicted_seconds, record_key
 from psd_jax.lengths import padded_length
 from psd_jax.scoring import load_jsonl
@@ -91,12 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     lm = load_model(args.model)
     base = model_settings(lm.path, {"cache": "none"})
     names = args.decoders.split(",") if args.decoders else DEFAULT_DECODERS
-    known = decoder_settings(base.gen_length)
-    unknown = [n for n in names if n.split("/")[0] not in known]
-    if unknown:
-        print(f"error: unknown setting(s) {unknown}", file=sys.stderr)
+    try:
+        matrix = decoder_matrix(base, names)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    matrix = decoder_matrix(base, names)
     examples = load_jsonl(lm.path / "test.jsonl")[: args.limit]
     rows = []
     for name, settings in matrix.items():

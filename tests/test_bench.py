@@ -75,8 +75,8 @@ def test_bench_counts_match_a_direct_generate_call(run):
 
 
 def test_bench_rejects_an_unknown_decoder_setting(capsys, tmp_path):
-    assert bench.main(["--decoders", "fixed-3", "--out", str(tmp_path)]) == 2
-    assert "unknown decoder setting(s) ['fixed-3']" in capsys.readouterr().err
+    assert bench.main(["--decoders", "fixed-3x", "--out", str(tmp_path)]) == 2
+    assert "fixed-3x: unknown setting name 'fixed-3x'" in capsys.readouterr().err
     assert bench.main(["--decoders", "fixed-1/fast", "--out", str(tmp_path)]) == 2
     assert "fixed-1/fast: unknown cache 'fast': none, prefix or dual, then +vN" in capsys.readouterr().err
     assert bench.main(["--decoders", "threshold-0.9/prefix+v4", "--out", str(tmp_path)]) == 2
@@ -88,7 +88,7 @@ def test_bench_rejects_an_unknown_decoder_setting(capsys, tmp_path):
 def test_bench_default_run_is_the_matrix_without_the_opt_in_settings(capsys):
     assert bench.main(["--list"]) == 0
     listed = capsys.readouterr().out.splitlines()
-    names = list(bench.decoder_settings(48))
+    names = bench.matrix_names()
     assert len(listed) == len(names) + 1 == 35 and listed[-1] == "recommended (only with --all or --decoders)"
     opt_in = [line.split()[0] for line in listed if line.endswith("(only with --all or --decoders)")]
     assert opt_in == sorted(bench.OPT_IN, key=[*names, "recommended"].index) and len(opt_in) == 13

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from safetensors.numpy import load_file
 
 import psd_jax
 from psd_jax import DecodeConfig
-from psd_jax.rules import step_counts
+from psd_jax.rules import step_counts, window_lengths
 
 from decode_driver import Driver, unpad
 
@@ -30,6 +32,10 @@ SETTINGS = {
         **LENGTHS, policy="threshold", threshold=0.9, decoder="psd", depth=5, draft_next_block=True
     ),
 }
+# With a cache the verifier is a window call, and each block starts with a full forward.
+SETTINGS["fixed-1-d15/prefix"] = SETTINGS["fixed-1-d15"].replace(cache="prefix")
+SETTINGS["threshold-d5/dual+v16"] = SETTINGS["threshold-d5"].replace(cache="dual", vicinity=16)
+SETTINGS["fixed-1-d15-conf/dual+v16"] = SETTINGS["fixed-1-d15-conf"].replace(cache="dual", vicinity=16)
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +68,87 @@ def policy_commit(conf: np.ndarray, masked: np.ndarray, step: int, dcfg: DecodeC
     return chosen
 
 
+class Uncached:
+    """Every prediction is a full forward of the row's canvas, in its padded batch."""
+
+    def __init__(self, driver: Driver, canvases: np.ndarray, attention, row: int):
+        self.driver, self.canvases, self.attention, self.row = driver, canvases, attention, row
+
+    def start(self, canvas):
+        return self.verify(canvas, 0)
+
+    def verify(self, canvas, block):
+        batch = self.canvases.copy()
+        batch[self.row] = canvas
+        pred = self.driver.call(jnp.asarray(batch[:, None]), self.attention)
+        return np.asarray(pred.token[self.row, 0]), np.asarray(pred.conf[self.row, 0])
+
+    def moved_on(self, canvas, prediction):
+        return prediction, 0  # the last forward already predicts the next block
+
+
+class Cached(Uncached):
+    """Fast-dLLM's block cache: a full forward at each block start fills the row's cache; within a
+    block, a candidate is predicted by one window from the block start (dual: the block and
+    ``vicinity``; prefix: the rest of the generation, in the loop's static lengths) against it, whose
+    first two blocks of predictions replace the row's."""
+
+    def __init__(self, driver: Driver, canvases: np.ndarray, attention, row: int):
+        super().__init__(driver, canvases, attention, row)
+        graphdef = driver.lm.graphdef
+        self._prefill = jax.jit(lambda params, t, m: nnx.merge(graphdef, params).prefill(t, m))
+        self._window = jax.jit(
+            lambda params, *a, out: nnx.merge(graphdef, params).window(*a, out), static_argnames="out"
+        )
+
+    def start(self, canvas):
+        batch = self.canvases.copy()
+        batch[self.row] = canvas
+        logits, keys, values = self._prefill(self.driver.lm.params, jnp.asarray(batch), self.attention)
+        r = self.row
+        self.cache = keys[:, r : r + 1], values[:, r : r + 1]
+        self.prediction = greedy(logits[r], self.driver.lm.config.mask_id)
+        return self.prediction
+
+    def verify(self, canvas, block):
+        dcfg, p, n = self.driver.dcfg, self.driver.prompt_length, canvas.shape[0]
+        start = p + block * dcfg.block_length
+        lengths = window_lengths(dcfg)
+        w = next((length for length in lengths if length >= n - start), lengths[-1])
+        index = start + np.arange(w)
+        window_mask = index < n
+        index = np.minimum(index, n - 1)
+        cached = np.asarray(self.attention[self.row]).astype(bool)
+        cached[start : start + w] = False  # the window's fresh keys replace them
+        out = min(2 * dcfg.block_length, w)
+        positions = np.asarray(self.driver.lm.model.positions(self.attention, self.driver.batch, n))[self.row]
+        logits = self._window(
+            self.driver.lm.params,
+            jnp.asarray(canvas[index][None, None]),
+            jnp.asarray(positions[index][None, None]),
+            *self.cache,
+            jnp.asarray(cached[None]),
+            jnp.asarray(window_mask[None]),
+            out=out,
+        )
+        token, conf = (a.copy() for a in self.prediction)
+        placed = greedy(logits[0, 0], self.driver.lm.config.mask_id)
+        end = min(start + out, n)
+        token[start:end], conf[start:end] = placed[0][: end - start], placed[1][: end - start]
+        return token, conf
+
+    def moved_on(self, canvas, prediction):
+        return self.start(canvas), 1  # the next block starts with a full forward
+
+
+def greedy(logits, mask_id: int):
+    """Greedy tokens and their probabilities [N] of logits [N, V], never [MASK]."""
+    logits = logits.at[..., mask_id].set(-jnp.inf)
+    token = jnp.argmax(logits, axis=-1)
+    conf = jnp.take_along_axis(jax.nn.softmax(logits, axis=-1), token[..., None], axis=-1)[..., 0]
+    return np.asarray(token.astype(jnp.int32)), np.asarray(conf)
+
+
 def decode_by_definition(driver: Driver, prompts: list[list[int]], row: int, dcfg: DecodeConfig):
     """Row ``row``'s decode as algorithms.md defines it: (generated tokens, model calls, the most
     positions of a next block one accepted iteration committed, the levels refused only by
@@ -70,17 +157,12 @@ def decode_by_definition(driver: Driver, prompts: list[list[int]], row: int, dcf
     mask_id, stops, eos = lm.config.mask_id, set(lm.config.stop_ids), lm.config.eos_id
     ids, attention = driver.inputs(prompts)
     canvases = np.concatenate([np.asarray(ids), np.full((driver.batch, dcfg.gen_length), mask_id, np.int32)], 1)
-
-    def forward(canvas):
-        batch = canvases.copy()
-        batch[row] = canvas
-        pred = driver.call(jnp.asarray(batch[:, None]), attention)
-        return np.asarray(pred.token[row, 0]), np.asarray(pred.conf[row, 0])
+    model = (Uncached if dcfg.cache == "none" else Cached)(driver, canvases, attention, row)
 
     b, spb, n_blocks = dcfg.block_length, dcfg.steps_per_block, dcfg.num_blocks
     counts = step_counts(dcfg)
     x = canvases[row].copy()
-    token, conf = forward(x)
+    token, conf = model.start(x)
     calls, block, step, crossed, gated = 1, 0, 0, 0, 0
     positions = np.arange(x.shape[0])
     while True:
@@ -109,23 +191,16 @@ def decode_by_definition(driver: Driver, prompts: list[list[int]], row: int, dcf
                     break
                 s.append(s[-1].copy())
                 s[-1][level] = token[level]
-            accepted = 0
-            for j, level in enumerate(levels[: len(s) - 1], start=1):
-                verifier, verifier_conf = forward(s[j - 1])
-                if not (verifier[level] == token[level]).all():
-                    break
-                if (
-                    dcfg.accept_confidence > 0
-                    and not (verifier_conf[level] >= np.float32(dcfg.accept_confidence)).all()
-                ):
-                    gated += 1  # the tokens agree, the verifier is not confident enough in them
-                    break
-                accepted = j
-            x = s[accepted]
-            token, conf = forward(x)  # the chosen candidate's forward: this iteration's one call
-            calls += 1
-            step += 1 + accepted
-            crossed = max(crossed, int(((x != mask_id) & (canvases[row] == mask_id) & ~here).sum()) - b * block)
+            if dcfg.cache != "none" and complete and len(s) == 1:
+                x = s[0]  # nothing to verify: the next block's full forward predicts next
+                step += 1
+            else:
+                x, accepted, refused = verify_levels(model, s, levels, token, block, dcfg)
+                token, conf = model.verify(x, block)  # the chosen candidate's forward: this iteration's one call
+                calls += 1
+                gated += refused
+                step += 1 + accepted
+                crossed = max(crossed, int(((x != mask_id) & (canvases[row] == mask_id) & ~here).sum()) - b * block)
             complete = not (here & (x == mask_id)).any()
         if complete:
             if any(int(t) in stops for t in x[here]) and dcfg.eos_early_stop:
@@ -135,7 +210,23 @@ def decode_by_definition(driver: Driver, prompts: list[list[int]], row: int, dcf
                 break
             block += 1
             step = max(step - spb, 0) if dcfg.policy == "fixed" else 0
+            (token, conf), refreshed = model.moved_on(x, (token, conf))
+            calls += refreshed
     return x[p:].tolist(), calls, crossed, gated
+
+
+def verify_levels(model, s: list, levels: list, token, block: int, dcfg: DecodeConfig):
+    """Hierarchical acceptance of the candidates ``s``: (the chosen one, its level, 1 if the
+    confidence gate alone refused the next level)."""
+    accepted = 0
+    for j, level in enumerate(levels[: len(s) - 1], start=1):
+        verifier, verifier_conf = model.verify(s[j - 1], block)
+        if not (verifier[level] == token[level]).all():
+            break
+        if dcfg.accept_confidence > 0 and not (verifier_conf[level] >= np.float32(dcfg.accept_confidence)).all():
+            return s[accepted], accepted, 1  # the tokens agree, the verifier is not confident enough in them
+        accepted = j
+    return s[accepted], accepted, 0
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
@@ -164,7 +255,7 @@ def test_drafting_on_saves_calls_over_drafts_in_the_block(lm, prompts):
     "fields, message",
     [
         (dict(acceptance="strict"), "needs acceptance 'tokens'"),
-        (dict(cache="dual"), "needs cache 'none'"),
+        (dict(cache="dual", vicinity=8), r"with the dual cache needs vicinity >= block_length 16 \(got 8\)"),
         (dict(policy="dream", steps=48), "policy 'fixed', 'threshold' or 'factor'"),
         (dict(depth=31), r"depth 31 \(PSD\) exceeds 2 \* block_length - 2 = 30"),
     ],

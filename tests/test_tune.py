@@ -15,7 +15,7 @@ from psd_jax.config import DecodeConfig
 from psd_jax.recommended import RECOMMENDED_FILE, read_recommended
 from psd_jax.tuning import log as tune_log
 from psd_jax.tuning.search import Outcome, split, successive_halving
-from psd_jax.tuning.space import build_space, default_space, setting_name, small_space
+from psd_jax.tuning.space import build_space, default_space, small_space
 
 # ---------------------------------------------------------------- the selection rule, synthetic
 
@@ -397,7 +397,7 @@ def test_written_setting_round_trips_through_bench_and_generate(run, model_dir, 
     [
         (["--data", "/nonexistent.jsonl"], "no problem file /nonexistent.jsonl"),
         (["--data", "EMPTY"], "holds no problems"),
-        (["--base", "fixed-3"], "unknown base 'fixed-3'"),
+        (["--base", "fixed-3x"], "--base fixed-3x: unknown setting name 'fixed-3x'"),
         (["--base", '{"depth": 5}'], "depth=5 would be ignored"),
         (["--max-loss", "-1"], "--max-loss must be >= 0"),
         (["--rungs", "4,2"], "--rungs must be positive and strictly increasing"),
@@ -415,12 +415,3 @@ def test_bad_input_is_one_error_line_before_the_model_loads(extra, message, dev,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
     assert not (tmp_path / "out").exists()
-
-
-def test_every_policy_has_its_own_setting_name():
-    """The tuner's and the benchmark's names: one per policy, none borrowed from another policy."""
-    from psd_jax.config import POLICIES
-
-    names = {p: setting_name(DecodeConfig(gen_length=32, block_length=8, policy=p)).split("/")[0] for p in POLICIES}
-    assert len(set(names.values())) == len(POLICIES)
-    assert all(name.startswith(p.split("_")[-1] if p == "threshold_schedule" else p) for p, name in names.items())

@@ -23,17 +23,18 @@ from typing import Any
 from models import load_config
 
 from ..api import model_directory, model_settings
-from ..bench import add_model_flags, check_prompts, decoder_settings
-from ..config import DecodeConfig, check_for_model
+from ..bench import add_model_flags, check_prompts
+from ..config import DecodeConfig, DecodeConfigError, check_for_model
 from ..costs import CHIPS
 from ..errors import InputError
 from ..flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields
+from ..names import full_name, setting_fields
 from ..scoring import load_jsonl
 from . import log as tune_log
 from .devices import OBJECTIVES, THIS, objective_for, parse_device
 from .report import interval, write_reports
 from .search import NotEvaluated, Objective, compare, default_rungs, split, successive_halving
-from .space import SPACES, build_space, setting_name
+from .space import SPACES, build_space
 
 BASE_CACHE = "none"  # a named base runs uncached: the reference is the model's own decode
 CONFIRM_FRACTION = 0.3
@@ -126,13 +127,14 @@ def resolve_base(text: str, model_dir: Path, lengths: dict[str, Any]) -> tuple[s
         if not isinstance(fields, dict):
             raise InputError("--base JSON must be an object of DecodeConfig fields")
         settings = model_settings(model_dir, {**lengths, **fields}, base={"cache": BASE_CACHE})
-        return setting_name(settings), settings
+        return full_name(settings), settings
     gen_length = model_settings(model_dir, lengths).gen_length
-    named = decoder_settings(gen_length)
-    if text not in named:
-        raise InputError(f"unknown base {text!r}; give one of {', '.join(named)} or JSON fields")
-    settings = model_settings(model_dir, {**lengths, **named[text]}, base={"cache": BASE_CACHE})
-    return setting_name(settings), settings
+    try:
+        fields = setting_fields(text, gen_length)
+    except DecodeConfigError as exc:
+        raise InputError(f"--base {text}: {exc}; or give JSON fields") from None
+    settings = model_settings(model_dir, {**lengths, **fields}, base={"cache": BASE_CACHE})
+    return full_name(settings), settings
 
 
 def parse_rungs(text: str | None, n_search: int) -> list[int]:

@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from ..config import MAX_BRANCHES, DecodeConfig, DecodeConfigError, check_for_model
+from ..names import full_name
 
 THRESHOLDS = (0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
 FACTORS = (0.5, 1.0)
@@ -140,44 +141,6 @@ def small_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
 SPACES = {"default": default_space, "small": small_space}
 
 
-def setting_name(c: DecodeConfig) -> str:
-    """A readable name of a setting, in the benchmark's words (``psd-threshold-0.9-d3``) with the
-    cache and block length after slashes: ``psd-threshold-0.9-d3/dual/b16``."""
-    if c.policy == "fixed" and c.gen_length % c.total_steps == 0:
-        policy = f"fixed-{c.gen_length // c.total_steps}"
-    elif c.policy in ("fixed", "dream"):
-        policy = f"{c.policy}-s{c.total_steps}"
-    elif c.policy == "threshold":
-        policy = f"threshold-{c.threshold:g}"
-    elif c.policy == "threshold_schedule":
-        policy = f"schedule-{c.threshold:g}"
-    elif c.policy == "sequential":
-        policy = f"sequential-s{c.steps_per_block}"
-    elif c.policy == "factor":
-        policy = f"factor-{c.factor:g}"
-    else:
-        raise ValueError(f"no name for policy {c.policy!r}")
-    if c.decoder == "psd":
-        strict = "strict-" if c.acceptance == "strict" else ""
-        rate = f"-r{c.draft_rate}" if c.draft_rate is not None else ""
-        beyond = "-next" if c.draft_next_block else ""
-        gate = f"-conf{c.accept_confidence:g}" if c.accept_confidence > 0 else ""
-        name = f"psd-{strict}{policy}-d{c.depth}{rate}{beyond}{gate}"
-    elif c.decoder == "rps":
-        defaults = DecodeConfig()
-        variant = "".join(
-            f"-{label}{getattr(c, field):g}"
-            for field, label in (("k_max", "k"), ("ratio", "ratio"), ("pivot_tau", "tau"), ("lam", "lam"))
-            if getattr(c, field) != getattr(defaults, field)
-        )
-        name = f"rps-{policy}{variant}"
-    else:
-        name = policy
-    if c.temperature > 0:
-        name += f"-t{c.temperature:g}"
-    return f"{name}/{c.cache_name}/b{c.block_length}"
-
-
 @dataclasses.dataclass
 class Space:
     candidates: dict[str, DecodeConfig]  # name -> settings, in the space's order
@@ -201,7 +164,7 @@ def build_space(fields_list: list[dict[str, Any]], gen_length: int, mcfg, base: 
         if key in seen:
             dropped.append((fields, f"same setting as {seen[key]}"))
             continue
-        name = setting_name(settings)
+        name = full_name(settings)
         while name in candidates:
             name += "+"
         seen[key] = name
