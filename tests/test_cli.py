@@ -305,7 +305,7 @@ def test_generate_refuses_a_generation_beyond_the_context_before_loading(capsys,
         (["--batch", "-3"], "argument --batch: expected a positive integer, got -3"),
         (["--gen-length", "0"], "gen_length must be positive, got 0"),
         (["--cache", "full"], "unknown cache 'full'"),
-        (["--decoders", ","], "unknown decoder setting(s)"),
+        (["--decoders", ","], "no decoder setting in --decoders ','"),
     ],
 )
 def test_bench_bad_input_is_one_line_and_exit_2(capsys, tmp_path, extra, message):
