@@ -32,7 +32,7 @@ from __future__ import annotations
 import jax
 
 from . import llada2
-from .config import LLaDAMoEConfig
+from .config import LLaDAMoEConfig, SDARConfig
 from .llada2 import GroupedLayers, apply_partial_rope, rounded_head
 from .moe import routed_experts, softmax_route
 from .transformer import (
@@ -59,14 +59,12 @@ LOGICAL_AXES: dict[str, tuple[str | None, ...]] = {
 }
 
 
-def param_shapes(cfg: LLaDAMoEConfig) -> dict[str, tuple[int, ...]]:
-    """Shape of every parameter by name: ``embed``/``final_norm``/``lm_head`` and, per layer group,
-    ``dense_<name>`` [n_dense_layers, ...] and ``moe_<name>`` [n_moe_layers, ...] (a group without
-    layers has no parameters)."""
-    d, hd, V, E = cfg.d_model, cfg.head_dim, cfg.vocab_size, cfg.n_experts
+def attention_shapes(cfg: LLaDAMoEConfig | SDARConfig) -> dict[str, tuple[int, ...]]:
+    """One layer's attention parameters and its MLP norm: separate q/k/v projections and per-head
+    q/k RMSNorms (LLaDA-MoE's and SDAR's layout)."""
+    d, hd = cfg.d_model, cfg.head_dim
     q, kv = cfg.n_heads * hd, cfg.n_kv_heads * hd
-    fm, fs, fd = cfg.moe_hidden, cfg.shared_hidden, cfg.mlp_hidden
-    attn = {
+    return {
         "attn_norm": (d,),
         "wq": (d, q),
         "wk": (d, kv),
@@ -76,7 +74,20 @@ def param_shapes(cfg: LLaDAMoEConfig) -> dict[str, tuple[int, ...]]:
         "wo": (q, d),
         "mlp_norm": (d,),
     }
-    dense = {"w_gate": (d, fd), "w_up": (d, fd), "w_down": (fd, d)}
+
+
+def dense_mlp_shapes(d: int, hidden: int) -> dict[str, tuple[int, ...]]:
+    """One dense SwiGLU layer's projections."""
+    return {"w_gate": (d, hidden), "w_up": (d, hidden), "w_down": (hidden, d)}
+
+
+def param_shapes(cfg: LLaDAMoEConfig) -> dict[str, tuple[int, ...]]:
+    """Shape of every parameter by name: ``embed``/``final_norm``/``lm_head`` and, per layer group,
+    ``dense_<name>`` [n_dense_layers, ...] and ``moe_<name>`` [n_moe_layers, ...] (a group without
+    layers has no parameters)."""
+    d, V, E = cfg.d_model, cfg.vocab_size, cfg.n_experts
+    fm, fs = cfg.moe_hidden, cfg.shared_hidden
+    attn, dense = attention_shapes(cfg), dense_mlp_shapes(d, cfg.mlp_hidden)
     moe = {"router": (d, E), "expert_gate": (E, d, fm), "expert_up": (E, d, fm), "expert_down": (E, fm, d)}
     if fs:
         moe.update(shared_gate=(d, fs), shared_up=(d, fs), shared_down=(fs, d))

@@ -19,7 +19,7 @@ from __future__ import annotations
 from . import lladamoe
 from .config import SDARConfig
 from .llada2 import LLaDA2MoE
-from .lladamoe import ATTN_PARAMS, DENSE_MLP_PARAMS, LLaDAMoE
+from .lladamoe import ATTN_PARAMS, DENSE_MLP_PARAMS, LLaDAMoE, attention_shapes, dense_mlp_shapes
 
 TOP_PARAMS = ("embed", "final_norm", "lm_head")
 
@@ -27,21 +27,8 @@ TOP_PARAMS = ("embed", "final_norm", "lm_head")
 def param_shapes(cfg: SDARConfig) -> dict[str, tuple[int, ...]]:
     """Shape of every parameter by name: ``embed``/``final_norm``/``lm_head`` and the layers stacked
     as ``dense_<name>`` [n_layers, ...] (LLaDA-MoE's dense group)."""
-    d, hd = cfg.d_model, cfg.head_dim
-    q, kv, f = cfg.n_heads * hd, cfg.n_kv_heads * hd, cfg.mlp_hidden
-    layer = {
-        "attn_norm": (d,),
-        "wq": (d, q),
-        "wk": (d, kv),
-        "wv": (d, kv),
-        "q_norm": (hd,),
-        "k_norm": (hd,),
-        "wo": (q, d),
-        "mlp_norm": (d,),
-        "w_gate": (d, f),
-        "w_up": (d, f),
-        "w_down": (f, d),
-    }
+    d = cfg.d_model
+    layer = {**attention_shapes(cfg), **dense_mlp_shapes(d, cfg.mlp_hidden)}
     shapes = {"embed": (cfg.vocab_size, d), "final_norm": (d,), "lm_head": (d, cfg.vocab_size)}
     shapes.update({f"dense_{name}": (cfg.n_layers, *shape) for name, shape in layer.items()})
     return shapes
