@@ -156,10 +156,13 @@ def decoder_matrix(base: DecodeConfig, names: list[str] | None = None) -> dict[s
     asked for."""
     out = {}
     for name in matrix_names() if names is None else names:
-        fields = setting_fields(name, base.gen_length)
+        try:
+            fields = setting_fields(name, base.gen_length)
+        except DecodeConfigError as exc:
+            raise InputError(f"{name}: {exc}; see --list") from None
         settings = base.replace(**{**cache_fields(base.cache_name), **fields})
         block = f"/b{settings.block_length}" if "block_length" in fields else ""
-        out[f"{name.split('/')[0]}/{settings.cache_name}{block}"] = settings
+        out[f"{split_name(name)[0]}/{settings.cache_name}{block}"] = settings
     return out
 
 
@@ -400,9 +403,9 @@ def build_parser() -> ArgumentParser:
     return p
 
 
-def selected_names(args, known: list[str], gen_length: int) -> list[str]:
+def selected_names(args, known: list[str]) -> list[str]:
     """The settings asked for (any name of ``psd_jax.names``' grammar, with a cache after a slash
-    where one is given), the baseline first whatever was asked."""
+    where one is given; ``decoder_matrix`` reads them), the baseline first whatever was asked."""
     if not args.decoders:
         return [BASELINE, *(n for n in known if args.all or n not in OPT_IN)]
     names = [n.strip() for n in args.decoders.split(",") if n.strip()]
@@ -410,14 +413,8 @@ def selected_names(args, known: list[str], gen_length: int) -> list[str]:
         raise InputError(f"no decoder setting in --decoders {args.decoders!r}; see --list")
     for name in names:
         setting, cache = split_name(name)
-        if setting == RECOMMENDED_NAME:
-            if cache is not None:
-                raise InputError(f"{name}: {RECOMMENDED_NAME} brings its own cache")
-            continue
-        try:
-            setting_fields(name, gen_length)
-        except DecodeConfigError as exc:
-            raise InputError(f"{name}: {exc}; see --list") from None
+        if setting == RECOMMENDED_NAME and cache is not None:
+            raise InputError(f"{name}: {RECOMMENDED_NAME} brings its own cache")
     return [BASELINE, *names]
 
 
@@ -431,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.list:
             print("\n".join(f"{name} (only with --all or --decoders)" if name in OPT_IN else name for name in known))
             return 0
-        names = selected_names(args, known, base.gen_length)
+        names = selected_names(args, known)
         matrix = decoder_matrix(base, [n for n in names if n != RECOMMENDED_NAME])
         if RECOMMENDED_NAME in names:
             matrix[RECOMMENDED_NAME] = recommended_settings(model_dir, decode_fields(args), base.gen_length)

@@ -100,6 +100,8 @@ class Cached(Uncached):
         self._window = jax.jit(
             lambda params, *a, out: nnx.merge(graphdef, params).window(*a, out), static_argnames="out"
         )
+        n = canvases.shape[1]
+        self.positions = np.asarray(driver.lm.model.positions(attention, driver.batch, n))[row]
 
     def start(self, canvas):
         batch = self.canvases.copy()
@@ -121,11 +123,10 @@ class Cached(Uncached):
         cached = np.asarray(self.attention[self.row]).astype(bool)
         cached[start : start + w] = False  # the window's fresh keys replace them
         out = min(2 * dcfg.block_length, w)
-        positions = np.asarray(self.driver.lm.model.positions(self.attention, self.driver.batch, n))[self.row]
         logits = self._window(
             self.driver.lm.params,
             jnp.asarray(canvas[index][None, None]),
-            jnp.asarray(positions[index][None, None]),
+            jnp.asarray(self.positions[index][None, None]),
             *self.cache,
             jnp.asarray(cached[None]),
             jnp.asarray(window_mask[None]),
