@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from models import ConfigError, load_config
+from models.config import DTYPE_NAMES
 from models.quantize import QUANTIZE, is_projection, quantized_on_host
 from psd_jax.flags import EXIT_BAD_INPUT, ArgumentParser
 
@@ -33,7 +34,6 @@ from .orbax_io import OutputDirError, check_out_dir, save_params
 from .safetensors_dir import CheckpointError, SafetensorsDir
 
 EXIT_WRITE_FAILED = 1
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def check_paths(hf_dir: str, out_dir: str) -> tuple[Path, Path]:
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--hf-dir", required=True, help="Hugging Face model directory (config.json + safetensors)")
     parser.add_argument("--out", required=True, help="output directory for the Orbax checkpoint (new or empty)")
-    parser.add_argument("--dtype", default="bfloat16", choices=DTYPES)
+    parser.add_argument("--dtype", default="bfloat16", choices=DTYPE_NAMES)
     parser.add_argument(
         "--quantize", choices=QUANTIZE, help="store the projections quantized (weight-only, models.quantize)"
     )

@@ -19,6 +19,7 @@ from typing import Any, Literal, TypeVar
 
 FAMILIES = ("llada", "dream", "llada2_moe", "lladamoe", "sdar")
 BLOCK_CAUSAL_FAMILIES = ("llada2_moe", "sdar")
+DTYPE_NAMES = ("float32", "bfloat16", "float16")  # what a model's weights may be held in (``--dtype``)
 # Side files of a LLaDA2.0 or LLaDA-MoE directory that may name the special ids (their config.json
 # names no mask id).
 DECODE_IDS_FILE = "decode.json"

@@ -26,6 +26,7 @@ from convert.hf import load_hf_model
 from convert.orbax_io import is_orbax_dir, load_checkpoint
 from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE, CheckpointError
 from models import DiffusionLM, ModelConfig, load_config
+from models.config import DTYPE_NAMES
 from models.quantize import check_quantize
 from models.transformer import default_unroll_layers
 
@@ -42,7 +43,7 @@ from .sharding import batch_sharding, make_mesh, param_shardings
 from .tokenizer import TokenizerError, encode_prompt, load_tokenizer, resolve_special_ids
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "default"
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+DTYPES = {name: getattr(jnp, name) for name in DTYPE_NAMES}
 
 
 def default_model_path() -> Path:

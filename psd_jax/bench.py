@@ -35,14 +35,20 @@ import jax
 import numpy as np
 
 from models import load_config
-from models.quantize import QUANTIZE
 
 from . import multihost
-from .api import DTYPES, LoadedModel, load_model, model_directory, model_settings
+from .api import LoadedModel, load_model, model_directory, model_settings
 from .config import CACHE_NAME_HELP, DecodeConfig, DecodeConfigError, cache_fields, check_for_model
 from .errors import InputError
-from .flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields, non_negative_int, positive_int
-from .lengths import check_context
+from .flags import (
+    EXIT_BAD_INPUT,
+    ArgumentParser,
+    add_decode_flags,
+    add_problem_set_flags,
+    decode_fields,
+    non_negative_int,
+)
+from .lengths import check_questions
 from .names import setting_fields
 from .recommended import NAME as RECOMMENDED_NAME
 from .recommended import named_settings, read_recommended
@@ -352,32 +358,9 @@ MATRIX_FIELDS = ("gen_length", "block_length", "cache")  # the DecodeConfig fiel
 BENCH_DEFAULTS = {"cache": "dual"}  # the fast mode the documentation's tables use, unless asked otherwise
 
 
-def add_model_flags(p: ArgumentParser) -> None:
-    """The flags of the model and of how its prompts run, shared by the benchmark and the tuner
-    (``psd_jax.tune``): one definition, so the two read a run's model the same way."""
-    p.add_argument("--model", help="model directory (default: the shipped default model)")
-    p.add_argument("--limit", type=positive_int, help="use only the first N problems")
-    p.add_argument("--batch", type=positive_int, default=50, help="prompts per decode (default 50)")
-    p.add_argument(
-        "--no-chat",
-        action="store_false",
-        dest="chat",
-        default=None,
-        help="do not wrap questions in the chat template (default: when the tokenizer has one)",
-    )
-    p.add_argument("--prompt-bucket", type=positive_int, default=32, help="pad prompt lengths up to a multiple of this")
-    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    p.add_argument(
-        "--quantize",
-        choices=list(QUANTIZE),
-        help="store the layers' projection weights as int8 or int4 with scales (weight-only, through qwix)",
-    )
-    p.add_argument("--mesh", help='shard over devices, e.g. "data=2,model=4" (default: one device)')
-
-
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m psd_jax.bench", description=__doc__)
-    add_model_flags(p)
+    add_problem_set_flags(p)
     p.add_argument("--data", help="jsonl with question/answer fields (default: the model directory's test.jsonl)")
     add_decode_flags(p, MATRIX_FIELDS, BENCH_DEFAULTS)
     p.add_argument(
@@ -443,7 +426,12 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError(f"{data} holds no problems")
         multihost.start(cluster)
         lm = load_model(model_dir, dtype=args.dtype, mesh=args.mesh, quantize=args.quantize)
-        check_prompts(lm, examples, base.gen_length, args.chat, args.prompt_bucket)
+        check_questions(
+            lm.prompt_ids([ex["question"] for ex in examples], args.chat),
+            args.prompt_bucket,
+            base.gen_length,
+            lm.config.max_length,
+        )
     except (FileNotFoundError, ValueError) as exc:  # InputError, DecodeConfigError, ConfigError, ...
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -476,13 +464,6 @@ def main(argv: list[str] | None = None) -> int:
         f"block {base.block_length}, cache {base.cache}",
     )
     return 0
-
-
-def check_prompts(lm: LoadedModel, examples: list[dict], gen_length: int, chat: bool | None, bucket: int) -> None:
-    """Every question encodes and fits the context with the generation: checked before the first
-    decode, so that no setting of the matrix fails after others have run."""
-    for i, ids in enumerate(lm.prompt_ids([ex["question"] for ex in examples], chat)):
-        check_context(len(ids), bucket, gen_length, lm.config.max_length, f"problem {i + 1}'s question")
 
 
 def run_matrix(lm: LoadedModel, matrix: dict[str, DecodeConfig], examples: list[dict], args) -> list[dict]:

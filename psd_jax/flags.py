@@ -14,6 +14,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
+from models.config import DTYPE_NAMES
+from models.quantize import QUANTIZE
+
 from .config import BOOL_FIELDS, CHOICES, FIELD_HELP, FLOAT_FIELDS, INT_FIELDS, DecodeConfig, DecodeConfigError
 from .recommended import RECOMMENDED_FILE, SETTINGS_NAMES, check_settings_name
 
@@ -115,3 +118,33 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
     return value
+
+
+def add_weight_flags(p: argparse.ArgumentParser) -> None:
+    """How the model's weights are held: ``--dtype``, ``--quantize`` and ``--mesh``, the same flags
+    on every front end that loads a model."""
+    p.add_argument("--dtype", default="float32", choices=list(DTYPE_NAMES))
+    p.add_argument(
+        "--quantize",
+        choices=list(QUANTIZE),
+        help="store the layers' projection weights as int8 or int4 with scales (weight-only, through qwix)",
+    )
+    p.add_argument("--mesh", help='shard over devices, e.g. "data=2,model=4" (default: one device)')
+
+
+def add_problem_set_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of a run over a problem file (the benchmark and the tuner, ``psd_jax.tune``): the
+    model, how its prompts run and its weights, one definition so the two read a run's model the
+    same way."""
+    p.add_argument("--model", help="model directory (default: the shipped default model)")
+    p.add_argument("--limit", type=positive_int, help="use only the first N problems")
+    p.add_argument("--batch", type=positive_int, default=50, help="prompts per decode (default 50)")
+    p.add_argument(
+        "--no-chat",
+        action="store_false",
+        dest="chat",
+        default=None,
+        help="do not wrap questions in the chat template (default: when the tokenizer has one)",
+    )
+    p.add_argument("--prompt-bucket", type=positive_int, default=32, help="pad prompt lengths up to a multiple of this")
+    add_weight_flags(p)

@@ -14,13 +14,20 @@ import sys
 from pathlib import Path
 
 from models import load_config
-from models.quantize import QUANTIZE
 
 from . import multihost
-from .api import DTYPES, Generation, LoadedModel, check_seed, load_model, model_directory, model_settings
+from .api import Generation, LoadedModel, check_seed, load_model, model_directory, model_settings
 from .config import DecodeConfig, check_for_model
 from .errors import InputError
-from .flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, add_settings_flag, decode_fields, positive_int
+from .flags import (
+    EXIT_BAD_INPUT,
+    ArgumentParser,
+    add_decode_flags,
+    add_settings_flag,
+    add_weight_flags,
+    decode_fields,
+    positive_int,
+)
 from .recommended import NAME, named_settings, read_recommended
 from .scoring import load_jsonl
 
@@ -55,13 +62,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="PRNG seed for sampling and random confidences, in [0, 2**32)")
     add_settings_flag(p)
     add_decode_flags(p)
-    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    p.add_argument(
-        "--quantize",
-        choices=list(QUANTIZE),
-        help="store the layers' projection weights as int8 or int4 with scales (weight-only, through qwix)",
-    )
-    p.add_argument("--mesh", help='shard over devices, e.g. "data=2,model=4" (default: one device)')
+    add_weight_flags(p)
     p.add_argument("--prompt-bucket", type=positive_int, default=32, help="pad prompt lengths up to a multiple of this")
     p.add_argument("--json", action="store_true", help="one JSON object per prompt")
     multihost.add_flags(p)

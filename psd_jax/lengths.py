@@ -25,3 +25,10 @@ def check_context(tokens: int, bucket: int | None, gen_length: int, max_length: 
             f"exceeds the model's context of {max_length}"
         )
     return padded
+
+
+def check_questions(prompt_ids: list[list[int]], bucket: int | None, gen_length: int, max_length: int) -> None:
+    """Every problem's encoded question fits the context with the generation: a run over a problem
+    file checks this before its first decode, so that no setting fails after others have run."""
+    for i, ids in enumerate(prompt_ids):
+        check_context(len(ids), bucket, gen_length, max_length, f"problem {i + 1}'s question")

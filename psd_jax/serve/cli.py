@@ -18,16 +18,16 @@ from collections.abc import Mapping
 from typing import NoReturn
 
 from models import load_config
-from models.quantize import QUANTIZE
 
 from .. import multihost
-from ..api import DTYPES, InputError, left_pad, load_model, model_directory, model_settings
+from ..api import InputError, left_pad, load_model, model_directory, model_settings
 from ..config import MAX_BRANCHES, DecodeConfigError, check_for_model
 from ..flags import (
     EXIT_BAD_INPUT,
     ArgumentParser,
     add_decode_flags,
     add_settings_flag,
+    add_weight_flags,
     decode_fields,
     non_negative_int,
     positive_int,
@@ -107,13 +107,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--served-model-name", help="the model id clients send (default: the directory's name)")
     add_settings_flag(p)
     add_decode_flags(p)
-    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    p.add_argument(
-        "--quantize",
-        choices=list(QUANTIZE),
-        help="store the layers' projection weights as int8 or int4 with scales (weight-only, through qwix)",
-    )
-    p.add_argument("--mesh", help='shard over devices, e.g. "data=2,model=4" (default: one device)')
+    add_weight_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=port_number, default=DEFAULT_PORT, help=f"TCP port (default: {DEFAULT_PORT})")
     p.add_argument(

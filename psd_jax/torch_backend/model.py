@@ -34,9 +34,10 @@ from torch import nn
 from convert.hf import check_key_set
 from convert.safetensors_dir import SafetensorsDir
 from models import ModelConfig, load_config
+from models.config import DTYPE_NAMES
 from models.transformer import rope_inv_freq
 
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 # Parameter names of models.transformer.DiffusionLM -> attribute path in this module.
 _LAYER_ATTR = {

@@ -23,11 +23,11 @@ from typing import Any
 from models import load_config
 
 from ..api import model_directory, model_settings
-from ..bench import add_model_flags, check_prompts
 from ..config import DecodeConfig, DecodeConfigError, check_for_model
 from ..costs import CHIPS
 from ..errors import InputError
-from ..flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, decode_fields
+from ..flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, add_problem_set_flags, decode_fields
+from ..lengths import check_questions
 from ..names import full_name, setting_fields
 from ..scoring import load_jsonl
 from . import log as tune_log
@@ -42,7 +42,7 @@ CONFIRM_FRACTION = 0.3
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m psd_jax.tune", description=__doc__)
-    add_model_flags(p)
+    add_problem_set_flags(p)
     p.add_argument("--data", required=True, help="development jsonl with question/answer fields")
     add_decode_flags(p, ("gen_length", "block_length"))
     p.add_argument(
@@ -233,7 +233,8 @@ def run(plan: Plan, args) -> int:
 
     def load():
         lm = load_model(plan.model_dir, dtype=args.dtype, mesh=args.mesh, quantize=args.quantize)
-        check_prompts(lm, plan.examples, plan.base.gen_length, args.chat, args.prompt_bucket)
+        questions = lm.prompt_ids([ex["question"] for ex in plan.examples], args.chat)
+        check_questions(questions, args.prompt_bucket, plan.base.gen_length, lm.config.max_length)
         return lm
 
     bar = tune_log.progress_bar()
