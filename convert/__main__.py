@@ -27,8 +27,8 @@ import numpy as np
 from models import ConfigError, load_config
 from models.config import DTYPE_NAMES
 from models.quantize import QUANTIZE, is_projection, quantized_on_host
-from psd_jax.flags import EXIT_BAD_INPUT, ArgumentParser
 
+from .args import EXIT_BAD_INPUT, ArgumentParser
 from .hf import iter_params
 from .orbax_io import OutputDirError, check_out_dir, save_params
 from .safetensors_dir import CheckpointError, SafetensorsDir

@@ -10,25 +10,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
+from convert.args import EXIT_BAD_INPUT, ArgumentParser  # noqa: F401  (the front ends' parser, from here)
 from models.config import DTYPE_NAMES
 from models.quantize import QUANTIZE
 
 from .config import BOOL_FIELDS, CHOICES, FIELD_HELP, FLOAT_FIELDS, INT_FIELDS, DecodeConfig, DecodeConfigError
 from .recommended import RECOMMENDED_FILE, SETTINGS_NAMES, check_settings_name
-
-EXIT_BAD_INPUT = 2
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """``argparse.ArgumentParser`` whose errors are one line (no usage dump) and exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
 
 
 def flag_name(field: str) -> str:

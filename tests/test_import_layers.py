@@ -90,3 +90,19 @@ def test_no_import_circles(package):
     graph = import_graph()
     found = [c for c in circles(graph) if c[0].startswith(package)]
     assert found == [], "import circles: " + "; ".join(" -> ".join(c) for c in found)
+
+
+# The packages from the bottom up: the model modules, the converter (which loads into them), the
+# decoding library and its front ends. A package imports only from those below it.
+LAYERS = ("models", "convert", "psd_jax")
+
+
+def test_each_package_imports_only_from_the_packages_below_it():
+    graph = import_graph()
+    upward = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if LAYERS.index(target.split(".")[0]) > LAYERS.index(module.split(".")[0])
+    )
+    assert upward == [], "imports from a higher layer: " + "; ".join(upward)
