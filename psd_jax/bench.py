@@ -47,6 +47,7 @@ from .flags import (
     add_problem_set_flags,
     decode_fields,
     non_negative_int,
+    weight_options,
 )
 from .lengths import check_questions
 from .names import setting_fields
@@ -425,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         if not examples:
             raise InputError(f"{data} holds no problems")
         multihost.start(cluster)
-        lm = load_model(model_dir, dtype=args.dtype, mesh=args.mesh, quantize=args.quantize)
+        lm = load_model(model_dir, **weight_options(args))
         check_questions(
             lm.prompt_ids([ex["question"] for ex in examples], args.chat),
             args.prompt_bucket,

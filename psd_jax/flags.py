@@ -122,6 +122,11 @@ def add_weight_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mesh", help='shard over devices, e.g. "data=2,model=4" (default: one device)')
 
 
+def weight_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``load_model``'s keyword arguments from ``add_weight_flags``' flags."""
+    return {"dtype": args.dtype, "mesh": args.mesh, "quantize": args.quantize}
+
+
 def add_problem_set_flags(p: argparse.ArgumentParser) -> None:
     """The flags of a run over a problem file (the benchmark and the tuner, ``psd_jax.tune``): the
     model, how its prompts run and its weights, one definition so the two read a run's model the

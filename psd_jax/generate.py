@@ -27,6 +27,7 @@ from .flags import (
     add_weight_flags,
     decode_fields,
     positive_int,
+    weight_options,
 )
 from .recommended import NAME, named_settings, read_recommended
 from .scoring import load_jsonl
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             origin = read_recommended(model_dir).origin() + (", with the decoding flags given on top" if fields else "")
         check_for_model(settings, load_config(model_dir))  # before the weights load
         multihost.start(cluster)
-        lm = load_model(model_dir, dtype=args.dtype, mesh=args.mesh, quantize=args.quantize)
+        lm = load_model(model_dir, **weight_options(args))
         with multihost.quiet_unless_main():  # every process decodes; process 0 prints
             if examples:
                 run_demo(lm, examples, settings, args.seed, args.chat, args.json, args.prompt_bucket, origin)

@@ -31,6 +31,7 @@ from ..flags import (
     decode_fields,
     non_negative_int,
     positive_int,
+    weight_options,
 )
 from ..recommended import NAME, named_settings, read_recommended
 from ..sharding import MeshError
@@ -254,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides=args.allow_overrides,
         )
         multihost.start(cluster)
-        lm = load_model(model_dir, dtype=args.dtype, mesh=args.mesh, quantize=args.quantize)
+        lm = load_model(model_dir, **weight_options(args))
         defaults = lm.settings(defaults)
         for length in warmup:
             left_pad([[0] * length], lm.config, defaults.gen_length, args.prompt_bucket)

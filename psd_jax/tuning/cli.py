@@ -26,7 +26,14 @@ from ..api import model_directory, model_settings
 from ..config import DecodeConfig, DecodeConfigError, check_for_model
 from ..costs import CHIPS
 from ..errors import InputError
-from ..flags import EXIT_BAD_INPUT, ArgumentParser, add_decode_flags, add_problem_set_flags, decode_fields
+from ..flags import (
+    EXIT_BAD_INPUT,
+    ArgumentParser,
+    add_decode_flags,
+    add_problem_set_flags,
+    decode_fields,
+    weight_options,
+)
 from ..lengths import check_questions
 from ..names import full_name, setting_fields
 from ..scoring import load_jsonl
@@ -232,7 +239,7 @@ def run(plan: Plan, args) -> int:
     from ..api import load_model
 
     def load():
-        lm = load_model(plan.model_dir, dtype=args.dtype, mesh=args.mesh, quantize=args.quantize)
+        lm = load_model(plan.model_dir, **weight_options(args))
         questions = lm.prompt_ids([ex["question"] for ex in plan.examples], args.chat)
         check_questions(questions, args.prompt_bucket, plan.base.gen_length, lm.config.max_length)
         return lm
