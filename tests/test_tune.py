@@ -177,7 +177,7 @@ def test_space_is_validated_with_reasons():
     mcfg = load_config(DEFAULT_MODEL_DIR)
     base = DecodeConfig(gen_length=48, block_length=16)
     space = build_space(default_space(48, 16), 48, mcfg, base)
-    assert len(space.candidates) == 91 and not space.dropped
+    assert len(space.candidates) == 96 and not space.dropped
     assert {
         "threshold-0.98/dual+v4/b16",
         "threshold-0.95/dual+v8/b16",

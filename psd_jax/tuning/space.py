@@ -58,7 +58,8 @@ def default_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
     seven with the dual cache's window a quarter or half a block past the block (``vicinity``); PSD (tokens acceptance) at the searched depths on the fixed and the 0.9/0.95
     threshold bases, at depth 3 on the others; strict PSD on fixed-1 (both caches) and threshold-0.9; RPS on the
     threshold bases with its defaults and two variants; deep PSD on fixed-1 uncached, and PSD
-    drafting into the next block (``draft_next_block``) on fixed-1 and the 0.9/0.95 thresholds, and
+    drafting into the next block (``draft_next_block``) on fixed-1 and the 0.9/0.95 thresholds (uncached,
+    and with the dual cache at a vicinity of a block), and
     on fixed-1 with its drafts gated by the verifier's confidence (``accept_confidence``, also
     within the block); a few settings at a second block length."""
     bases = _bases(gen_length)
@@ -106,6 +107,11 @@ def default_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
     for name, reach in (("fixed-1", (7, *deep)), ("threshold-0.9", (3, 7)), ("threshold-0.95", (3, 7))):
         for depth in capped(reach):  # drafts into the next block
             add({**bases[name], "decoder": "psd", "depth": depth, "draft_next_block": True}, cache="none")
+    for name, depths_here in (("fixed-1", (block_length - 1,)), ("threshold-0.9", (3, 7)), ("threshold-0.95", (3, 7))):
+        gate = {"accept_confidence": 0.95} if name == "fixed-1" else {}
+        for depth in capped(depths_here):  # into the next block with the dual cache, whose window reaches it
+            fields = {**bases[name], "decoder": "psd", "depth": depth, "draft_next_block": True, **gate}
+            add({**fields, "vicinity": block_length})
     gated = {**bases["fixed-1"], "decoder": "psd"}
     for gate in GATES:  # drafts also need the verifier's confidence (accept_confidence)
         for depth in capped(deep):
