@@ -30,6 +30,7 @@ from models.config import DTYPE_NAMES
 from models.quantize import check_quantize
 from models.transformer import default_unroll_layers
 
+from . import rules
 from .calls import call_records
 from .config import DecodeConfig, DecodeConfigError, check_for_model, merged_fields, settings_from
 from .engine import decode, decode_blocks, decode_join, decode_regroup, decode_start, finish, streamed
@@ -415,7 +416,9 @@ class LoadedModel(PromptIO):
         if program is not None:
             layout = layout_type(self.config)
             shapes = layout.call_shapes(program, layout.canvas_length(prompt_length, program))
-            calls = call_records(shapes, out.calls, len(out.row_nfe))
+            region = layout.region_length(program)
+            logits = rules.logit_width(program, region) or region
+            calls = call_records(shapes, out.calls, len(out.row_nfe), logits)
         return generations(
             out, prompt_length, self.config.stop_ids, self.decode_text, seconds, compile_seconds, calls=calls
         )

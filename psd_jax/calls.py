@@ -56,11 +56,25 @@ def call_shapes(dcfg: DecodeConfig, total_length: int, block_causal: bool = Fals
     return (*refresh, *(CallShape("window", m, w) for m in sizes for w in lengths))
 
 
-def call_records(shapes: tuple[CallShape, ...], counts: Any, batch: int) -> list[dict[str, Any]]:
+def record_shape(call: dict[str, Any]) -> CallShape:
+    """The shape of one of a decode's call records (``call_records``)."""
+    return CallShape(call["kind"], call["candidates"], call["positions"])
+
+
+def call_records(shapes: tuple[CallShape, ...], counts: Any, batch: int, logits: int) -> list[dict[str, Any]]:
     """The calls a decode made, one record per shape it used: ``{"kind", "candidates",
-    "positions", "batch", "count"}`` (``batch``: the rows every call forwards)."""
+    "positions", "batch", "count", "logits"}`` (``batch``: the rows every call forwards;
+    ``logits``: the positions per canvas that get logits, at most ``logits``, the decode's
+    ``rules.logit_width``: what a modeled device's LM head costs)."""
     return [
-        {"kind": s.kind, "candidates": s.candidates, "positions": s.positions, "batch": batch, "count": int(c)}
+        {
+            "kind": s.kind,
+            "candidates": s.candidates,
+            "positions": s.positions,
+            "batch": batch,
+            "count": int(c),
+            "logits": min(s.positions, logits),
+        }
         for s, c in zip(shapes, counts)
         if int(c)
     ]

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .calls import CallShape
+from .calls import CallShape, record_shape
 from .layouts import full_refresh, layout_type
 
 REPEATS = 5  # timed runs of a call; the median is its cost
@@ -36,7 +36,7 @@ def cost_key(shape: CallShape, batch: int) -> str:
 
 def record_key(call: dict[str, Any]) -> str:
     """The cost key of one of a decode's call records (``calls.call_records``)."""
-    return cost_key(CallShape(call["kind"], call["candidates"], call["positions"]), call["batch"])
+    return cost_key(record_shape(call), call["batch"])
 
 
 def predicted_seconds(calls: Iterable[dict[str, Any]], costs: dict[str, float]) -> float:
@@ -170,12 +170,21 @@ CHIPS = {
 }
 
 
-def roofline_call_cost(mcfg, chip: Chip, shape: CallShape, batch: int, block_length: int, bytes_per_param: int = 2):
+def roofline_call_cost(
+    mcfg,
+    chip: Chip,
+    shape: CallShape,
+    batch: int,
+    block_length: int,
+    logits: int | None = None,
+    bytes_per_param: int = 2,
+) -> float:
     """Seconds of one call of ``shape`` for the model ``mcfg`` on ``chip``: max(FLOPs / peak,
     bytes / bandwidth), where the FLOPs are 2 x layer parameters x tokens through the layers, the LM
-    head over the positions a decoder can commit (the block, per canvas) and attention's two products,
-    and the bytes the weights read once, the KV cache read by window calls (written by refreshes)
-    and the tokens' activations in and out of each layer."""
+    head over the positions that get logits per canvas (``logits``, as the call records give it;
+    when not given, a decode without ``draft_next_block``'s: two blocks uncached, one cached) and
+    attention's two products, and the bytes the weights read once, the KV cache read by window calls
+    (written by refreshes) and the tokens' activations in and out of each layer."""
     d, hd = mcfg.d_model, mcfg.head_dim
     layer = d * mcfg.n_heads * hd * 2 + d * mcfg.n_kv_heads * hd * 2 + 3 * d * mcfg.mlp_hidden
     layer_params = layer * mcfg.n_layers
@@ -186,7 +195,9 @@ def roofline_call_cost(mcfg, chip: Chip, shape: CallShape, batch: int, block_len
     kv_per_position = 2 * mcfg.n_layers * mcfg.n_kv_heads * hd * bytes_per_param
     if keys is None:  # a window attends to the whole cached canvas: its keys are the cache's
         keys = max(shape.positions, 2 * block_length)
-    committable = min(block_length * (1 if shape.kind != "full" else 2), queries)
+    if logits is None:
+        logits = block_length * (1 if shape.kind != "full" else 2)
+    committable = min(logits, queries)
     flops = 2 * layer_params * rows * queries + 2 * head * rows * committable
     flops += 4 * mcfg.n_layers * rows * queries * keys * mcfg.n_heads * hd
     weight_bytes = (layer_params + head) * bytes_per_param

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 
@@ -54,6 +55,37 @@ def test_roofline_is_bandwidth_bound_at_small_batch_and_compute_bound_at_large()
     many = roofline_call_cost(mcfg, h200, shape, 32, 32)
     assert 3e-3 < one < 5e-3 and 40e-3 < many < 80e-3
     assert roofline_call_cost(mcfg, h200, CallShape("window", 1, 32), 1, 32) < one  # a block, not the canvas
+
+
+def test_roofline_charges_the_lm_head_for_the_positions_that_get_logits():
+    """A window call of ``draft_next_block`` predicts its block and the next (``logits`` 64 of a
+    prefix window's 224 queries): one more block of the LM head, 2 x 4096 x 126464 x 32 FLOPs, over
+    the one-block default; at 32 rows the call is compute-bound, so its time grows by that over peak."""
+    mcfg = config_from_dict(json.loads((HF_CONFIGS / "LLaDA-8B-Instruct" / "config.json").read_text()), "llada-8b")
+    h200, window = CHIPS["h200"], CallShape("window", 1, 224)
+    one_block = roofline_call_cost(mcfg, h200, window, 32, 32)
+    assert roofline_call_cost(mcfg, h200, window, 32, 32, logits=32) == one_block
+    two_blocks = roofline_call_cost(mcfg, h200, window, 32, 32, logits=64)
+    assert two_blocks - one_block == pytest.approx(2 * 4096 * 126464 * 32 * 32 / h200.flops)
+    assert roofline_call_cost(mcfg, h200, window, 32, 32, logits=10_000) == roofline_call_cost(
+        mcfg, h200, window, 32, 32, logits=224
+    )  # never more positions than the call has
+
+
+@pytest.mark.parametrize(("cache", "vicinity"), [("prefix", 0), ("dual", 16)])
+def test_call_records_give_the_positions_that_get_logits(lms, cache, vicinity):
+    """Drafts into the next block with a cache predict two blocks (``rules.logit_width``) in every
+    call: the refresh's logits and each window's are 32 positions, not 16, where the call has them."""
+    prompts = [[474, 488, 482, 450, 262, 258, 71, 195], [280, 242, 425, 15, 2, 138, 188]]
+    settings = DecodeConfig(
+        gen_length=48, block_length=16, decoder="psd", depth=15, draft_next_block=True, cache=cache, vicinity=vicinity
+    )
+    calls = lms["llada-tiny"].generate(prompts, settings, prompt_bucket=16)[0].calls
+    assert {c["kind"] for c in calls} == {"refresh", "window"}
+    for c in calls:
+        assert c["logits"] == min(32, c["positions"]), c
+    plain = dataclasses.replace(settings, decoder="plain", depth=3, draft_next_block=False)
+    assert {c["logits"] for c in lms["llada-tiny"].generate(prompts, plain, prompt_bucket=16)[0].calls} == {16}
 
 
 def test_measured_call_costs_predict_a_timed_decode(lms):

@@ -283,7 +283,7 @@ def test_a_finished_log_re_ranks_for_a_modeled_device_without_decoding(
     tuned model's config, 32 rows per call) and ``--rerank --objective calls`` counts them: neither
     decodes, each problem costs its batch's share, and ``--write`` stores each choice under its
     device kind."""
-    from psd_jax.calls import CallShape
+    from psd_jax.calls import record_shape
     from psd_jax.costs import CHIPS, roofline_call_cost
 
     out, report = run
@@ -309,9 +309,7 @@ def test_a_finished_log_re_ranks_for_a_modeled_device_without_decoding(
     base_lines = [e for e in lines if e["name"] == report["base"]["name"] and e["phase"] == "search"]
     # A batch's calls, each at 32 rows, serve 32 problems: each of its problems is charged 1/32 of them.
     priced = sum(
-        len(e["problems"])
-        * c["count"]
-        * roofline_call_cost(mcfg, CHIPS["h200"], CallShape(*list(c.values())[:3]), 32, 16)
+        len(e["problems"]) * c["count"] * roofline_call_cost(mcfg, CHIPS["h200"], record_shape(c), 32, 16, c["logits"])
         for e in base_lines
         for c in e["calls"]
     )

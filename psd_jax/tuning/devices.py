@@ -14,7 +14,7 @@ import dataclasses
 import functools
 from pathlib import Path
 
-from ..calls import CallShape
+from ..calls import CallShape, record_shape
 from ..costs import CHIPS, roofline_call_cost
 from ..errors import InputError
 from .search import CALLS, Objective, Outcome
@@ -74,8 +74,8 @@ def objective_for(name: str, target: Target | None, block_length: int) -> Object
     chip = CHIPS[target.chip]
 
     @functools.cache
-    def cost(shape: CallShape) -> float:
-        return roofline_call_cost(mcfg, chip, shape, target.batch, block_length)
+    def cost(shape: CallShape, logits: int | None) -> float:
+        return roofline_call_cost(mcfg, chip, shape, target.batch, block_length, logits)
 
     def price(outcome: Outcome) -> float:
         if not outcome.calls:
@@ -83,7 +83,6 @@ def objective_for(name: str, target: Target | None, block_length: int) -> Object
                 "the log holds decodes without their calls by shape (an older log): decode again to price them "
                 f"for {target.name}"
             )
-        shapes = ((CallShape(c["kind"], c["candidates"], c["positions"]), c["count"]) for c in outcome.calls)
-        return sum(count * cost(shape) for shape, count in shapes) / target.batch
+        return sum(c["count"] * cost(record_shape(c), c.get("logits")) for c in outcome.calls) / target.batch
 
     return Objective("seconds", target.name, price)
