@@ -191,6 +191,17 @@ def row_axes(mesh_shape: dict[str, int], batch: int) -> str | tuple[str, str] | 
     return None
 
 
+# Why ``jax.shard_map`` and not the partitioner: GSPMD cannot split a sort-by-expert grouped
+# product over experts. On TPU it all-gathers the whole expert stack in front of
+# ``jax.lax.ragged_dot`` (it partitions a ragged dot's non-grouped dimensions only); for the tiled
+# product it gathers each tile's expert weights with a masked local gather and an all-reduce of
+# the gathered [tiles, K, N] weights, more bytes than the stack itself (both seen in the compiled
+# HLO of the LLaDA2.0 forward on ``expert=8``; docs/memory-and-scaling.md). Here the compiled
+# forward has no all-gather and no all-to-all of expert weights.
+#
+# Every device still runs the grouped product over all of its shard's T * k assignment rows
+# (static shapes); other devices' rows are outside its groups, which ``ragged_dot`` does not
+# compute and the tiled CPU product does.
 def expert_parallel(
     x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, mesh_shape: dict[str, int], batch: int = 1
 ):
@@ -211,18 +222,6 @@ def expert_parallel(
       each device's rows (with an all-reduce over ``model``): the all-reduce's two halves, with the
       attention, dense and shared layers, the head and the KV cache no longer repeated on every
       expert device.
-
-    Why ``jax.shard_map`` and not the partitioner: GSPMD cannot split a sort-by-expert grouped
-    product over experts. On TPU it all-gathers the whole expert stack in front of
-    ``jax.lax.ragged_dot`` (it partitions a ragged dot's non-grouped dimensions only); for the tiled
-    product it gathers each tile's expert weights with a masked local gather and an all-reduce of
-    the gathered [tiles, K, N] weights, more bytes than the stack itself (both seen in the compiled
-    HLO of the LLaDA2.0 forward on ``expert=8``; docs/memory-and-scaling.md). Here the compiled
-    forward has no all-gather and no all-to-all of expert weights.
-
-    Every device still runs the grouped product over all of its shard's T * k assignment rows
-    (static shapes); other devices' rows are outside its groups, which ``ragged_dot`` does not
-    compute and the tiled CPU product does.
     """
     P = jax.sharding.PartitionSpec
 

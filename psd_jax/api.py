@@ -38,8 +38,9 @@ from .errors import InputError
 from .layouts import layout_type
 from .lengths import check_context
 from .multihost import process_count, to_host
+from .recommended import named_settings
 from .records import DecodeOutput, Generation, generations
-from .runtime import RowValues, program_settings, row_keys
+from .runtime import Program, RowValues, row_keys
 from .sharding import batch_sharding, make_mesh, param_shardings
 from .tokenizer import TokenizerError, encode_prompt, load_tokenizer, resolve_special_ids
 
@@ -121,6 +122,18 @@ def model_settings(
         return DecodeConfig(**merged_fields({**base, **lengths}, fields))
     except TypeError as exc:  # an unknown field name
         raise DecodeConfigError(f"unknown decoding setting: {exc}") from None
+
+
+def checked_settings(
+    model_dir: Path, fields: dict[str, Any] | None = None, name: str | None = None
+) -> tuple[DecodeConfig, ModelConfig]:
+    """A front end's start: its settings on ``model_dir`` (``model_settings``: ``fields`` over the
+    named setting ``name``), checked against the model's config before the weights load (a bad
+    length or option is one line, not minutes later); and that config."""
+    settings = model_settings(model_dir, fields, named_settings(name, model_dir))
+    mcfg = load_config(model_dir)
+    check_for_model(settings, mcfg)
+    return settings, mcfg
 
 
 SEED_LIMIT = 2**32  # jax.random.key takes an unsigned 32-bit seed without 64-bit mode
@@ -287,12 +300,12 @@ class LoadedModel(PromptIO):
         rows = range(len(ids))
         inputs = (*left_pad(ids, self.config, dcfg.gen_length, prompt_bucket), row_keys([seed] * len(ids), rows))
         args = (self.params, *self._on_devices(*inputs, RowValues.of([dcfg] * len(ids))))
-        compiled, compile_seconds = self._compile_with(decode, ("decode", args[1]), args, program_settings(dcfg))
+        compiled, compile_seconds = self._compile_with(decode, ("decode", args[1]), args, Program.of(dcfg))
         for _ in range(2 if warm and compile_seconds else 1):
             start = time.perf_counter()
             out: DecodeOutput = jax.block_until_ready(compiled(*args))
             seconds = time.perf_counter() - start
-        return self._results(out, args[1].shape[1], seconds, compile_seconds, program_settings(dcfg))
+        return self._results(out, args[1].shape[1], seconds, compile_seconds, Program.of(dcfg))
 
     def start_blocks(
         self,
@@ -330,7 +343,7 @@ class LoadedModel(PromptIO):
         gen_length: int | None = None,
     ) -> BlockDecode:
         """``start_blocks`` with each row's own settings (all of one compiled program:
-        ``runtime.program_settings``) and seed: row r draws as ``generate([prompts[r]],
+        ``runtime.Program``) and seed: row r draws as ``generate([prompts[r]],
         settings[r], seed=seeds[r])``'s only row does (a server's requests)."""
         checked = [self.settings(s) for s in settings]
         for seed in seeds:
@@ -344,7 +357,7 @@ class LoadedModel(PromptIO):
             raise InputError(f"batch_size must be an integer >= the {len(ids)} prompts, got {batch_size!r}")
         canvas = settings[0].gen_length if gen_length is None else gen_length
         try:
-            programs = {program_settings(s, canvas) for s in settings}
+            programs = {Program.of(s, canvas) for s in settings}
         except ValueError as exc:
             raise InputError(f"gen_length {gen_length!r}: {exc}") from None
         if len(programs) > 1:
@@ -374,7 +387,7 @@ class LoadedModel(PromptIO):
     @property
     def compiled_programs(self) -> int:
         """How many decode programs this model holds compiled (one per name, input shapes and the
-        settings that select a program: ``runtime.program_settings``); at most ``max_programs``."""
+        settings that select a program: ``runtime.Program``); at most ``max_programs``."""
         return len(self._compiled)
 
     def clear_programs(self) -> None:
@@ -384,17 +397,17 @@ class LoadedModel(PromptIO):
         (``vm.max_map_count``, often 65530) unless it drops them."""
         self._compiled.clear()
 
-    def _compile_with(self, fn, shapes: tuple, args: tuple, dcfg: DecodeConfig):
+    def _compile_with(self, fn, shapes: tuple, args: tuple, program: Program):
         """``fn`` compiled ahead of time for ``args`` (cached by name, input shapes and settings;
         the least recently used program is dropped beyond ``max_programs``)."""
-        cache_key = (shapes[0], *(a.shape for a in shapes[1:]), dcfg, self.config)
+        cache_key = (shapes[0], *(a.shape for a in shapes[1:]), program, self.config)
         if cache_key in self._compiled:
             self._compiled.move_to_end(cache_key)
             return self._compiled[cache_key], 0.0
         began = time.perf_counter()
         # Under the mesh, the engine pins the KV cache's sharding (sharding.constrain_kv_cache).
         with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
-            compiled = fn.lower(self.graphdef, *args, mcfg=self.config, dcfg=dcfg).compile()
+            compiled = fn.lower(self.graphdef, *args, mcfg=self.config, program=program).compile()
         self._compiled[cache_key] = compiled
         while self.max_programs is not None and len(self._compiled) > self.max_programs:
             self._compiled.popitem(last=False)
@@ -406,7 +419,7 @@ class LoadedModel(PromptIO):
         prompt_length: int,
         seconds: float,
         compile_seconds: float,
-        program: DecodeConfig | None = None,
+        program: Program | None = None,
     ):
         """``generations`` of ``out``, with the batch's calls by shape when ``program`` (the compiled
         settings) is given: a decode of one batch size throughout (``generate``; a block-by-block
@@ -445,10 +458,10 @@ class BlockDecode:
     prompts into rows that are done (continuous batching): each decodes from there exactly as a
     ``generate`` of its own (greedy), while the other rows go on.
 
-    All rows share the compiled ``program`` (``runtime.program_settings``: the settings that set
+    All rows share the compiled ``program`` (``runtime.Program``: the settings that set
     shapes); each has its own runtime values, PRNG key and generation length (up to the canvas's)."""
 
-    def __init__(self, lm: LoadedModel, program: DecodeConfig, prompt_ids, prompt_mask, values: RowValues):
+    def __init__(self, lm: LoadedModel, program: Program, prompt_ids, prompt_mask, values: RowValues):
         self.lm, self.program = lm, program
         self._ids, self._mask, self._values = np.array(prompt_ids), np.array(prompt_mask), values
         self.size, self.prompt_length = self._ids.shape
@@ -476,12 +489,12 @@ class BlockDecode:
 
     def join(self, rows: Sequence[int], prompts: Sequence[Sequence[int]], settings: Sequence[DecodeConfig], seeds):
         """Start ``prompts`` (token ids, each at most ``prompt_length``) in ``rows``, which must be
-        done, with their own ``settings`` (of this batch's program: ``runtime.program_settings``)
+        done, with their own ``settings`` (of this batch's program: ``runtime.Program``)
         and ``seeds``; they decode from the next ``advance`` on. No model call."""
         if not len(rows):
             return
         for row, ids, dcfg in zip(rows, prompts, settings):
-            if program_settings(dcfg, self.program.gen_length) != self.program:
+            if Program.of(dcfg, self.program.gen_length) != self.program:
                 raise InputError(f"settings {dcfg.changed()} do not run in this batch's program")
             left = self.prompt_length - len(ids)
             if left < 0:
@@ -509,7 +522,7 @@ class BlockDecode:
         state = self._state
         num_blocks = state.values.num_blocks
         canvas, final = streamed(
-            state.canvas, state.block, state.done, mask, num_blocks, mcfg=self.lm.config, dcfg=self.program
+            state.canvas, state.block, state.done, mask, num_blocks, mcfg=self.lm.config, program=self.program
         )
         done, canvas, final, nfe, num_blocks = to_host((state.done, canvas, final, state.row_nfe, num_blocks))
         self.seconds += time.perf_counter() - began
@@ -555,7 +568,13 @@ class BlockDecode:
         state = self._state
         mask = self.lm._on_devices(self._mask)[0]
         canvas, _ = streamed(
-            state.canvas, state.block, state.done, mask, state.values.num_blocks, mcfg=self.lm.config, dcfg=self.program
+            state.canvas,
+            state.block,
+            state.done,
+            mask,
+            state.values.num_blocks,
+            mcfg=self.lm.config,
+            program=self.program,
         )
         out = to_host(finish(state, canvas))
         n, end = self.rows, self.prompt_length + int(self._values.num_blocks[0]) * self.program.block_length

@@ -439,22 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     summaries = run_matrix(lm, matrix, examples, args)
     if not multihost.is_main():
         return 0  # every process decodes; process 0 writes the report
-    meta = {
-        "model": str(model_dir),
-        "data": str(data),
-        "n": len(examples),
-        "batch": args.batch,
-        "latency_problems": min(args.latency, len(examples)),
-        "baseline": BASELINE,
-        "gen_length": base.gen_length,
-        "block_length": base.block_length,
-        "cache": base.cache,
-        "backend": jax.default_backend(),
-        "devices": str(jax.devices()),
-        "processes": jax.process_count(),
-        "mesh": args.mesh,
-        "time": time.strftime("%Y-%m-%d %H:%M"),
-    }
+    meta = report_meta(args, model_dir, data, len(examples), base)
     if RECOMMENDED_NAME in names:  # which device the recommended setting was chosen for
         meta["recommended"] = read_recommended(model_dir).origin()
     write_report(
@@ -465,6 +450,26 @@ def main(argv: list[str] | None = None) -> int:
         f"block {base.block_length}, cache {base.cache}",
     )
     return 0
+
+
+def report_meta(args, model_dir: Path, data: Path, n: int, base: DecodeConfig) -> dict:
+    """What a report says it measured: model, problems, batch, lengths, device and time."""
+    return {
+        "model": str(model_dir),
+        "data": str(data),
+        "n": n,
+        "batch": args.batch,
+        "latency_problems": min(args.latency, n),
+        "baseline": BASELINE,
+        "gen_length": base.gen_length,
+        "block_length": base.block_length,
+        "cache": base.cache,
+        "backend": jax.default_backend(),
+        "devices": str(jax.devices()),
+        "processes": jax.process_count(),
+        "mesh": args.mesh,
+        "time": time.strftime("%Y-%m-%d %H:%M"),
+    }
 
 
 def run_matrix(lm: LoadedModel, matrix: dict[str, DecodeConfig], examples: list[dict], args) -> list[dict]:

@@ -16,17 +16,17 @@ import jax.numpy as jnp
 
 from models import ModelConfig
 
-from .config import DecodeConfig
+from .runtime import Program
 
 
-def canvas_length(prompt_length: int, dcfg: DecodeConfig, block_causal: bool) -> int:
+def canvas_length(prompt_length: int, program: Program, block_causal: bool) -> int:
     """Positions of a decode's canvas for prompts left-padded to ``prompt_length``: the prompt and
     gen_length; block-causal, the first decoded block's start (``BlockLayout.start``), then
     gen_length and one block more (the most a row needs: its first decoded block also holds its
     prompt's tail)."""
     if not block_causal:
-        return prompt_length + dcfg.gen_length
-    return prompt_length // dcfg.block_length * dcfg.block_length + dcfg.gen_length + dcfg.block_length
+        return prompt_length + program.gen_length
+    return prompt_length // program.block_length * program.block_length + program.gen_length + program.block_length
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -60,9 +60,9 @@ class BlockLayout:
         """[B] canvas index of each row's first generated position."""
         return self.start + self.tail
 
-    def total_length(self, dcfg: DecodeConfig) -> int:
+    def total_length(self, program: Program) -> int:
         """Canvas positions (``canvas_length``)."""
-        return canvas_length(self.padded_length, dcfg, block_causal=True)
+        return canvas_length(self.padded_length, program, block_causal=True)
 
     def last_block(self, gen_length: int | jax.Array) -> jax.Array:
         """[B] each row's last block: upstream decodes ceil((tail + gen_length) / B) blocks
@@ -75,11 +75,11 @@ class BlockLayout:
         return jnp.maximum(jnp.arange(p)[None, :] - (p - self.lengths)[:, None], 0) + self.pad[:, None]
 
 
-def initial_canvas(prompt_ids: jax.Array, layout: BlockLayout, mcfg: ModelConfig, dcfg: DecodeConfig) -> jax.Array:
+def initial_canvas(prompt_ids: jax.Array, layout: BlockLayout, mcfg: ModelConfig, program: Program) -> jax.Array:
     """Canvas [B, N] = prompt + masks, each row placed by its ``BlockLayout``."""
     p = prompt_ids.shape[1]
     lengths = layout.lengths[:, None]
-    pos = jnp.arange(layout.total_length(dcfg))[None, :] - layout.pad[:, None]
+    pos = jnp.arange(layout.total_length(program))[None, :] - layout.pad[:, None]
     src = jnp.clip(p - lengths + pos, 0, p - 1)
     tokens = jnp.take_along_axis(prompt_ids.astype(jnp.int32), src, axis=1)
     fill = jnp.where(pos < 0, mcfg.pad_id, mcfg.mask_id)
@@ -87,14 +87,14 @@ def initial_canvas(prompt_ids: jax.Array, layout: BlockLayout, mcfg: ModelConfig
 
 
 def output_canvas(
-    canvas: jax.Array, layout: BlockLayout, mcfg: ModelConfig, dcfg: DecodeConfig, cut_after_eos: bool = True
+    canvas: jax.Array, layout: BlockLayout, mcfg: ModelConfig, program: Program, cut_after_eos: bool = True
 ) -> jax.Array:
     """The canvas as every caller reads it, [B, P + gen_length]: the left-padded prompt, then the
     gen_length generated ids, rebuilt from each row's layout; with ``cut_after_eos`` every id after
     the first EOS is EOS (LLaDA2.0's upstream returns the sequence cut there), and in any case a
     position no block decoded (a row that stopped early: upstream leaves ``[MASK]``) is EOS."""
     eos_id = mcfg.eos_id
-    index = layout.gen_start[:, None] + jnp.arange(dcfg.gen_length)[None, :]
+    index = layout.gen_start[:, None] + jnp.arange(program.gen_length)[None, :]
     generated = jnp.take_along_axis(canvas, index, axis=1)
     generated = jnp.where(generated == mcfg.mask_id, eos_id, generated)
     if cut_after_eos:

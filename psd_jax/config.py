@@ -55,8 +55,38 @@ class DecodeConfigError(ValueError):
 MAX_BRANCHES = 64
 
 
+class BlockCounts:
+    """Block and step counts from the fields both ``DecodeConfig`` and the compiled
+    ``runtime.Program`` hold (``gen_length``, ``block_length``, ``steps``, ``policy``)."""
+
+    gen_length: int
+    block_length: int
+    steps: int | None
+    policy: str
+
+    @property
+    def total_steps(self) -> int:
+        """Steps over all blocks (``steps``, default ``gen_length``: one token per step)."""
+        if self.policy in PER_BLOCK_STEPS:
+            return self.steps_per_block * self.num_blocks
+        return self.gen_length if self.steps is None else self.steps
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    @property
+    def steps_per_block(self) -> int:
+        """Schedule steps per block. ``threshold_schedule`` and ``sequential`` take ``steps`` per
+        block, as LLaDA2.0's and SDAR's decoders (default block_length: one token per step); the
+        others split the total."""
+        if self.policy in PER_BLOCK_STEPS:
+            return self.block_length if self.steps is None else self.steps
+        return self.total_steps // self.num_blocks
+
+
 @dataclasses.dataclass(frozen=True)
-class DecodeConfig:
+class DecodeConfig(BlockCounts):
     gen_length: int = 128
     block_length: int = 32
     steps: int | None = None  # total steps over all blocks (PER_BLOCK_STEPS: per block); None: one token per step
@@ -101,25 +131,27 @@ class DecodeConfig:
             raise DecodeConfigError(f"unknown decoding setting(s) {unknown}; known: {', '.join(FIELD_HELP)}")
         return dataclasses.replace(self, **changes)
 
+    # What a row's runtime values make the compiled program do (``runtime.Program`` holds them as
+    # its flags): the code differs, the values are each row's own.
     @property
-    def total_steps(self) -> int:
-        """Steps over all blocks (``steps``, default ``gen_length``: one token per step)."""
-        if self.policy in PER_BLOCK_STEPS:
-            return self.steps_per_block * self.num_blocks
-        return self.gen_length if self.steps is None else self.steps
+    def samples(self) -> bool:
+        """Tokens are drawn (temperature > 0), not the argmax."""
+        return self.temperature > 0
 
     @property
-    def num_blocks(self) -> int:
-        return self.gen_length // self.block_length
+    def filters(self) -> bool:
+        """A top-p or top-k filter is on."""
+        return self.top_p < 1.0 or self.top_k > 0
 
     @property
-    def steps_per_block(self) -> int:
-        """Schedule steps per block. ``threshold_schedule`` and ``sequential`` take ``steps`` per
-        block, as LLaDA2.0's and SDAR's decoders (default block_length: one token per step); the
-        others split the total."""
-        if self.policy in PER_BLOCK_STEPS:
-            return self.block_length if self.steps is None else self.steps
-        return self.total_steps // self.num_blocks
+    def guided(self) -> bool:
+        """Classifier-free guidance: an unconditional forward beside each row's."""
+        return self.cfg_scale > 0
+
+    @property
+    def gated(self) -> bool:
+        """PSD's drafts also need the verifier's confidence (``accept_confidence``)."""
+        return self.accept_confidence > 0
 
     @property
     def cache_name(self) -> str:

@@ -67,22 +67,22 @@ def measure_call_costs(
 
 
 def call_timers(
-    lm, program, prompt_length: int, batch: int, shapes: Iterable[CallShape] | None = None
+    lm, settings, prompt_length: int, batch: int, shapes: Iterable[CallShape] | None = None
 ) -> dict[str, Callable[[], float]]:
-    """Per shape (default: every shape ``program`` may use), keyed by ``cost_key``, a function that
+    """Per shape (default: every shape ``settings``' program may use), keyed by ``cost_key``, a function that
     runs that call once on ``lm``'s device and returns its seconds (``block_until_ready``): each
     call compiled alone from the engine's own call functions and given a first state of the
     program, made beforehand; compiled and run once to warm up here, so nothing of that is timed."""
     import jax
     import jax.numpy as jnp
 
-    from .runtime import RowValues, program_settings, row_keys
+    from .runtime import Program, RowValues, row_keys
 
-    program = program_settings(program)
+    program = Program.of(settings)
     first_state, calls = _call_functions(lm, program, prompt_length, batch)
     params = lm.params
     keys = jnp.asarray(row_keys([0] * batch, range(batch)))
-    values = jax.tree.map(jnp.asarray, RowValues.of([program] * batch))
+    values = jax.tree.map(jnp.asarray, RowValues.of([settings] * batch))
     state = jax.block_until_ready(jax.jit(first_state)(params, keys, values))
 
     def timer(compiled) -> Callable[[], float]:

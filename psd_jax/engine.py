@@ -48,7 +48,6 @@ from models import ModelConfig
 
 from . import rules
 from .calls import CallShape
-from .config import DecodeConfig
 from .decoders import Proposal, decoder_for, forward_size_index, forward_sizes, initial_stats, propose
 from .layouts import FLAT, Layout, layout_for, where_rows
 from .predict import (
@@ -61,7 +60,7 @@ from .predict import (
     sequences_forwarded,
 )
 from .records import DecodeOutput
-from .runtime import RowValues, split_rows
+from .runtime import Program, RowValues, split_rows
 from .sharding import constrain_kv_cache, constrain_rows
 
 
@@ -125,7 +124,7 @@ class Loop:
     """Static pieces of one decode: settings, shapes and the model call."""
 
     mcfg: ModelConfig
-    dcfg: DecodeConfig
+    program: Program
     prompt_length: int
     forward: ForwardFn
     # (tokens, mask, logits_from=, into=) -> (logits, keys, values); cache != "none" (``layouts.ModelCalls``)
@@ -144,33 +143,33 @@ class Loop:
     @property
     def total_length(self) -> int:
         """Canvas positions (``Layout.canvas_length``): the decoded region after ``prompt_length``."""
-        return self.prompt_length + self.layout.region_length(self.dcfg)
+        return self.prompt_length + self.layout.region_length(self.program)
 
     def call(
         self,
         canvases: jax.Array,
         attention_mask: jax.Array,
         keys: jax.Array,
-        values: RowValues | None = None,
+        values: RowValues,
         block: jax.Array | None = None,
     ) -> Prediction:
         """One model call over canvases [B, K, N]; with ``block`` [B], logits only where a row can
-        commit. ``keys``/``values``: ``row_inputs``."""
-        keys, values = row_inputs(keys, values, canvases.shape[0], self.dcfg)
+        commit. ``keys``: ``batch_keys``; ``values``: the rows' runtime values."""
+        keys = batch_keys(keys, canvases.shape[0])
         window = None if block is None else self.logit_window(block)
         return predict(
-            self.forward, canvases, attention_mask, self.prompt_length, keys, values, self.mcfg, self.dcfg, window
+            self.forward, canvases, attention_mask, self.prompt_length, keys, values, self.mcfg, self.program, window
         )
 
     def logit_window(self, block: jax.Array) -> LogitWindow | None:
         """Where a call computes logits (``rules.logit_window``, the PyTorch backend's too)."""
-        window = rules.logit_window(self.dcfg, self.prompt_length, self.region_length, block)
+        window = rules.logit_window(self.program, self.prompt_length, self.region_length, block)
         return None if window is None else LogitWindow(*window)
 
     @property
     def call_shapes(self) -> tuple[CallShape, ...]:
         """The shapes of call this decode may make, in the order of its ``calls`` counters."""
-        return self.layout.call_shapes(self.dcfg, self.total_length)
+        return self.layout.call_shapes(self.program, self.total_length)
 
     def count_call(self, calls: jax.Array, index: int | jax.Array, made: jax.Array | int = 1) -> jax.Array:
         """``calls`` with ``made`` (0 or 1) more call of shape ``index``."""
@@ -179,23 +178,23 @@ class Loop:
     @property
     def window_lengths(self) -> tuple[int, ...]:
         """Static query windows of a cached call, ascending (``rules.window_lengths``)."""
-        return self.layout.window_lengths(self.dcfg)
+        return self.layout.window_lengths(self.program)
 
     def row_end(self, values: RowValues) -> jax.Array:
         """[B] the canvas index after each row's own generation (``Layout.row_end``)."""
         return self.layout.row_end(self, values)
 
     def block_span(self, block: jax.Array) -> tuple[jax.Array, jax.Array]:
-        start = rules.block_start(self.prompt_length, block, self.dcfg.block_length)
-        return start, start + self.dcfg.block_length
+        start = rules.block_start(self.prompt_length, block, self.program.block_length)
+        return start, start + self.program.block_length
 
     def in_block(self, block: jax.Array) -> jax.Array:
-        return rules.in_block(jnp, self.total_length, self.block_span(block)[0], self.dcfg.block_length)
+        return rules.in_block(jnp, self.total_length, self.block_span(block)[0], self.program.block_length)
 
     def committable(self, state: DecodeState) -> jax.Array:
         """M(x): masked positions of each row's current block ([B, N]); nothing for done rows."""
         start = self.block_span(state.block)[0]
-        return rules.committable(jnp, state.canvas, start, state.done, self.dcfg.block_length, self.mcfg.mask_id)
+        return rules.committable(jnp, state.canvas, start, state.done, self.program.block_length, self.mcfg.mask_id)
 
     def next_block_drafts(self, state: DecodeState, rows: jax.Array) -> jax.Array:
         """[B, N] the masked positions of the next block of ``rows``, which PSD may draft
@@ -203,7 +202,7 @@ class Loop:
         nxt = state.block + 1
         live = rows & ~state.done & (nxt < state.values.num_blocks)
         start = self.block_span(nxt)[0]
-        return rules.committable(jnp, state.canvas, start, ~live, self.dcfg.block_length, self.mcfg.mask_id)
+        return rules.committable(jnp, state.canvas, start, ~live, self.program.block_length, self.mcfg.mask_id)
 
     def advance(self, canvas, block, step, done, values: RowValues, before=None):
         """Move rows whose block is complete to the next block; stop rows at their last block
@@ -215,21 +214,21 @@ class Loop:
 
 
 def init_state(
-    loop: Loop, prompt_ids: jax.Array, attention_mask: jax.Array, keys: jax.Array, values: RowValues | None = None
+    loop: Loop, prompt_ids: jax.Array, attention_mask: jax.Array, keys: jax.Array, values: RowValues
 ) -> DecodeState:
-    """Canvas = prompt + gen_length masks, and its first forward (one model call). ``keys``/``values``
-    (``row_inputs``) are the rows' own; a row's keys are split as a refreshed row's are
+    """Canvas = prompt + gen_length masks, and its first forward (one model call). ``keys``
+    (``batch_keys``) and ``values`` are the rows' own; a row's keys are split as a refreshed row's are
     (``step_cached``), so a row written into a running batch later (``decode_join``) draws the same."""
     batch = prompt_ids.shape[0]
-    keys, values = row_inputs(keys, values, batch, loop.dcfg)
-    canvas = loop.layout.initial_canvas(prompt_ids, loop.mcfg, loop.dcfg)
+    keys = batch_keys(keys, batch)
+    canvas = loop.layout.initial_canvas(prompt_ids, loop.mcfg, loop.program)
     cached = {}
-    if loop.dcfg.cache != "none":
+    if loop.program.cache != "none":
         # Block 0's block-start full forward, which also fills the KV cache.
         keys, sub, _ = split_rows(keys, 3)
         first = loop.logit_window(jnp.zeros(batch, jnp.int32))
         pred, k, v = predict_prefill(
-            loop.prefill, canvas, attention_mask, loop.prompt_length, sub, values, loop.mcfg, loop.dcfg, first
+            loop.prefill, canvas, attention_mask, loop.prompt_length, sub, values, loop.mcfg, loop.program, first
         )
         cached = {
             "cache": constrain_kv_cache((k, v), loop.mcfg),
@@ -249,13 +248,13 @@ def init_state(
         done=jnp.zeros(batch, bool),
         row_nfe=jnp.ones(batch, jnp.int32),
         nfe=jnp.array(1, jnp.int32),
-        sequence_forwards=jnp.array(batch * (2 if loop.dcfg.cfg_scale > 0 else 1), jnp.int32),
+        sequence_forwards=jnp.array(batch * (2 if loop.program.guided else 1), jnp.int32),
         iteration=jnp.array(0, jnp.int32),
         calls=loop.count_call(jnp.zeros(len(loop.call_shapes), jnp.int32), 0),  # full 1, or refresh: shape 0
         keys=keys,
         values=values,
         fresh=jnp.zeros(batch, bool),
-        stats=initial_stats(loop.dcfg, batch),
+        stats=initial_stats(loop.program, batch),
         **cached,
     )
 
@@ -265,12 +264,12 @@ def step(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeSta
 
     A fresh row commits nothing: its canvas is its only candidate, and this call is its first
     forward (``init_state``'s, for a decode of its own)."""
-    if loop.dcfg.cache != "none":
+    if loop.program.cache != "none":
         return step_cached(loop, attention_mask, state)
     fresh, values = state.fresh, state.values
     valid = loop.committable(state) & ~fresh[:, None]
-    ahead = loop.next_block_drafts(state, ~fresh) if loop.dcfg.draft_next_block else None
-    proposal = propose(state.pred, state.canvas, valid, state.step, loop.dcfg, values, ahead)
+    ahead = loop.next_block_drafts(state, ~fresh) if loop.program.draft_next_block else None
+    proposal = propose(state.pred, state.canvas, valid, state.step, loop.program, values, ahead)
     # A row is live if it still decodes after its policy commit; only live rows need a forward.
     _, _, _, done_after_s0 = loop.advance(proposal.s0, state.block, state.step + 1, state.done, values, state.canvas)
     live = ~done_after_s0
@@ -278,7 +277,7 @@ def step(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeSta
     preds, calls, forwarded, shape = _forward_leading(
         proposal, live, state.pred, lambda candidates: loop.call(candidates, attention_mask, sub, values, state.block)
     )
-    sequences = sequences_forwarded(state.canvas.shape[0], forwarded, loop.dcfg)
+    sequences = sequences_forwarded(state.canvas.shape[0], forwarded, loop.program)
     by_shape = loop.count_call(state.calls, shape, calls)
     new = _apply_choice(
         loop, state, proposal, preds, live & ~fresh, state.done | fresh, keys, live, calls, sequences, by_shape
@@ -336,7 +335,7 @@ def _apply_choice(
 
     ``frozen`` rows (finished, waiting for a block-start refresh, or fresh) keep their canvas and
     step; ``keys`` are the rows' next PRNG keys."""
-    choice = decoder_for(loop.dcfg, state.values).choose(proposal, preds, live, state.step, loop.mcfg.mask_id)
+    choice = decoder_for(loop.program, state.values).choose(proposal, preds, live, state.step, loop.mcfg.mask_id)
     canvas = jnp.take_along_axis(proposal.candidates, choice.index[:, None, None], axis=1)[:, 0]
     canvas = jnp.where(frozen[:, None], state.canvas, canvas)
     pred = jax.tree.map(lambda a: jnp.take_along_axis(a, _expand(choice.index, a), axis=1)[:, 0], preds)
@@ -371,41 +370,35 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
        so one block-start forward serves the whole batch. Without this, rows at different block
        phases would cost a full forward each, on top of the window call of the others.
     2. Commit + candidates exactly as ``step``. Rows that stay in their block after the policy
-       commit forward their candidates as windows (prefix: ``x[start:]``; dual: the block) against
-       the cache (``_window_call``). Rows whose commit completes their block need no window call:
-       they are refreshed next iteration (as Fast-dLLM's next block starts with a full forward).
+       commit, or have drafts into the next block, forward their candidates as windows against the
+       cache (``_window_forwards``); the others are refreshed next iteration (as Fast-dLLM's next
+       block starts with a full forward).
     Each kind of call runs only if some row needs it; results merge per row, so a row decodes
     exactly as alone. Shapes are static (fixed-size caches and windows). A fresh row (joined) is
     stale too: its refresh is its first forward, and it sits the rest of that iteration out, as a
     new decode's first forward (``init_state``) comes before its first step.
     """
-    dcfg, batch = loop.dcfg, state.canvas.shape[0]
+    program, batch = loop.program, state.canvas.shape[0]
     keys, refresh_key, window_key = split_rows(state.keys, 3)
     waiting, refresh = rules.cache_phase(jnp, state.stale, state.done)
-    refresh |= rules.refresh_due(jnp, state.since_refresh, state.stale, state.done, dcfg.refresh_every)
+    refresh |= rules.refresh_due(jnp, state.since_refresh, state.stale, state.done, program.refresh_every)
     primed = refresh & state.fresh  # joined rows: this refresh is their first forward
     pred, cache, refresh_calls, by_shape = loop.layout.refresh(loop, attention_mask, state, refresh, refresh_key)
 
     frozen = state.done | waiting | primed  # waiting rows are frozen like finished ones
     valid = loop.committable(state.replace(done=frozen))
-    ahead = loop.next_block_drafts(state, ~frozen) if dcfg.draft_next_block else None
-    proposal = propose(pred, state.canvas, valid, state.step, dcfg, state.values, ahead)
+    ahead = loop.next_block_drafts(state, ~frozen) if program.draft_next_block else None
+    proposal = propose(pred, state.canvas, valid, state.step, program, state.values, ahead)
     _, block_after_s0, _, done_after_s0 = loop.advance(
         proposal.s0, state.block, state.step + 1, frozen, state.values, state.canvas
     )
     live = ~done_after_s0
-    # Rows whose forward is a window call: those that stay in their block, and those whose drafts
-    # into the next block need verifying (the window from their block start reaches it).
+    # Drafts into the next block are verified by the window from the row's block start.
     windowed = live & ((block_after_s0 == state.block) | (proposal.needed > 1))
-    start, _ = loop.block_span(state.block)
-    # Static window lengths (dual: the block; prefix: buckets up to gen_length); the shortest one
-    # covering every windowed row's rest of its generation is used (dual: the block, always).
-    lengths = loop.window_lengths
-    rest = jnp.max(jnp.where(windowed, loop.row_end(state.values) - start, 0))
-    bucket = jnp.minimum(rules.covering_index(jnp, lengths, rest), len(lengths) - 1)
-    call = partial(_window_call, loop, attention_mask, cache, pred, start, window_key, state.values)
-    preds, window_calls, forwarded, shape = _forward_leading(proposal, windowed, pred, call, lengths, bucket)
-    sequences = refresh_calls * batch + sequences_forwarded(batch, forwarded, dcfg)
+    preds, window_calls, forwarded, shape = _window_forwards(
+        loop, attention_mask, state, cache, pred, proposal, windowed, window_key
+    )
+    sequences = refresh_calls * batch + sequences_forwarded(batch, forwarded, program)
     # The window shapes follow the layout's refresh shapes in ``Loop.call_shapes``.
     by_shape = loop.count_call(by_shape, loop.layout.refresh_shapes + shape, window_calls)
     new = _apply_choice(
@@ -429,6 +422,18 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
     return new.replace(done=done, stale=stale & ~primed, fresh=state.fresh & ~primed)
 
 
+def _window_forwards(loop: Loop, attention_mask, state: DecodeState, cache, pred, proposal: Proposal, windowed, key):
+    """The windowed rows' candidates forwarded against the cache (``_forward_leading``): one static
+    window length (dual: the block; prefix: buckets up to gen_length), the shortest covering every
+    windowed row's rest of its generation (dual: the block, always)."""
+    start, _ = loop.block_span(state.block)
+    lengths = loop.window_lengths
+    rest = jnp.max(jnp.where(windowed, loop.row_end(state.values) - start, 0))
+    bucket = jnp.minimum(rules.covering_index(jnp, lengths, rest), len(lengths) - 1)
+    call = partial(_window_call, loop, attention_mask, cache, pred, start, key, state.values)
+    return _forward_leading(proposal, windowed, pred, call, lengths, bucket)
+
+
 def _window_call(
     loop: Loop,
     attention_mask: jax.Array,
@@ -443,7 +448,7 @@ def _window_call(
     """Forward candidates [B, M, N] as windows of w positions from each row's block start, against
     the cache; the window's fresh keys/values replace the cached ones at its positions, and its
     predictions overwrite the candidates' (``pred``'s) at those positions."""
-    mcfg, dcfg = loop.mcfg, loop.dcfg
+    mcfg, program = loop.mcfg, loop.program
     batch, m, n = candidates.shape
     index = start[:, None] + jnp.arange(w)[None, :]  # [B, W]
     # Prefix windows may reach past the row's generation (or the canvas end): those keys are masked.
@@ -455,7 +460,7 @@ def _window_call(
     positions = jnp.take_along_axis(loop.positions(attention_mask, batch, n), index, axis=1)
     shift = mcfg.logit_shift
     # The block's predictions, and the next block's for PSD's drafts into it (``rules.logit_width``).
-    out = min(rules.logit_width(dcfg, loop.region_length) or loop.region_length, w) - shift
+    out = min(rules.logit_width(program, loop.region_length) or loop.region_length, w) - shift
     win = predict_window(
         loop.window,
         tokens,
@@ -467,14 +472,14 @@ def _window_call(
         keys,
         values,
         mcfg,
-        dcfg,
+        program,
     )
 
     # Window position j predicts canvas position start + j + shift (Dream: the block's first
     # position keeps the prediction of its block-start full forward, as Fast-dLLM does). Predictions
     # past the canvas end (a next block after the last) are dropped: the canvas is padded to hold them.
     def place(a: jax.Array, b: jax.Array, s: jax.Array) -> jax.Array:
-        if out <= dcfg.block_length - shift:  # always inside the canvas
+        if out <= program.block_length - shift:  # always inside the canvas
             return jax.lax.dynamic_update_slice_in_dim(a, b, s, axis=1)
         padded = jnp.concatenate([a, jnp.zeros_like(a[:, :out])], axis=1)
         return jax.lax.dynamic_update_slice_in_dim(padded, b, s, axis=1)[:, :n]
@@ -524,13 +529,13 @@ def finish(state: DecodeState, canvas: jax.Array | None = None) -> DecodeOutput:
     )
 
 
-def _loop_for(model, prompt_length: int, mcfg: ModelConfig, dcfg: DecodeConfig, layout: Layout = FLAT) -> Loop:
+def _loop_for(model, prompt_length: int, mcfg: ModelConfig, program: Program, layout: Layout = FLAT) -> Loop:
     """The loop of ``model`` on ``layout`` (its ``prompt_length``: ``Layout.decode_start``), with the
     model's calls as the layout makes them."""
-    calls = layout.model_calls(model, dcfg)
+    calls = layout.model_calls(model, program)
     return Loop(
         mcfg,
-        dcfg,
+        program,
         prompt_length,
         calls.forward,
         prefill=calls.prefill,
@@ -541,51 +546,47 @@ def _loop_for(model, prompt_length: int, mcfg: ModelConfig, dcfg: DecodeConfig, 
 
 
 def loop_and_mask(
-    model, prompt_mask: jax.Array, mcfg: ModelConfig, dcfg: DecodeConfig, values: RowValues | None = None
+    model, prompt_mask: jax.Array, mcfg: ModelConfig, program: Program, values: RowValues | None = None
 ) -> tuple[Loop, jax.Array]:
     """The decode's ``Loop`` (its layout chosen here, ``layouts.layout_for``) and its canvas
     attention mask [B, N] (``Layout.attention_mask``: the rows' own generation lengths from
     ``values``, default all of the canvas)."""
-    layout = layout_for(mcfg, dcfg, prompt_mask)
-    loop = _loop_for(model, layout.decode_start(prompt_mask.shape[1], dcfg), mcfg, dcfg, layout)
-    return loop, layout.attention_mask(prompt_mask, loop.total_length, dcfg, values)
+    layout = layout_for(mcfg, program, prompt_mask)
+    loop = _loop_for(model, layout.decode_start(prompt_mask.shape[1], program), mcfg, program, layout)
+    return loop, layout.attention_mask(prompt_mask, loop.total_length, program, values)
 
 
-def row_inputs(key: jax.Array, values: RowValues | None, batch: int, dcfg: DecodeConfig):
-    """Per-row keys [B, 2] and values of a decode: ``key`` is one key for the batch (typed or raw:
-    row r draws from ``fold_in(key, r)``, as ``runtime.row_keys``) or the rows' raw keys [B, 2];
-    ``values`` default to ``dcfg``'s own for every row (constants of the program)."""
+def batch_keys(key: jax.Array, batch: int) -> jax.Array:
+    """Per-row raw keys [B, 2] of a decode: ``key`` is one key for the batch (typed or raw: row r
+    draws from ``fold_in(key, r)``, as ``runtime.row_keys``) or the rows' raw keys [B, 2]."""
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         key = jax.random.key_data(key)
-    keys = key if key.ndim == 2 else jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(batch))
-    if values is None:
-        values = jax.tree.map(jnp.asarray, RowValues.of([dcfg] * batch))
-    return keys, values
+    return key if key.ndim == 2 else jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(batch))
 
 
-def _decode(model, prompt_ids, prompt_mask, key, values, mcfg: ModelConfig, dcfg: DecodeConfig, runner) -> DecodeOutput:
-    keys, values = row_inputs(key, values, prompt_ids.shape[0], dcfg)
-    loop, attention_mask = loop_and_mask(model, prompt_mask, mcfg, dcfg, values)
+def _decode(model, prompt_ids, prompt_mask, key, values, mcfg: ModelConfig, program: Program, runner) -> DecodeOutput:
+    keys = batch_keys(key, prompt_ids.shape[0])
+    loop, attention_mask = loop_and_mask(model, prompt_mask, mcfg, program, values)
     state = runner(loop, prompt_ids, attention_mask, keys, values)
-    return finish(state, loop.layout.output_canvas(state.canvas, mcfg, dcfg))
+    return finish(state, loop.layout.output_canvas(state.canvas, mcfg, program))
 
 
-@partial(jax.jit, static_argnames=("graphdef", "mcfg", "dcfg"))
+@partial(jax.jit, static_argnames=("graphdef", "mcfg", "program"))
 def decode(
-    graphdef, params, prompt_ids, prompt_mask, key, values=None, *, mcfg: ModelConfig, dcfg: DecodeConfig
+    graphdef, params, prompt_ids, prompt_mask, key, values: RowValues, *, mcfg: ModelConfig, program: Program
 ) -> DecodeOutput:
-    """Decode left-padded prompts [B, P] (mask [B, P]); compiled once per shape and settings.
-    ``key``/``values``: ``row_inputs`` (the API passes per-row keys and values, and
-    ``runtime.program_settings`` as ``dcfg``)."""
+    """Decode left-padded prompts [B, P] (mask [B, P]); compiled once per shape and ``program``
+    (``runtime.Program.of`` the settings). ``key``: ``batch_keys``; ``values``: the rows' runtime
+    values (``RowValues.of`` their settings)."""
     model = nnx.merge(graphdef, params)
-    return _decode(model, prompt_ids, prompt_mask, key, values, mcfg, dcfg, run_while_loop)
+    return _decode(model, prompt_ids, prompt_mask, key, values, mcfg, program, run_while_loop)
 
 
 def decode_python_loop(
-    model, prompt_ids, prompt_mask, key, values=None, *, mcfg: ModelConfig, dcfg: DecodeConfig
+    model, prompt_ids, prompt_mask, key, values: RowValues, *, mcfg: ModelConfig, program: Program
 ) -> DecodeOutput:
     """Same decode with a plain Python loop over the (separately jitted) ``step``; the test oracle."""
-    return _decode(model, prompt_ids, prompt_mask, key, values, mcfg, dcfg, run_python_loop)
+    return _decode(model, prompt_ids, prompt_mask, key, values, mcfg, program, run_python_loop)
 
 
 # ---------------------------------------------------------------------------- block streaming
@@ -598,31 +599,31 @@ def decode_python_loop(
 # into rows that are done (continuous batching): each decodes from there exactly as on its own.
 
 
-@partial(jax.jit, static_argnames=("graphdef", "mcfg", "dcfg"))
+@partial(jax.jit, static_argnames=("graphdef", "mcfg", "program"))
 def decode_start(
-    graphdef, params, prompt_ids, prompt_mask, keys, values, live, *, mcfg: ModelConfig, dcfg: DecodeConfig
+    graphdef, params, prompt_ids, prompt_mask, keys, values, live, *, mcfg: ModelConfig, program: Program
 ) -> DecodeState:
     """The decode's first state (its first forward); rows where ``live`` [B] is false start done.
 
     Rows that start done are padding: a server pads a batch to one of a few compiled sizes, and a
     done row is frozen, gets no model calls of its own and does not hold the others back."""
     model = nnx.merge(graphdef, params)
-    loop, attention_mask = loop_and_mask(model, prompt_mask, mcfg, dcfg, values)
+    loop, attention_mask = loop_and_mask(model, prompt_mask, mcfg, program, values)
     state = init_state(loop, prompt_ids, attention_mask, keys, values)
     return constrain_state(state.replace(done=~live), mcfg)
 
 
-@partial(jax.jit, static_argnames=("graphdef", "mcfg", "dcfg"), donate_argnames=("state",))
-def decode_blocks(graphdef, params, prompt_mask, state: DecodeState, *, mcfg: ModelConfig, dcfg: DecodeConfig):
+@partial(jax.jit, static_argnames=("graphdef", "mcfg", "program"), donate_argnames=("state",))
+def decode_blocks(graphdef, params, prompt_mask, state: DecodeState, *, mcfg: ModelConfig, program: Program):
     """Advance ``state`` until every row that was decoding has left its block or finished."""
     model = nnx.merge(graphdef, params)
-    loop, attention_mask = loop_and_mask(model, prompt_mask, mcfg, dcfg, state.values)
+    loop, attention_mask = loop_and_mask(model, prompt_mask, mcfg, program, state.values)
     return constrain_state(run_until_block_ends(loop, attention_mask, state), mcfg)
 
 
-@partial(jax.jit, static_argnames=("graphdef", "mcfg", "dcfg"), donate_argnames=("state",))
+@partial(jax.jit, static_argnames=("graphdef", "mcfg", "program"), donate_argnames=("state",))
 def decode_join(
-    graphdef, params, prompt_ids, prompt_mask, state: DecodeState, join, keys, values, *, mcfg, dcfg: DecodeConfig
+    graphdef, params, prompt_ids, prompt_mask, state: DecodeState, join, keys, values, *, mcfg, program: Program
 ) -> DecodeState:
     """``state`` with the rows where ``join`` [B] is true started afresh on their new prompts
     (``prompt_ids``/``prompt_mask`` [B, P]: the batch's, these rows' new), keys [B, 2] and values:
@@ -630,11 +631,11 @@ def decode_join(
     the next call, stale with a cache, so the refresh fills their cache rows). No model call (the
     model arguments are those of every compiled decode program, unused); the other rows are
     unchanged. A joining row must be done (finished or padding)."""
-    layout = layout_for(mcfg, dcfg, prompt_mask)
+    layout = layout_for(mcfg, program, prompt_mask)
     batch = prompt_ids.shape[0]
     zeros = jnp.zeros(batch, jnp.int32)
     fresh = {
-        "canvas": layout.initial_canvas(prompt_ids, mcfg, dcfg),
+        "canvas": layout.initial_canvas(prompt_ids, mcfg, program),
         "block": zeros,
         "step": zeros,
         "done": jnp.zeros(batch, bool),
@@ -642,9 +643,9 @@ def decode_join(
         "keys": keys,
         "values": values,
         "fresh": jnp.ones(batch, bool),
-        "stats": initial_stats(dcfg, batch),
+        "stats": initial_stats(program, batch),
     }
-    if dcfg.cache != "none":
+    if program.cache != "none":
         fresh["stale"] = jnp.ones(batch, bool)
         fresh["since_refresh"] = zeros
     current = {name: getattr(state, name) for name in fresh}
@@ -662,8 +663,8 @@ def run_until_block_ends(loop: Loop, attention_mask: jax.Array, state: DecodeSta
     return jax.lax.while_loop(still_in_block, partial(step, loop, attention_mask), state)
 
 
-@partial(jax.jit, static_argnames=("graphdef", "mcfg", "dcfg"))
-def decode_regroup(graphdef, params, state: DecodeState, index, *, mcfg: ModelConfig, dcfg: DecodeConfig):
+@partial(jax.jit, static_argnames=("graphdef", "mcfg", "program"))
+def decode_regroup(graphdef, params, state: DecodeState, index, *, mcfg: ModelConfig, program: Program):
     """``state``'s rows ``index`` [S] (-1: an empty row, done) as a state of S rows: a running batch
     moved to another compiled size (continuous batching). Each kept row is exactly as it was; no
     model call (the model arguments are every compiled decode program's, unused)."""
@@ -679,12 +680,12 @@ def decode_regroup(graphdef, params, state: DecodeState, index, *, mcfg: ModelCo
     return constrain_state(state.replace(**moved), mcfg)
 
 
-@partial(jax.jit, static_argnames=("mcfg", "dcfg"))
-def streamed(canvas, block, done, prompt_mask, num_blocks, *, mcfg, dcfg: DecodeConfig):
+@partial(jax.jit, static_argnames=("mcfg", "program"))
+def streamed(canvas, block, done, prompt_mask, num_blocks, *, mcfg, program: Program):
     """What a block-streaming caller reads of a state, computed on device (one dispatch per block):
     the canvas as ``output_canvas`` gives it, and per row the number of final ``block_length``
     pieces of its generated ids (``final_blocks``; block-causal: a row's blocks are offset by its
     prompt's tail, so a piece is final once the decoded blocks cover it, and once the row is done
     every piece up to the one holding its first EOS, as ``final_blocks`` counts a row that stopped
     at EOS; ``Layout.streamed``)."""
-    return layout_for(mcfg, dcfg, prompt_mask).streamed(canvas, block, done, num_blocks, mcfg, dcfg)
+    return layout_for(mcfg, program, prompt_mask).streamed(canvas, block, done, num_blocks, mcfg, program)

@@ -13,11 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-from models import load_config
-
 from . import multihost
-from .api import Generation, LoadedModel, check_seed, load_model, model_directory, model_settings
-from .config import DecodeConfig, check_for_model
+from .api import Generation, LoadedModel, check_seed, checked_settings, load_model, model_directory
+from .config import DecodeConfig
 from .errors import InputError
 from .flags import (
     EXIT_BAD_INPUT,
@@ -29,7 +27,7 @@ from .flags import (
     positive_int,
     weight_options,
 )
-from .recommended import NAME, named_settings, read_recommended
+from .recommended import NAME, read_recommended
 from .scoring import load_jsonl
 
 HELD_OUT_FILE = "test.jsonl"
@@ -149,21 +147,7 @@ def run_demo(
     ]
     references = [gold_answer(ex) for ex in examples]
     if as_json:
-        for s, results in runs:
-            for ex, ref, r in zip(examples, references, results):
-                print(
-                    json.dumps(
-                        {
-                            "question": ex["question"],
-                            "reference": ref,
-                            "decoder": describe(s),
-                            "answer": extract_answer(r.text or ""),
-                            "settings": s.changed(),
-                            **({"recommended": origin} if origin is not None and s == settings else {}),
-                            **r.to_json(),
-                        }
-                    )
-                )
+        print_json_lines(runs, examples, references, settings, origin)
         return
     # In full: the first question the decoder answers right (the table below counts every one).
     rights = [extract_answer(r.text or "") == ref for r, ref in zip(runs[0][1], references)]
@@ -191,6 +175,27 @@ def run_demo(
     if origin is not None:
         print(f"recommended setting: {origin}")
     print(EXPLAIN_STATS)
+
+
+def print_json_lines(runs, examples: list[dict], references: list, settings: DecodeConfig, origin: str | None) -> None:
+    """One JSON line per question and decoder (``run_demo --json``)."""
+    from .scoring import extract_answer
+
+    for s, results in runs:
+        for ex, ref, r in zip(examples, references, results):
+            print(
+                json.dumps(
+                    {
+                        "question": ex["question"],
+                        "reference": ref,
+                        "decoder": describe(s),
+                        "answer": extract_answer(r.text or ""),
+                        "settings": s.changed(),
+                        **({"recommended": origin} if origin is not None and s == settings else {}),
+                        **r.to_json(),
+                    }
+                )
+            )
 
 
 def _tokens_per_second(results: list[Generation]) -> float:
@@ -224,11 +229,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         # The demo runs the recommended setting, with the flags given on top of it.
         name = NAME if examples else args.settings
-        settings = model_settings(model_dir, fields, named_settings(name, model_dir))
+        settings, _ = checked_settings(model_dir, fields, name)
         origin = None
         if examples:
             origin = read_recommended(model_dir).origin() + (", with the decoding flags given on top" if fields else "")
-        check_for_model(settings, load_config(model_dir))  # before the weights load
         multihost.start(cluster)
         lm = load_model(model_dir, **weight_options(args))
         with multihost.quiet_unless_main():  # every process decodes; process 0 prints

@@ -34,9 +34,8 @@ from models import ModelConfig
 from . import rules
 from .block_layout import BlockLayout, canvas_length, initial_canvas, output_canvas
 from .calls import CallShape, call_shapes
-from .config import DecodeConfig
 from .predict import ForwardFn, LogitWindow, logits_to_prediction, on_canvas, predict_prefill
-from .runtime import RowValues
+from .runtime import Program, RowValues
 from .sharding import constrain_kv_cache
 
 # The engine's ``Loop`` and ``DecodeState``, which a layout reads: not imported, since the engine
@@ -94,7 +93,15 @@ def full_refresh(loop: Loop, attention_mask: jax.Array, state: DecodeState, rows
         window = loop.logit_window(state.block)  # the refreshed rows' new blocks
         prefill = partial(loop.prefill, into=(*state.cache, rows))
         pred, k, v = predict_prefill(
-            prefill, state.canvas, attention_mask, loop.prompt_length, keys, state.values, loop.mcfg, loop.dcfg, window
+            prefill,
+            state.canvas,
+            attention_mask,
+            loop.prompt_length,
+            keys,
+            state.values,
+            loop.mcfg,
+            loop.program,
+            window,
         )
         return where_rows(rows, pred, state.pred), constrain_kv_cache((k, v), loop.mcfg)
 
@@ -111,42 +118,42 @@ class Layout:
 
     # ------------------------------------------------------------------ shapes (no decode needed)
     @classmethod
-    def decode_start(cls, padded_length: int, dcfg: DecodeConfig) -> int:
+    def decode_start(cls, padded_length: int, program: Program) -> int:
         """The loop's ``prompt_length``: the canvas index of the first decoded block, for prompts
         left-padded to ``padded_length``."""
         raise NotImplementedError
 
     @classmethod
-    def region_length(cls, dcfg: DecodeConfig) -> int:
+    def region_length(cls, program: Program) -> int:
         """Canvas positions after ``decode_start`` (where blocks are decoded)."""
         raise NotImplementedError
 
     @classmethod
-    def canvas_length(cls, padded_length: int, dcfg: DecodeConfig) -> int:
+    def canvas_length(cls, padded_length: int, program: Program) -> int:
         """Positions of the canvas (``block_layout.canvas_length``)."""
-        return canvas_length(padded_length, dcfg, cls.block_causal)
+        return canvas_length(padded_length, program, cls.block_causal)
 
     @classmethod
-    def window_lengths(cls, dcfg: DecodeConfig) -> tuple[int, ...]:
+    def window_lengths(cls, program: Program) -> tuple[int, ...]:
         """Static query windows of a cached call, ascending (``rules.window_lengths``)."""
-        return rules.window_lengths(dcfg, cls.block_causal)
+        return rules.window_lengths(program, cls.block_causal)
 
     @classmethod
-    def call_shapes(cls, dcfg: DecodeConfig, total_length: int) -> tuple[CallShape, ...]:
+    def call_shapes(cls, program: Program, total_length: int) -> tuple[CallShape, ...]:
         """The shapes of call a decode may make, in the order of its ``calls`` counters."""
-        return call_shapes(dcfg, total_length, cls.block_causal)
+        return call_shapes(program, total_length, cls.block_causal)
 
     # ------------------------------------------------------------------------------- one decode
-    def model_calls(self, model: Any, dcfg: DecodeConfig) -> ModelCalls:
+    def model_calls(self, model: Any, program: Program) -> ModelCalls:
         """The model's calls as the loop makes them."""
         raise NotImplementedError
 
-    def initial_canvas(self, prompt_ids: jax.Array, mcfg: ModelConfig, dcfg: DecodeConfig) -> jax.Array:
+    def initial_canvas(self, prompt_ids: jax.Array, mcfg: ModelConfig, program: Program) -> jax.Array:
         """Canvas [B, N] = prompts + masks."""
         raise NotImplementedError
 
     def attention_mask(
-        self, prompt_mask: jax.Array, total_length: int, dcfg: DecodeConfig, values: RowValues | None
+        self, prompt_mask: jax.Array, total_length: int, program: Program, values: RowValues | None
     ) -> jax.Array:
         """The canvas's attention mask [B, N] (``values``: the rows' own generation lengths)."""
         raise NotImplementedError
@@ -169,11 +176,11 @@ class Layout:
         """[B, N] the cached keys a window from ``start`` attends to (besides pads)."""
         raise NotImplementedError
 
-    def output_canvas(self, canvas: jax.Array, mcfg: ModelConfig, dcfg: DecodeConfig) -> jax.Array:
+    def output_canvas(self, canvas: jax.Array, mcfg: ModelConfig, program: Program) -> jax.Array:
         """The canvas as every caller reads it, [B, P + gen_length]."""
         raise NotImplementedError
 
-    def streamed(self, canvas, block, done, num_blocks, mcfg: ModelConfig, dcfg: DecodeConfig):
+    def streamed(self, canvas, block, done, num_blocks, mcfg: ModelConfig, program: Program):
         """What a block-streaming caller reads of a state: (``output_canvas``, per row the number of
         final ``block_length`` pieces of its generated ids)."""
         raise NotImplementedError
@@ -187,36 +194,36 @@ class FlatLayout(Layout):
     refresh_shapes: ClassVar[int] = 1  # refresh
 
     @classmethod
-    def decode_start(cls, padded_length: int, dcfg: DecodeConfig) -> int:
+    def decode_start(cls, padded_length: int, program: Program) -> int:
         return padded_length
 
     @classmethod
-    def region_length(cls, dcfg: DecodeConfig) -> int:
+    def region_length(cls, program: Program) -> int:
         """gen_length."""
-        return dcfg.gen_length
+        return program.gen_length
 
-    def model_calls(self, model: Any, dcfg: DecodeConfig) -> ModelCalls:
+    def model_calls(self, model: Any, program: Program) -> ModelCalls:
         """The model as it is (its prefill writes a refresh ``into`` the carried cache)."""
         return ModelCalls(model, model.prefill, model.window, model.positions)
 
-    def initial_canvas(self, prompt_ids: jax.Array, mcfg: ModelConfig, dcfg: DecodeConfig) -> jax.Array:
-        gen = jnp.full((prompt_ids.shape[0], dcfg.gen_length), mcfg.mask_id, jnp.int32)
+    def initial_canvas(self, prompt_ids: jax.Array, mcfg: ModelConfig, program: Program) -> jax.Array:
+        gen = jnp.full((prompt_ids.shape[0], program.gen_length), mcfg.mask_id, jnp.int32)
         return jnp.concatenate([prompt_ids.astype(jnp.int32), gen], axis=1)
 
     def attention_mask(
-        self, prompt_mask: jax.Array, total_length: int, dcfg: DecodeConfig, values: RowValues | None
+        self, prompt_mask: jax.Array, total_length: int, program: Program, values: RowValues | None
     ) -> jax.Array:
         """The prompt's mask, then each row's own generation (``canvas_attention_mask``)."""
-        row_gen = None if values is None else values.num_blocks * dcfg.block_length
-        return canvas_attention_mask(prompt_mask, dcfg.gen_length, row_gen)
+        row_gen = None if values is None else values.num_blocks * program.block_length
+        return canvas_attention_mask(prompt_mask, program.gen_length, row_gen)
 
     def row_end(self, loop: Loop, values: RowValues) -> jax.Array:
         """After ``values.num_blocks`` blocks (at most the canvas's)."""
-        return loop.prompt_length + values.num_blocks * loop.dcfg.block_length
+        return loop.prompt_length + values.num_blocks * loop.program.block_length
 
     def advance(self, loop: Loop, canvas, block, step, done, values: RowValues, before):
         """``rules.advance`` (``before`` is not needed)."""
-        return rules.advance(jnp, canvas, block, step, done, loop.prompt_length, loop.mcfg, loop.dcfg, values)
+        return rules.advance(jnp, canvas, block, step, done, loop.prompt_length, loop.mcfg, loop.program, values)
 
     def refresh(self, loop: Loop, attention_mask: jax.Array, state: DecodeState, rows: jax.Array, keys: jax.Array):
         """A full forward (``full_refresh``), counted as ``refresh`` (shape 0)."""
@@ -227,10 +234,10 @@ class FlatLayout(Layout):
         """All but those the window replaces."""
         return ~in_window
 
-    def output_canvas(self, canvas: jax.Array, mcfg: ModelConfig, dcfg: DecodeConfig) -> jax.Array:
+    def output_canvas(self, canvas: jax.Array, mcfg: ModelConfig, program: Program) -> jax.Array:
         return canvas
 
-    def streamed(self, canvas, block, done, num_blocks, mcfg: ModelConfig, dcfg: DecodeConfig):
+    def streamed(self, canvas, block, done, num_blocks, mcfg: ModelConfig, program: Program):
         """The canvas, and ``final_blocks``."""
         return canvas, final_blocks(block, done)
 
@@ -271,21 +278,21 @@ class BlockCausalLayout(Layout):
     refresh_shapes: ClassVar[int] = 2  # refresh (a fresh row's), block_refresh
 
     @classmethod
-    def decode_start(cls, padded_length: int, dcfg: DecodeConfig) -> int:
+    def decode_start(cls, padded_length: int, program: Program) -> int:
         """``BlockLayout.start``: the start of the block holding the prompts' end."""
-        return padded_length // dcfg.block_length * dcfg.block_length
+        return padded_length // program.block_length * program.block_length
 
     @classmethod
-    def region_length(cls, dcfg: DecodeConfig) -> int:
+    def region_length(cls, program: Program) -> int:
         """gen_length and one block more, the most a row needs (its first decoded block also holds
         its prompt's tail)."""
-        return dcfg.gen_length + dcfg.block_length
+        return program.gen_length + program.block_length
 
-    def model_calls(self, model: Any, dcfg: DecodeConfig) -> ModelCalls:
+    def model_calls(self, model: Any, program: Program) -> ModelCalls:
         """Every call passes ``block_length`` and the rows' own positions (canvas index minus the
         row's block padding). The prefill takes ``into`` as the flat models' does: its keys/values
         of ``rows`` are selected into the given cache."""
-        b = dcfg.block_length
+        b = program.block_length
         positions = lambda mask, batch=None, n=None: jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0)  # noqa: E731
 
         def full(call):
@@ -303,12 +310,12 @@ class BlockCausalLayout(Layout):
 
         return ModelCalls(full(model), prefill_into, partial(model.window, block_length=b), positions)
 
-    def initial_canvas(self, prompt_ids: jax.Array, mcfg: ModelConfig, dcfg: DecodeConfig) -> jax.Array:
+    def initial_canvas(self, prompt_ids: jax.Array, mcfg: ModelConfig, program: Program) -> jax.Array:
         """Each row placed by its ``BlockLayout``."""
-        return initial_canvas(prompt_ids, self.rows, mcfg, dcfg)
+        return initial_canvas(prompt_ids, self.rows, mcfg, program)
 
     def attention_mask(
-        self, prompt_mask: jax.Array, total_length: int, dcfg: DecodeConfig, values: RowValues | None
+        self, prompt_mask: jax.Array, total_length: int, program: Program, values: RowValues | None
     ) -> jax.Array:
         """The row's left padding masked, every other position visible (block-causal attention is
         the model's own)."""
@@ -335,13 +342,13 @@ class BlockCausalLayout(Layout):
         stop_token = jnp.isin(canvas, jnp.asarray(loop.mcfg.stop_ids)) & generated
         stop = complete & jnp.any(stop_token, axis=-1)  # later blocks are still all masks
         if not self.stops.always_at_block_end:
-            stop &= loop.dcfg.eos_early_stop
-        if self.stops.mid_block and loop.dcfg.eos_early_stop and before is not None:
+            stop &= loop.program.eos_early_stop
+        if self.stops.mid_block and loop.program.eos_early_stop and before is not None:
             placed = jnp.any((before == mask_id) & (canvas == eos_id), axis=-1)
             first = jnp.where(jnp.any(eos, axis=-1), jnp.argmax(eos, axis=-1), -1)
             filled = ~jnp.any(masked & generated & (pos < first[:, None]), axis=-1)
             stop |= ~done & placed & (first >= 0) & filled
-        last = self.rows.last_block(values.num_blocks * loop.dcfg.block_length)
+        last = self.rows.last_block(values.num_blocks * loop.program.block_length)
         new_done = done | stop | (complete & (block >= last))
         block = jnp.where(complete & ~new_done, block + 1, block)
         return canvas, block, jnp.where(complete, 0, step), new_done
@@ -361,7 +368,7 @@ class BlockCausalLayout(Layout):
     def window_refresh(self, loop: Loop, attention_mask: jax.Array, state: DecodeState, rows, keys: jax.Array):
         """``refresh``'s window over [previous block, current block] for ``rows`` (one call, only if
         some row needs it). Returns (pred, cache, calls made)."""
-        b, (batch, n) = loop.dcfg.block_length, state.canvas.shape
+        b, (batch, n) = loop.program.block_length, state.canvas.shape
 
         def do_refresh(_):
             start, _ = loop.block_span(state.block)
@@ -372,7 +379,7 @@ class BlockCausalLayout(Layout):
             earlier = attention_mask.astype(bool) & (jnp.arange(n)[None, :] < previous[:, None])
             window = jnp.ones((batch, 2 * b), bool)
             logits, k, v = loop.window(tokens, positions, *state.cache, earlier, window, 2 * b, return_kv=True)
-            pred = logits_to_prediction(logits[:, 0, b:], keys, state.values.sampling(), loop.mcfg, loop.dcfg)
+            pred = logits_to_prediction(logits[:, 0, b:], keys, state.values.sampling(), loop.mcfg, loop.program)
             pred = on_canvas(pred, state.canvas, loop.prompt_length, LogitWindow(start, b))
             write = jax.vmap(lambda c, new, at: jax.lax.dynamic_update_slice_in_dim(c, new, at, axis=1), (1, 1, 0), 1)
             cache = tuple(
@@ -388,19 +395,21 @@ class BlockCausalLayout(Layout):
         """Only the blocks before the window's (later blocks are not visible, and not final)."""
         return pos < start[:, None]
 
-    def output_canvas(self, canvas: jax.Array, mcfg: ModelConfig, dcfg: DecodeConfig) -> jax.Array:
+    def output_canvas(self, canvas: jax.Array, mcfg: ModelConfig, program: Program) -> jax.Array:
         """Rebuilt from each row's layout, as the family's upstream returns it (``block_layout.output_canvas``)."""
-        return output_canvas(canvas, self.rows, mcfg, dcfg, self.stops.cut_after_eos)
+        return output_canvas(canvas, self.rows, mcfg, program, self.stops.cut_after_eos)
 
-    def streamed(self, canvas, block, done, num_blocks, mcfg: ModelConfig, dcfg: DecodeConfig):
+    def streamed(self, canvas, block, done, num_blocks, mcfg: ModelConfig, program: Program):
         """A row's blocks are offset by its prompt's tail, so a piece is final once the decoded
         blocks cover it, and once the row is done every piece up to the one holding its first EOS
         (as ``final_blocks`` counts a row that stopped at EOS)."""
-        out = self.output_canvas(canvas, mcfg, dcfg)
+        out = self.output_canvas(canvas, mcfg, program)
         is_eos = out[:, self.rows.padded_length :] == mcfg.eos_id
-        up_to_eos = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1) // dcfg.block_length + 1, num_blocks)
-        covered = (block + 1) * dcfg.block_length - self.rows.tail  # generated ids up to the current block's end
-        pieces = jnp.where(done, up_to_eos, (covered - dcfg.block_length) // dcfg.block_length)
+        up_to_eos = jnp.where(
+            jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1) // program.block_length + 1, num_blocks
+        )
+        covered = (block + 1) * program.block_length - self.rows.tail  # generated ids up to the current block's end
+        pieces = jnp.where(done, up_to_eos, (covered - program.block_length) // program.block_length)
         return out, jnp.clip(pieces, 0, num_blocks)
 
 
@@ -412,11 +421,11 @@ def layout_type(mcfg: ModelConfig) -> type[Layout]:
     return BlockCausalLayout if mcfg.block_causal else FlatLayout
 
 
-def layout_for(mcfg: ModelConfig, dcfg: DecodeConfig, prompt_mask: jax.Array) -> Layout:
+def layout_for(mcfg: ModelConfig, program: Program, prompt_mask: jax.Array) -> Layout:
     """The layout of one decode of left-padded prompts (mask [B, P]): chosen here, once."""
     if not mcfg.block_causal:
         return FLAT
     lengths = prompt_mask.astype(jnp.int32).sum(axis=1)
     return BlockCausalLayout(
-        BlockLayout(lengths, prompt_mask.shape[1], dcfg.block_length), BLOCK_STOP_RULES[mcfg.family]
+        BlockLayout(lengths, prompt_mask.shape[1], program.block_length), BLOCK_STOP_RULES[mcfg.family]
     )

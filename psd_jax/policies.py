@@ -12,13 +12,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .config import DecodeConfig
 from .rules import step_counts
+from .runtime import Program
 
 __all__ = ["count_table", "step_counts"]
 
 
-def count_table(dcfg: DecodeConfig) -> jax.Array | None:
+def count_table(program: Program) -> jax.Array | None:
     """The scheduled policies' per-step counts as a constant (``None`` for confidence-driven ones)."""
-    counts = step_counts(dcfg)
+    counts = step_counts(program)
     return None if counts is None else jnp.asarray(counts)

@@ -25,9 +25,8 @@ from flax import struct
 from models import ModelConfig
 
 from . import rules
-from .config import DecodeConfig
-from .runtime import RowSampling, RowValues, candidate_keys
-from .sampling import filtered, filters_set, sampler_for
+from .runtime import Program, RowSampling, RowValues, candidate_keys
+from .sampling import filtered, sampler_for
 
 ENTROPY_EPS = 1e-10  # Dream's epsilon inside log for the entropy confidence
 
@@ -112,12 +111,12 @@ def with_prompt(pred: Prediction, prompt: jax.Array) -> Prediction:
     return padded.replace(token=jnp.concatenate([prompt.astype(jnp.int32), pred.token], axis=1))
 
 
-def needs_rps_fields(dcfg: DecodeConfig) -> bool:
-    return dcfg.decoder == "rps"
+def needs_rps_fields(program: Program) -> bool:
+    return program.decoder == "rps"
 
 
 def logits_to_prediction(
-    logits: jax.Array, keys: jax.Array, sampling: RowSampling, mcfg: ModelConfig, dcfg: DecodeConfig
+    logits: jax.Array, keys: jax.Array, sampling: RowSampling, mcfg: ModelConfig, program: Program
 ) -> Prediction:
     """Token choice and confidence from logits [M, N, V] (already shifted); ``keys`` [M, 2] and
     ``sampling`` (temperature, top-p, top-k [M]) are each row's own (``runtime``): a row's draws do
@@ -125,25 +124,25 @@ def logits_to_prediction(
     (``sampling.SAMPLERS``): which logits the token is drawn from and which softmax its confidence
     is scored on."""
     logits = logits.at[..., mcfg.mask_id].set(-jnp.inf)  # never predict [MASK]
-    if dcfg.logits_eos_inf:
+    if program.logits_eos_inf:
         logits = logits.at[..., mcfg.eos_id].set(-jnp.inf)
     draws = jax.vmap(jax.random.split)(keys)
     sample_keys, conf_keys = draws[:, 0], draws[:, 1]
     sampler = sampler_for(mcfg.family)
     hot = sampling.temperature > 0  # [M]
     drawn = logits  # what the token is drawn from
-    if dcfg.temperature > 0:  # a sampling program: rows at temperature 0 stay greedy
+    if program.samples:  # rows at temperature 0 stay greedy
         t = sampling.temperature[:, None, None]
         drawn = logits / jnp.where(t > 0, t, 1.0)
-    if filters_set(dcfg):  # a filtering program: each row's own top-p / top-k
+    if program.filters:  # each row's own top-p / top-k
         active = hot if not sampler.filters_at_greedy else jnp.ones_like(hot)
         drawn = jnp.where(active[:, None, None], filtered(drawn, sampling.top_p, sampling.top_k, sampler.order), drawn)
-    if dcfg.temperature > 0 or filters_set(dcfg):
+    if program.samples or program.filters:
         # Tempering can turn the mask's -inf into NaN (-inf times a reciprocal flushed to zero), and a
         # NaN wins an argmax: [MASK] stays out of the draw whatever the temperature.
         drawn = drawn.at[..., mcfg.mask_id].set(-jnp.inf)
     token = jnp.argmax(logits, axis=-1)
-    if dcfg.temperature > 0:
+    if program.samples:
         # Gumbel-max: argmax(l/T + G) samples softmax(l/T), as LLaDA's add_gumbel_noise does.
         gumbel = jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[1:], jnp.float32))(sample_keys)
         token = jnp.where(hot[:, None], jnp.argmax(drawn + gumbel, axis=-1), token)
@@ -153,25 +152,25 @@ def logits_to_prediction(
     token = jnp.where(token == mcfg.mask_id, mcfg.eos_id, token).astype(jnp.int32)
     if sampler.confidence == "sampled":
         logits = drawn
-    if dcfg.confidence_eos_eot_inf and mcfg.eot_id is not None:
+    if program.confidence_eos_eot_inf and mcfg.eot_id is not None:
         # As LLaDA's generate.py: the EOT logit is removed before the confidence softmax.
         logits = logits.at[..., mcfg.eot_id].set(-jnp.inf)
     probs = jax.nn.softmax(logits, axis=-1)
     entropy = None
-    if dcfg.confidence == "entropy" or needs_rps_fields(dcfg):
+    if program.confidence == "entropy" or needs_rps_fields(program):
         entropy = -jnp.sum(probs * jnp.log(probs + ENTROPY_EPS), axis=-1)
-    if dcfg.confidence == "prob":
+    if program.confidence == "prob":
         conf = jnp.take_along_axis(probs, token[..., None], axis=-1)[..., 0]
-    elif dcfg.confidence == "margin":
+    elif program.confidence == "margin":
         top2 = jax.lax.top_k(probs, 2)[0]
         conf = top2[..., 0] - top2[..., 1]
-    elif dcfg.confidence == "entropy":
+    elif program.confidence == "entropy":
         conf = -entropy
     else:  # random remasking
         conf = jax.vmap(lambda k: jax.random.uniform(k, token.shape[1:], jnp.float32))(conf_keys)
     pred = Prediction(token=token, conf=conf.astype(jnp.float32), entropy=entropy)
-    if needs_rps_fields(dcfg):
-        topk_prob, topk_id = jax.lax.top_k(probs, dcfg.k_max)
+    if needs_rps_fields(program):
+        topk_prob, topk_id = jax.lax.top_k(probs, program.k_max)
         pred = pred.replace(topk_prob=topk_prob, topk_id=topk_id.astype(jnp.int32))
     return pred
 
@@ -189,7 +188,7 @@ def predict(
     keys: jax.Array,
     values: RowValues,
     mcfg: ModelConfig,
-    dcfg: DecodeConfig,
+    program: Program,
     window: LogitWindow | None = None,
 ) -> Prediction:
     """One model call over canvases [B, K, N]; returns a Prediction with leading dims [B, K].
@@ -201,7 +200,7 @@ def predict(
     mask = None if attention_mask is None else jnp.repeat(attention_mask, k, axis=0)
     window = None if window is None else window.repeat(k)
     shift = mcfg.logit_shift
-    if dcfg.cfg_scale > 0:
+    if program.guided:
         # Classifier-free guidance: the prompt replaced by [MASK] gives the unconditional branch.
         uncond = flat.at[:, :prompt_length].set(mcfg.mask_id)
         both_mask = None if mask is None else jnp.concatenate([mask, mask])
@@ -212,15 +211,15 @@ def predict(
         logits = uncond_logits + (scale + 1.0) * (cond_logits - uncond_logits)
     else:
         logits, _ = model_logits(forward, flat, mask, prompt_length, shift, window)
-    pred = logits_to_prediction(logits, candidate_keys(keys, k), values.sampling(k), mcfg, dcfg)
+    pred = logits_to_prediction(logits, candidate_keys(keys, k), values.sampling(k), mcfg, program)
     pred = on_canvas(pred, flat, prompt_length, window)
     return jax.tree.map(lambda a: a.reshape(batch, k, *a.shape[1:]), pred)
 
 
-def sequences_forwarded(batch: int, candidates, dcfg: DecodeConfig):
+def sequences_forwarded(batch: int, candidates, program: Program):
     """Sequences one ``predict`` call over ``candidates`` canvases per row processes (what
     ``sequence_forwards`` counts): doubled under classifier-free guidance."""
-    return batch * candidates * (2 if dcfg.cfg_scale > 0 else 1)
+    return batch * candidates * (2 if program.guided else 1)
 
 
 # ------------------------------------------------------------------------- block KV cache calls
@@ -234,13 +233,13 @@ def predict_prefill(
     keys: jax.Array,
     values: RowValues,
     mcfg: ModelConfig,
-    dcfg: DecodeConfig,
+    program: Program,
     window: LogitWindow | None = None,
 ):
     """Full-canvas call [B, N] that also returns the KV cache: (Prediction [B, N], cached keys,
     cached values); ``keys`` [B, 2] are the rows' PRNG keys."""
     logits, (k, v) = model_logits(prefill, canvas, attention_mask, prompt_length, mcfg.logit_shift, window)
-    pred = logits_to_prediction(logits, keys, values.sampling(), mcfg, dcfg)
+    pred = logits_to_prediction(logits, keys, values.sampling(), mcfg, program)
     return on_canvas(pred, canvas, prompt_length, window), k, v
 
 
@@ -255,13 +254,13 @@ def predict_window(
     keys: jax.Array,
     values: RowValues,
     mcfg: ModelConfig,
-    dcfg: DecodeConfig,
+    program: Program,
 ) -> Prediction:
     """Window call: tokens [B, M, W] against the cache -> Prediction [B, M, out_length] of the
     window's first ``out_length`` positions (unshifted: the engine places them)."""
     logits = window(tokens, positions, cache[0], cache[1], cache_mask, window_mask, out_length)
     batch, m = tokens.shape[:2]
     pred = logits_to_prediction(
-        logits.reshape(batch * m, out_length, -1), candidate_keys(keys, m), values.sampling(m), mcfg, dcfg
+        logits.reshape(batch * m, out_length, -1), candidate_keys(keys, m), values.sampling(m), mcfg, program
     )
     return jax.tree.map(lambda a: a.reshape(batch, m, *a.shape[1:]), pred)

@@ -24,19 +24,27 @@ caller), ``None`` for the confidence-driven policies.
 
 Settings: ``dcfg`` decides the rule (policy, decoder, acceptance, depth, k_max, draft_rate, block
 length, eos_early_stop); the values a rule compares against (``threshold``, ``factor``, ``ratio``,
-``pivot_tau``, ``lam``, ``num_blocks``) are read from ``values``, which defaults to ``dcfg`` itself
-(Python numbers: the PyTorch backend) or is one array per row [B] (the engine's
-``runtime.RowValues``, so rows with different thresholds share one compiled program).
+``pivot_tau``, ``lam``, ``accept_confidence``, ``num_blocks``) are read from ``values``: the
+``DecodeConfig`` itself (Python numbers: the PyTorch backend), or one array per row [B] (the
+engine's ``runtime.RowValues``, with its ``runtime.Program`` as ``dcfg``, so rows with different
+thresholds share one compiled program). Whether a rule compares at all is the settings' (``gated``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
 from .config import DecodeConfig
 from .schedules import dream_schedule, llada_schedule
+
+if TYPE_CHECKING:
+    from .runtime import Program
+
+# What a rule is specialised on: a user's settings (the PyTorch backend, host-side tables) or the
+# compiled program made from them (the engine); both hold every field that sets a shape or a path.
+Settings = Union[DecodeConfig, "Program"]
 
 Array = Any  # an array of the namespace ``xp`` (jax.Array, torch.Tensor)
 
@@ -111,7 +119,7 @@ def _isin(x: Array, values: tuple[int, ...]) -> Array:
 
 
 def advance(
-    xp, canvas: Array, block: Array, step: Array, done: Array, prompt_length: int, mcfg, dcfg: DecodeConfig, values=None
+    xp, canvas: Array, block: Array, step: Array, done: Array, prompt_length: int, mcfg, dcfg: Settings, values
 ):
     """Rows whose block is complete move to the next block with step 0; a row stops after its last
     block (``values.num_blocks``: its own generation, in blocks), or (``eos_early_stop``) after a
@@ -120,7 +128,6 @@ def advance(
 
     ``mcfg`` is any family's config (``mask_id``, ``eos_id``, ``stop_ids``); the block-causal rule
     is the engine's own (``layouts.BlockCausalLayout.advance``)."""
-    values = dcfg if values is None else values
     b = dcfg.block_length
     start = block_start(prompt_length, block, b)
     inside = in_block(xp, canvas.shape[-1], start, b)
@@ -135,7 +142,7 @@ def advance(
     return canvas, block, xp.where(complete, 0, step), new_done
 
 
-def logit_width(dcfg: DecodeConfig, region_length: int) -> int | None:
+def logit_width(dcfg: Settings, region_length: int) -> int | None:
     """Positions per row that get logits, from its current block's start: the block with a cache
     (a row whose block completes gets the next block's predictions from its block-start forward),
     the block and the next without (a row whose block completes commits from this forward next),
@@ -148,7 +155,7 @@ def logit_width(dcfg: DecodeConfig, region_length: int) -> int | None:
     return None if width >= region_length else width
 
 
-def logit_window(dcfg: DecodeConfig, prompt_length: int, region_length: int, block: Array) -> tuple[Array, int] | None:
+def logit_window(dcfg: Settings, prompt_length: int, region_length: int, block: Array) -> tuple[Array, int] | None:
     """The logit window of a call: (each row's first position [B], ``logit_width``) from the
     start of the row's current block ``block`` [B]; None when it would cover every position after
     ``prompt_length`` (then the logits of those are computed)."""
@@ -167,7 +174,7 @@ def logit_index(xp, start: Array, width: int, n: int, shift: int) -> Array:
     return xp.clip(logit_positions(xp, start, width) - shift, 0, n - 1)
 
 
-def window_lengths(dcfg: DecodeConfig, block_causal: bool = False) -> tuple[int, ...]:
+def window_lengths(dcfg: Settings, block_causal: bool = False) -> tuple[int, ...]:
     """Static query windows of a cached call, ascending: the block (block-causal models, whose later
     blocks are never visible), and for dual the block and its ``vicinity``; for prefix, the rest of
     the canvas rounded up to block_length * 2^i, or to gen_length (a few compiled sizes)."""
@@ -228,7 +235,7 @@ def most_needed(xp, needed: Array, rows: Array) -> Array:
 # ---------------------------------------------------------------------------------- policies
 
 
-def step_counts(dcfg: DecodeConfig) -> np.ndarray | None:
+def step_counts(dcfg: Settings) -> np.ndarray | None:
     """Per-step commit counts of the scheduled policies (``None`` for confidence-driven ones)."""
     if dcfg.policy in ("fixed", "threshold_schedule", "sequential"):
         return llada_schedule(dcfg.block_length, dcfg.steps_per_block)
@@ -286,11 +293,8 @@ def threshold_schedule_mask(xp, conf: Array, valid: Array, rank: Array, k: Array
     return xp.where((xp.sum(sure, axis=-1) >= k)[:, None], sure, rank < k[:, None])
 
 
-def commit_mask(
-    xp, conf: Array, valid: Array, step: Array, dcfg: DecodeConfig, counts: Array | None, values=None
-) -> Array:
+def commit_mask(xp, conf: Array, valid: Array, step: Array, dcfg: Settings, counts: Array | None, values) -> Array:
     """The policy's commit set S for rows [B]: conf/valid [B, N], step [B] (docs/algorithms.md "Policies")."""
-    values = dcfg if values is None else values
     rank = ranks(xp, conf, valid)
     remaining = xp.sum(valid, axis=-1)
     if dcfg.policy in ("fixed", "dream"):
@@ -313,7 +317,7 @@ def commit_mask(
     return chosen & valid
 
 
-def spatial_commit(xp, conf, token, canvas, valid, step, dcfg: DecodeConfig, counts, values=None):
+def spatial_commit(xp, conf, token, canvas, valid, step, dcfg: Settings, counts, values):
     """The policy step every decoder starts from: (commit mask S0 [B, N], canvas s0 [B, N])."""
     chosen = commit_mask(xp, conf, valid, step, dcfg, counts, values)
     return chosen, xp.where(chosen, token, canvas)
@@ -322,7 +326,7 @@ def spatial_commit(xp, conf, token, canvas, valid, step, dcfg: DecodeConfig, cou
 # --------------------------------------------------------------------------------------- PSD
 
 
-def draft_sizes(xp, chosen: Array, step: Array, dcfg: DecodeConfig, counts: Array | None) -> Array:
+def draft_sizes(xp, chosen: Array, step: Array, dcfg: Settings, counts: Array | None) -> Array:
     """m_j for levels j = 1..D, per row: [B, D]. ``fixed``: the schedule's next counts (0 past its
     last step, or with ``draft_next_block`` past the next block's last); otherwise ``draft_rate``, or the policy's own commit count (at least 1)."""
     batch, depth = chosen.shape[0], dcfg.depth
@@ -347,7 +351,7 @@ def draft_levels(xp, rank: Array, remaining: Array, sizes: Array) -> Array:
     return remaining[:, None, :] & (r >= starts[..., None]) & (r < ends[..., None])
 
 
-def psd_candidates(xp, conf, token, s0, chosen, valid, step, dcfg: DecodeConfig, counts, ahead=None):
+def psd_candidates(xp, conf, token, s0, chosen, valid, step, dcfg: Settings, counts, ahead=None):
     """PSD's candidates [B, D+1, N] (s0, then s_j = s_{j-1} + level j with F(x)'s tokens), the
     levels [B, D, N] and the leading candidates each row can choose [B] (acceptance stops at the
     first empty level, so the levels after it are never chosen). ``ahead`` [B, N]
@@ -369,7 +373,18 @@ def psd_candidates(xp, conf, token, s0, chosen, valid, step, dcfg: DecodeConfig,
 
 
 def psd_accepted(
-    xp, levels, candidates, valid, verified_token, verified_conf, live, step, dcfg, counts, mask_id: int, values=None
+    xp,
+    levels,
+    candidates,
+    valid,
+    verified_token,
+    verified_conf,
+    live,
+    step,
+    dcfg: Settings,
+    counts,
+    mask_id: int,
+    values,
 ):
     """Hierarchical acceptance: per row the number of leading consistent levels [B] (0 for rows
     not ``live``). Level j is consistent when non-empty and F(s_{j-1})'s tokens
@@ -378,8 +393,8 @@ def psd_accepted(
     F(s_{j-1}) at step + j chooses exactly its positions (lossless)."""
     draft_token = candidates[:, 1:]
     agrees = verified_token[:, :-1] == draft_token
-    if dcfg.accept_confidence > 0:  # a program with the gate (tokens acceptance only); its value per row
-        least = per_row(dcfg.accept_confidence if values is None else values.accept_confidence, 3)
+    if dcfg.gated:  # tokens acceptance only; the value is each row's
+        least = per_row(values.accept_confidence, 3)
         agrees = agrees & (verified_conf[:, :-1] >= least)
     consistent = xp.all(~levels | agrees, axis=-1) & xp.any(levels, axis=-1)
     if dcfg.acceptance == "strict":
@@ -393,7 +408,7 @@ def psd_accepted(
             xp.reshape(steps, (b * d,)),
             dcfg,
             counts,
-            repeat_rows(dcfg if values is None else values, d),
+            repeat_rows(values, d),
         )
         consistent = consistent & xp.all(xp.reshape(choice, (b, d, n)) == levels, axis=-1)
     return xp.where(live, leading_true(xp, consistent), 0)
@@ -402,12 +417,11 @@ def psd_accepted(
 # --------------------------------------------------------------------------------------- RPS
 
 
-def rps_candidates(xp, topk_prob, topk_id, s0, chosen, valid, dcfg: DecodeConfig, values=None):
+def rps_candidates(xp, topk_prob, topk_id, s0, chosen, valid, dcfg: Settings, values):
     """RPS's branches from F(x)'s top-k (docs/algorithms.md "RPS"): (candidates [B, k+1, N], the
     leading candidates each row can choose [B], and for ``rps_winner`` and the statistics a dict:
     ``searched``/``found`` [B], ``pivot`` [B], ``branch_ok`` [B, k], ``log_p`` [B, k], ``others``
     [B, N] the remaining positions other than the pivot)."""
-    values = dcfg if values is None else values
     remaining = valid & ~chosen
     p = topk_prob  # [B, N, k]
     trunc_entropy = -xp.sum(p * xp.log(xp.clip(p, min=LOG_FLOOR)), axis=-1)

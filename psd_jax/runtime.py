@@ -1,63 +1,84 @@
-"""Per-row runtime values of a decode: the settings that change no shape, as arrays.
+"""A compiled decode's key (``Program``) and its per-row inputs (``RowValues``, ``row_keys``).
 
-A compiled decode is selected by the settings that set shapes or code paths (lengths, block length,
-policy, decoder, cache, depth, k_max, confidence, steps, whether a row samples, is filtered by
-top-p/top-k or is guided): ``program_settings``. The values the rules compare against (threshold,
-factor, temperature, top_p, top_k, cfg scale, RPS's ratio, pivot_tau and lam, PSD's
-accept_confidence), each row's own
-generation length within the canvas, and
-each row's PRNG key are arrays with one entry per row (``RowValues``, ``row_keys``), inputs of the
-compiled program. So rows with different thresholds or temperatures share one batch, a new value
-never compiles, and a row sharing a batch with longer requests decodes exactly its own length.
+A compiled decode is selected by the settings that set shapes or code paths: lengths, block
+length, policy, decoder, cache, depth, k_max, confidence, steps, and whether some row samples, is
+filtered by top-p/top-k, is guided or gates PSD's drafts. Those are a ``Program``, a frozen static
+argument of the jitted loop; ``DecodeConfig`` itself never enters it. The values the rules compare
+against (``RUNTIME_FIELDS``: threshold, factor, temperature, top_p, top_k, cfg scale, RPS's ratio,
+pivot_tau and lam, PSD's accept_confidence), each row's own generation length within the canvas,
+and each row's PRNG key are arrays with one entry per row, inputs of the compiled program. So rows
+with different thresholds or temperatures share one batch, a new value never compiles, and a row
+sharing a batch with longer requests decodes exactly its own length.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from .config import DecodeConfig
-from .sampling import filters_set
+from .config import BlockCounts, DecodeConfig
 
-# DecodeConfig fields read at run time from ``RowValues`` instead of the compiled settings.
+# The one list of the DecodeConfig fields that are per-row inputs of a compiled decode; every other
+# field is one of the Program's (a test holds the two lists to DecodeConfig's fields).
 RUNTIME_FIELDS = (
     "threshold", "factor", "temperature", "top_p", "top_k", "cfg_scale", "ratio", "pivot_tau", "lam", "accept_confidence"
 )  # fmt: skip
 _INT_FIELDS = ("top_k",)
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DecodeConfig)}
-# A program that filters (some row has top_p < 1 or top_k > 0): any top_p below 1 marks it; the
-# rows' own values are inputs.
-_FILTERING = {"top_p": 0.5, "top_k": 0}
+# The code paths the runtime values switch on (DecodeConfig properties of the same names).
+FLAGS = ("samples", "filters", "guided", "gated")
 
 
-def program_settings(settings: DecodeConfig, gen_length: int | None = None) -> DecodeConfig:
-    """The settings that select a compiled program for ``settings``: every runtime value at its
-    default, except that ``temperature``, ``cfg_scale``, ``accept_confidence`` and the top-p/top-k
-    filters keep whether they are on (1.0: sampling, guided; 0.5: gated; ``top_p`` 0.5: filtering;
-    the code differs), and
-    ``gen_length`` is the canvas's (``None``: the settings' own). ``steps`` stays: it sets the
-    schedule's count table, a constant of the program."""
-    changes = {name: _DEFAULTS[name] for name in RUNTIME_FIELDS}
-    changes["temperature"] = 1.0 if settings.temperature > 0 else 0.0
-    changes["cfg_scale"] = 1.0 if settings.cfg_scale > 0 else 0.0
-    changes["accept_confidence"] = 0.5 if settings.accept_confidence > 0 else 0.0  # PSD gates its drafts
-    if filters_set(settings):
-        changes.update(_FILTERING)
-    if gen_length is not None and gen_length != settings.gen_length:
-        if gen_length % settings.block_length or gen_length < settings.gen_length:
-            raise ValueError(
-                f"canvas gen_length {gen_length} must be a multiple of block_length {settings.block_length} "
-                f">= the row's {settings.gen_length}"
-            )
-        changes["gen_length"] = gen_length
-        if settings.steps is not None and settings.policy in ("fixed", "dream"):
-            changes["steps"] = settings.steps_per_block * (gen_length // settings.block_length)
-    return dataclasses.replace(settings, **changes)
+@dataclasses.dataclass(frozen=True)
+class Program(BlockCounts):
+    """What a compiled decode is specialised on: ``DecodeConfig``'s fields less ``RUNTIME_FIELDS``,
+    and which code paths the rows' values need (``FLAGS``). Hashable: the key of a compile cache and
+    of a server's batch."""
+
+    gen_length: int
+    block_length: int
+    steps: int | None
+    policy: str
+    confidence: str
+    logits_eos_inf: bool
+    confidence_eos_eot_inf: bool
+    eos_early_stop: bool
+    dream_eps: float
+    decoder: Literal["plain", "psd", "rps"]
+    depth: int
+    acceptance: str
+    draft_rate: int | None
+    draft_next_block: bool
+    k_max: int
+    cache: Literal["none", "prefix", "dual"]
+    refresh_every: int
+    vicinity: int
+    samples: bool  # some row draws its tokens (temperature > 0); a row at 0 stays greedy
+    filters: bool  # some row filters by top-p/top-k; each row's own values apply
+    guided: bool  # classifier-free guidance: every row's unconditional forward is made
+    gated: bool  # PSD's drafts need the verifier's confidence; each row's own threshold
+
+    @classmethod
+    def of(cls, settings: DecodeConfig, gen_length: int | None = None) -> Program:
+        """The program that decodes ``settings`` on a canvas of ``gen_length`` generated positions
+        (``None``: the settings' own; longer, a multiple of the block, when the row shares a batch
+        with longer ones: ``fixed``/``dream`` then keep their steps per block)."""
+        fields = {f.name: getattr(settings, f.name) for f in dataclasses.fields(cls)}
+        if gen_length is not None and gen_length != settings.gen_length:
+            if gen_length % settings.block_length or gen_length < settings.gen_length:
+                raise ValueError(
+                    f"canvas gen_length {gen_length} must be a multiple of block_length {settings.block_length} "
+                    f">= the row's {settings.gen_length}"
+                )
+            fields["gen_length"] = gen_length
+            if settings.steps is not None and settings.policy in ("fixed", "dream"):
+                fields["steps"] = settings.steps_per_block * (gen_length // settings.block_length)
+        return cls(**fields)
 
 
 @struct.dataclass

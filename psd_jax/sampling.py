@@ -35,7 +35,7 @@ logits is torch.sort's, which is unspecified).
 
 ``top_p`` and ``top_k`` are per-row values (``runtime.RowValues``) like the temperature: a row
 with ``top_p = 1`` and ``top_k = 0`` is unfiltered. Whether a compiled program filters at all is
-a program setting (``runtime.program_settings``), so greedy decoding without them runs exactly
+a program setting (``runtime.Program``), so greedy decoding without them runs exactly
 the code it ran before they existed.
 """
 

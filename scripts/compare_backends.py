@@ -239,6 +239,13 @@ def measure(decoder: str, settings, backends: dict, batches, args) -> dict:
             ),
             file=sys.stderr,
         )
+    rows = backend_rows(everyone, len(batches), n_prompts)
+    return {"decoder": decoder, "settings": dict(vars(settings)), "backends": rows}
+
+
+def backend_rows(everyone: dict, n_batches: int, n_prompts: int) -> dict:
+    """Per backend: its timings (medians of the passes), counts, and its speed against JAX's,
+    paired pass by pass; or the error it failed with."""
     ref = everyone.get("jax")
     ref = ref if ref is not None and ref.error is None else None
     rows = {}
@@ -252,7 +259,7 @@ def measure(decoder: str, settings, backends: dict, batches, args) -> dict:
             "seconds_all": b.passes,
             "tokens": b.tokens,
             "tokens_per_second": b.tokens / median,
-            "latency_per_batch_s": median / len(batches),
+            "latency_per_batch_s": median / n_batches,
             "latency_per_prompt_s": median / n_prompts,
             "nfe_per_prompt": b.nfe / n_prompts,
             "sequence_forwards": b.sequence_forwards,
@@ -269,7 +276,7 @@ def measure(decoder: str, settings, backends: dict, batches, args) -> dict:
             row["forward_seconds_all"] = b.forward_passes
             row["forward_share_median"] = statistics.median(f / t for f, t in zip(b.forward_passes, b.passes))
         rows[b.name] = row
-    return {"decoder": decoder, "settings": dict(vars(settings)), "backends": rows}
+    return rows
 
 
 def markdown(title: str, results: list[dict]) -> str:
@@ -347,22 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="model directory (default: models/default when it has been trained)")
     p.add_argument("--no-default-model", action="store_true", help="do not benchmark the shipped model")
-    p.add_argument("--random-llada", action="store_true", help="also benchmark a random LLaDA-shaped model")
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--d-model", type=int, default=1024)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--kv-heads", type=int, help="default: --heads")
-    p.add_argument("--mlp", type=int, help="MLP hidden size (default: 8/3 d_model, rounded to 64)")
-    p.add_argument("--vocab", type=int, default=4096)
-    p.add_argument(
-        "--head-std",
-        type=float,
-        default=0.5,
-        help="std of the random LM head: larger = more confident predictions (0.5 at d_model 1024: "
-        "threshold 0.9 commits ~2 tokens per forward, PSD accepts drafts, RPS finds pivots; "
-        "0.02 = near-uniform)",
-    )
-    p.add_argument("--random-dir", help="keep the random model here instead of a temp dir")
+    add_random_model_flags(p)
     p.add_argument("--gen-length", type=int, default=256)
     p.add_argument("--block-length", type=int, default=32)
     p.add_argument(
@@ -414,6 +406,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write all results as JSON here")
     return p
+
+
+def add_random_model_flags(p: argparse.ArgumentParser) -> None:
+    """The random LLaDA-shaped model's flags (``--random-llada``)."""
+    p.add_argument("--random-llada", action="store_true", help="also benchmark a random LLaDA-shaped model")
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--d-model", type=int, default=1024)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--kv-heads", type=int, help="default: --heads")
+    p.add_argument("--mlp", type=int, help="MLP hidden size (default: 8/3 d_model, rounded to 64)")
+    p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument(
+        "--head-std",
+        type=float,
+        default=0.5,
+        help="std of the random LM head: larger = more confident predictions (0.5 at d_model 1024: "
+        "threshold 0.9 commits ~2 tokens per forward, PSD accepts drafts, RPS finds pivots; "
+        "0.02 = near-uniform)",
+    )
+    p.add_argument("--random-dir", help="keep the random model here instead of a temp dir")
 
 
 def main(argv=None) -> int:

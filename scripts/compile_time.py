@@ -36,6 +36,7 @@ def main(argv=None) -> int:
     from models import DiffusionLM, load_config
     from psd_jax.config import DecodeConfig
     from psd_jax.engine import decode
+    from psd_jax.runtime import Program, RowValues
 
     cfg = load_config(MODELS[args.model])
     decoder = {
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
     ids = jax.ShapeDtypeStruct((1, args.prompt_length), jnp.int32)
     key = jax.eval_shape(lambda: jax.random.key(0))
     start = time.perf_counter()
-    lowered = decode.lower(graphdef, params, ids, ids, key, mcfg=cfg, dcfg=dcfg)
+    lowered = decode.lower(graphdef, params, ids, ids, key, RowValues.of([dcfg]), mcfg=cfg, program=Program.of(dcfg))
     lowered_at = time.perf_counter()
     lowered.compile()
     done = time.perf_counter()

@@ -69,23 +69,24 @@ def call_function(kind: str, cfg, dcfg, batch: int):
     from psd_jax.decoders import decoder_for
     from psd_jax.engine import Loop
     from psd_jax.predict import predict, predict_prefill, predict_window
-    from psd_jax.runtime import RowValues
+    from psd_jax.runtime import Program, RowValues
 
     n, k = PROMPT + dcfg.gen_length, decoder_for(dcfg).branches
     key = jax.ShapeDtypeStruct((batch, 2), jnp.uint32)  # the rows' PRNG keys (psd_jax.runtime)
     values = jax.tree.map(jnp.asarray, RowValues.of([dcfg] * batch))
     mask = jax.ShapeDtypeStruct((batch, n), jnp.int32)
     # The positions that get logits, as the engine asks for them (a row at its first block).
-    window = lambda: Loop(cfg, dcfg, PROMPT, None).logit_window(jnp.zeros(batch, jnp.int32))  # noqa: E731
+    program = Program.of(dcfg)
+    window = lambda: Loop(cfg, program, PROMPT, None).logit_window(jnp.zeros(batch, jnp.int32))  # noqa: E731
     if kind == "full":
         tokens = jax.ShapeDtypeStruct((batch, k, n), jnp.int32)
-        fn = lambda g, p, t, m, r: predict(nnx.merge(g, p), t, m, PROMPT, r, values, cfg, dcfg, window())  # noqa: E731
+        fn = lambda g, p, t, m, r: predict(nnx.merge(g, p), t, m, PROMPT, r, values, cfg, program, window())  # noqa: E731
         return fn, (tokens, mask, key)
     if kind == "refresh":
         tokens = jax.ShapeDtypeStruct((batch, n), jnp.int32)
 
         def fn(g, p, t, m, r):
-            return predict_prefill(nnx.merge(g, p).prefill, t, m, PROMPT, r, values, cfg, dcfg, window())
+            return predict_prefill(nnx.merge(g, p).prefill, t, m, PROMPT, r, values, cfg, program, window())
 
         return fn, (tokens, mask, key)
     width = BLOCK if kind == "dual" else dcfg.gen_length
@@ -96,7 +97,7 @@ def call_function(kind: str, cfg, dcfg, batch: int):
     out = BLOCK - cfg.logit_shift
 
     def fn(g, p, t, pos, ck, cv, cm, wm, r):
-        return predict_window(nnx.merge(g, p).window, t, pos, (ck, cv), cm, wm, out, r, values, cfg, dcfg)
+        return predict_window(nnx.merge(g, p).window, t, pos, (ck, cv), cm, wm, out, r, values, cfg, program)
 
     return fn, (tokens, tokens, kv, kv, cache_mask, window_mask, key)
 

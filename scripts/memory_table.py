@@ -126,23 +126,17 @@ def _leaf_bytes(shape, dtype, sharding) -> int:
     return math.prod(shard) * np.dtype(dtype).itemsize
 
 
-def measure(
-    cfg, mesh, batch: int, gen: int, full_decode: bool, quantize: str | None = None, options: dict | None = None
-) -> dict:
-    """Compile ``init_state`` (and optionally ``decode``) on abstract inputs; bytes per device
-    (``options``: the compiler's options)."""
+def abstract_params(cfg, mesh, quantize: str | None):
+    """(graphdef, the parameters as abstract arrays placed as the loaders place them on ``mesh``;
+    ``quantize``: the projections as the loaders store them quantized)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
-    from jax.sharding import NamedSharding, PartitionSpec
 
     from models import model_class
     from models.quantize import fitted_sharding
-    from psd_jax.config import DecodeConfig
-    from psd_jax.engine import decode, init_state, loop_and_mask
-    from psd_jax.sharding import batch_sharding, bytes_per_device, param_shardings
+    from psd_jax.sharding import param_shardings
 
-    dcfg = DecodeConfig(gen_length=gen, block_length=32, cache="dual")
     model = nnx.eval_shape(lambda: model_class(cfg)(cfg, dtype=jnp.bfloat16))
     if quantize is not None:  # the projections as the loaders store them (models.quantize), abstractly
         from models import param_shapes
@@ -161,6 +155,27 @@ def measure(
         ),
         state,
     )
+    return graphdef, params
+
+
+def measure(
+    cfg, mesh, batch: int, gen: int, full_decode: bool, quantize: str | None = None, options: dict | None = None
+) -> dict:
+    """Compile ``init_state`` (and optionally ``decode``) on abstract inputs; bytes per device
+    (``options``: the compiler's options)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from psd_jax.config import DecodeConfig
+    from psd_jax.engine import decode, init_state, loop_and_mask
+    from psd_jax.runtime import Program, RowValues
+    from psd_jax.sharding import batch_sharding, bytes_per_device
+
+    dcfg = DecodeConfig(gen_length=gen, block_length=32, cache="dual")
+    program, values = Program.of(dcfg), RowValues.of([dcfg] * batch)
+    graphdef, params = abstract_params(cfg, mesh, quantize)
     rows = batch_sharding(mesh, batch)
     ids = jax.ShapeDtypeStruct((batch, PROMPT), jnp.int32, sharding=rows)
     key = jax.ShapeDtypeStruct(
@@ -168,8 +183,8 @@ def measure(
     )
 
     def init(params, prompt_ids, prompt_mask, key):  # the decode's first state, as engine.decode_start
-        loop, mask = loop_and_mask(nnx.merge(graphdef, params), prompt_mask, cfg, dcfg)
-        return init_state(loop, prompt_ids, mask, key)
+        loop, mask = loop_and_mask(nnx.merge(graphdef, params), prompt_mask, cfg, program, values)
+        return init_state(loop, prompt_ids, mask, key, values)
 
     start = time.perf_counter()
     compiled = jax.jit(init).lower(params, ids, ids, key).compile(compiler_options=options)
@@ -190,13 +205,7 @@ def measure(
         "kv_spec": str(out_shardings.cache[0].spec),
         "state": sum(_leaf_bytes(a.shape, a.dtype, s) for a, s in zip(state_leaves, state_shard)),
         "activations": mem.temp_size_in_bytes,
-        "xla_init": {
-            "argument": mem.argument_size_in_bytes,
-            "output": mem.output_size_in_bytes,
-            "temp": mem.temp_size_in_bytes,
-            "alias": mem.alias_size_in_bytes,
-            "compile_s": round(seconds, 1),
-        },
+        "xla_init": memory_sizes(mem, seconds),
         # f32 logits of one full forward over the whole canvas, split over the vocabulary
         "logits_f32": 4
         * batch
@@ -205,23 +214,35 @@ def measure(
         // (mesh.shape["model"] if cfg.vocab_size % mesh.shape["model"] == 0 else 1),
     }
     if full_decode:
-        start = time.perf_counter()
-        try:
-            lowered = decode.lower(graphdef, params, ids, ids, key, mcfg=cfg, dcfg=dcfg)
-            whole = lowered.compile(compiler_options=options).memory_analysis()
-        except jax.errors.JaxRuntimeError as exc:  # the compiler's own "does not fit"
-            if "RESOURCE_EXHAUSTED" not in str(exc):
-                raise
-            out["xla_decode"] = {"error": str(exc).splitlines()[0]}
-            return out
-        out["xla_decode"] = {
-            "argument": whole.argument_size_in_bytes,
-            "output": whole.output_size_in_bytes,
-            "temp": whole.temp_size_in_bytes,
-            "alias": whole.alias_size_in_bytes,
-            "compile_s": round(time.perf_counter() - start, 1),
-        }
+        lower = lambda: decode.lower(graphdef, params, ids, ids, key, values, mcfg=cfg, program=program)  # noqa: E731
+        out["xla_decode"] = compiled_memory(lower, options)
     return out
+
+
+def memory_sizes(mem, seconds: float) -> dict:
+    """A compiled program's memory analysis in bytes, and its compile time."""
+    return {
+        "argument": mem.argument_size_in_bytes,
+        "output": mem.output_size_in_bytes,
+        "temp": mem.temp_size_in_bytes,
+        "alias": mem.alias_size_in_bytes,
+        "compile_s": round(seconds, 1),
+    }
+
+
+def compiled_memory(lower, options: dict | None) -> dict:
+    """``memory_sizes`` of the program ``lower()`` gives, lowered and compiled, or the compiler's
+    own "does not fit"."""
+    import jax
+
+    start = time.perf_counter()
+    try:
+        whole = lower().compile(compiler_options=options).memory_analysis()
+    except jax.errors.JaxRuntimeError as exc:
+        if "RESOURCE_EXHAUSTED" not in str(exc):
+            raise
+        return {"error": str(exc).splitlines()[0]}
+    return memory_sizes(whole, time.perf_counter() - start)
 
 
 def target_devices(target: str, compiler: str) -> list:
@@ -338,7 +359,7 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--batches", default="1,8,32")
@@ -362,6 +383,11 @@ def main() -> int:
         help="projections as models.quantize stores them (int4: one-device targets)",
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
     batches, gens = [int(b) for b in args.batches.split(",")], [int(g) for g in args.gens.split(",")]
     models = [m.strip() for m in args.models.split(",") if m.strip()]

@@ -10,6 +10,7 @@ from flax import nnx
 from psd_jax import DecodeConfig
 from psd_jax.decoders import propose
 from psd_jax.engine import Loop, init_state, step
+from psd_jax.runtime import Program, RowValues
 
 
 def unpad(prompt, mask=None):
@@ -24,20 +25,21 @@ class Driver:
 
     def __init__(self, lm, settings: DecodeConfig, batch: int, prompt_length: int):
         self.lm, self.dcfg, self.batch, self.prompt_length = lm, settings, batch, prompt_length
-        self.loop = Loop(lm.config, settings, prompt_length, None)  # static helpers only (no model call)
+        program, values = Program.of(settings), RowValues.of([settings] * batch)
+        self.loop = Loop(lm.config, program, prompt_length, None)  # static helpers only (no model call)
 
         def loop_of(params):
             model = nnx.merge(lm.graphdef, params)
-            return Loop(lm.config, settings, prompt_length, model)
+            return Loop(lm.config, program, prompt_length, model)
 
-        self._init = jax.jit(lambda params, ids, mask, key: init_state(loop_of(params), ids, mask, key))
+        self._init = jax.jit(lambda params, ids, mask, key: init_state(loop_of(params), ids, mask, key, values))
         self._step = jax.jit(lambda params, mask, state: step(loop_of(params), mask, state))
-        self._call = jax.jit(lambda params, canvases, mask, key: loop_of(params).call(canvases, mask, key))
+        self._call = jax.jit(lambda params, canvases, mask, key: loop_of(params).call(canvases, mask, key, values))
 
         def propose_and_verify(params, state, mask, key):
             loop = loop_of(params)
-            proposal = propose(state.pred, state.canvas, loop.committable(state), state.step, settings)
-            return proposal, loop.call(proposal.candidates, mask, key)
+            proposal = propose(state.pred, state.canvas, loop.committable(state), state.step, program, values)
+            return proposal, loop.call(proposal.candidates, mask, key, values)
 
         self._propose_and_verify = jax.jit(propose_and_verify)
 

@@ -60,13 +60,15 @@ def kv_cache_sharding(lm) -> list:
 
     from psd_jax.engine import _loop_for, init_state
     from psd_jax.layouts import canvas_attention_mask
+    from psd_jax.runtime import Program, RowValues
 
     settings = CACHED["psd+dual"]
     ids, mask = jnp.ones((2, 16), jnp.int32), jnp.ones((2, 16), jnp.int32)
 
     def first_state(params):
-        loop = _loop_for(nnx.merge(lm.graphdef, params), 16, lm.config, settings)
-        return init_state(loop, ids, canvas_attention_mask(mask, settings.gen_length), jax.random.key(0))
+        loop = _loop_for(nnx.merge(lm.graphdef, params), 16, lm.config, Program.of(settings))
+        values = RowValues.of([settings] * 2)
+        return init_state(loop, ids, canvas_attention_mask(mask, settings.gen_length), jax.random.key(0), values)
 
     with jax.set_mesh(lm.mesh):
         state = jax.jit(first_state)(lm.params)
@@ -344,7 +346,7 @@ def sdar_mesh(ckpt: str) -> dict:
 def quantized_meshes(ckpt: str) -> dict:
     """int8 on each mesh: its tokens, one device's, and whether the loader's quantize-on-the-host
     then shard gives exactly the arrays of quantizing the sharded float weights where they lie."""
-    from models.quantize import PROJECTIONS, quantize_weight
+    from models.quantize import PROJECTIONS
 
     settings = DecodeConfig(gen_length=32, block_length=16, policy="threshold")
     one = load_model(ckpt, quantize="int8", unroll_layers=False)
@@ -352,18 +354,12 @@ def quantized_meshes(ckpt: str) -> dict:
     for mesh in MESHES:
         lm = load_model(ckpt, quantize="int8", mesh=mesh, unroll_layers=False)
         floats = load_model(ckpt, mesh=mesh, unroll_layers=False)
-        same = []
-        for name in PROJECTIONS:
-            loaded = getattr(lm.model, name).get_value()
-            in_place = quantize_weight(getattr(floats.model, name).get_value(), "int8")
-            same.append(
-                bool((np.asarray(loaded.qvalue) == np.asarray(in_place.qvalue)).all())
-                and bool((np.asarray(loaded.scale) == np.asarray(in_place.scale)).all())
-            )
+        same = quantized_as_loaded(lm, floats)
+        assert set(same) == set(PROJECTIONS)
         split = not lm.model.wq.get_value().qvalue.sharding.is_fully_replicated
         out[mesh] = {
             "tokens": [r.output_ids for r in lm.generate(PROMPTS, settings, prompt_bucket=16)],
-            "arrays_equal": all(same),
+            "arrays_equal": all(same.values()),
             "qvalue_split": split,
         }
     return out
@@ -372,6 +368,23 @@ def quantized_meshes(ckpt: str) -> dict:
 # int8 LLaDA2.0 on the expert mesh that splits experts over ``expert`` and their hidden units over
 # ``model`` (the down projection's per-channel scales then stay whole over ``model``).
 MOE_INT8_MESH = "expert=4,model=2"
+
+
+def quantized_as_loaded(lm, floats) -> dict[str, bool]:
+    """Per quantized projection: whether ``lm``'s (quantized, then sharded) integers and scales
+    equal ``floats``' weights quantized in place (sharded, then quantized)."""
+    from models import param_shapes
+    from models.quantize import is_projection, quantize_weight
+
+    same = {}
+    for name in [name for name in param_shapes(lm.config) if is_projection(name)]:
+        loaded = getattr(lm.model, name).get_value()
+        in_place = quantize_weight(getattr(floats.model, name).get_value(), "int8")
+        same[name] = all(
+            bool((np.asarray(getattr(loaded, a)) == np.asarray(getattr(in_place, a))).all())
+            for a in ("qvalue", "scale")
+        )
+    return same
 
 
 def quantized_expert_mesh(ckpt: str) -> dict:
@@ -383,22 +396,13 @@ def quantized_expert_mesh(ckpt: str) -> dict:
     the partitioner's, as for int8 LLaDA (``quantized_meshes``); one layer keeps the compile small."""
     import jax.numpy as jnp
 
-    from models import param_shapes
     from models.moe import route, routed_experts
-    from models.quantize import is_projection, quantize_weight
     from models.transformer import swiglu
 
     start = time.perf_counter()
     lm = load_model(ckpt, quantize="int8", mesh=MOE_INT8_MESH, unroll_layers=False)
     floats = load_model(ckpt, mesh=MOE_INT8_MESH, unroll_layers=False)
-    same = {}
-    for name in [name for name in param_shapes(lm.config) if is_projection(name)]:
-        loaded = getattr(lm.model, name).get_value()
-        in_place = quantize_weight(getattr(floats.model, name).get_value(), "int8")
-        same[name] = all(
-            bool((np.asarray(getattr(loaded, a)) == np.asarray(getattr(in_place, a))).all())
-            for a in ("qvalue", "scale")
-        )
+    same = quantized_as_loaded(lm, floats)
     names = ("moe_expert_gate", "moe_expert_up", "moe_expert_down", "moe_router", "moe_expert_bias")
     weights = [getattr(lm.model, name).get_value() for name in names]
     cfg = lm.config

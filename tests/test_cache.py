@@ -21,6 +21,7 @@ from psd_jax.config import cache_fields, settings_from
 from psd_jax.engine import decode, decode_python_loop
 from psd_jax.flags import decode_fields
 from psd_jax.generate import build_parser
+from psd_jax.runtime import Program, RowValues
 
 from conftest import GOLDENS
 
@@ -120,8 +121,9 @@ def test_cached_while_loop_equals_python_loop(lms):
     for r, p in enumerate(PROMPTS):
         ids[r, 16 - len(p) :], mask[r, 16 - len(p) :] = p, 1
     ids, mask, key = jnp.asarray(ids), jnp.asarray(mask), jax.random.key(0)
-    compiled = decode(lm.graphdef, lm.params, ids, mask, key, mcfg=lm.config, dcfg=settings)
-    oracle = decode_python_loop(lm.model, ids, mask, key, mcfg=lm.config, dcfg=settings)
+    values, program = RowValues.of([settings] * len(PROMPTS)), Program.of(settings)
+    compiled = decode(lm.graphdef, lm.params, ids, mask, key, values, mcfg=lm.config, program=program)
+    oracle = decode_python_loop(lm.model, ids, mask, key, values, mcfg=lm.config, program=program)
     np.testing.assert_array_equal(np.asarray(compiled.canvas), np.asarray(oracle.canvas))
     np.testing.assert_array_equal(np.asarray(compiled.row_nfe), np.asarray(oracle.row_nfe))
     assert int(compiled.nfe) == int(oracle.nfe) and int(compiled.sequence_forwards) == int(oracle.sequence_forwards)

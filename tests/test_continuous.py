@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from psd_jax import DecodeConfig
-from psd_jax.runtime import program_settings
+from psd_jax.runtime import Program
 
 from conftest import GOLDENS  # noqa: F401  (the lms fixture reads the goldens)
 
@@ -87,7 +87,7 @@ def test_rows_with_different_runtime_values_and_lengths_share_a_program(lms, cac
         DecodeConfig(**{**BASE, "threshold": 0.95, "gen_length": 16}, cache=cache),
         DecodeConfig(**{**BASE, "threshold": 0.8}, cache=cache),
     ]
-    assert len({program_settings(s, 32) for s in rows}) == 1
+    assert len({Program.of(s, 32) for s in rows}) == 1
     run = lm.start_rows(PROMPTS[:3], rows, [0, 0, 0], batch_size=4, prompt_bucket=BUCKET, gen_length=32)
     programs = lm.compiled_programs
     got = drive(run, {2: [("join", 3, PROMPTS[3], DecodeConfig(**{**BASE, "threshold": 0.6}, cache=cache))]})

@@ -11,9 +11,10 @@ import pytest
 
 from psd_jax import DecodeConfig, DecodeConfigError, InputError, load_model
 from psd_jax.api import LoadedModel
-from psd_jax.engine import decode, decode_python_loop, row_inputs
+from psd_jax.engine import batch_keys, decode, decode_python_loop
 from psd_jax.generate import main as cli_main
 from psd_jax.predict import predict
+from psd_jax.runtime import Program, RowValues
 
 from conftest import GOLDENS
 
@@ -42,8 +43,9 @@ def test_while_loop_equals_python_loop(lms, settings):
     lm = lms["llada-tiny"]
     ids, mask = _padded(lm, PROMPTS, 16)
     key = jax.random.key(3)
-    compiled = decode(lm.graphdef, lm.params, ids, mask, key, mcfg=lm.config, dcfg=settings)
-    oracle = decode_python_loop(lm.model, ids, mask, key, mcfg=lm.config, dcfg=settings)
+    values, program = RowValues.of([settings] * len(PROMPTS)), Program.of(settings)
+    compiled = decode(lm.graphdef, lm.params, ids, mask, key, values, mcfg=lm.config, program=program)
+    oracle = decode_python_loop(lm.model, ids, mask, key, values, mcfg=lm.config, program=program)
     np.testing.assert_array_equal(np.asarray(compiled.canvas), np.asarray(oracle.canvas))
     np.testing.assert_array_equal(np.asarray(compiled.row_nfe), np.asarray(oracle.row_nfe))
     assert int(compiled.nfe) == int(oracle.nfe) and int(compiled.iterations) == int(oracle.iterations)
@@ -136,7 +138,14 @@ def test_cfg_combines_conditional_and_unconditional_logits(lms):
     p = len(PROMPTS[0])
     settings = DecodeConfig(gen_length=8, block_length=8, cfg_scale=2.0)
     pred = predict(
-        lm.model, canvas[:, None], None, p, *row_inputs(jax.random.key(0), None, 1, settings), lm.config, settings
+        lm.model,
+        canvas[:, None],
+        None,
+        p,
+        batch_keys(jax.random.key(0), 1),
+        RowValues.of([settings]),
+        lm.config,
+        Program.of(settings),
     )
     uncond = canvas.at[:, :p].set(lm.config.mask_id)
     cond_l, uncond_l = np.asarray(lm.logits(canvas)), np.asarray(lm.logits(uncond))
@@ -160,7 +169,14 @@ def test_prediction_reads_only_the_generated_positions_logits(lms, name):
     expected[..., lm.config.mask_id] = -np.inf
     settings = DecodeConfig(gen_length=8, block_length=8)
     pred = predict(
-        lm.model, canvas[:, None], None, p, *row_inputs(jax.random.key(0), None, 1, settings), lm.config, settings
+        lm.model,
+        canvas[:, None],
+        None,
+        p,
+        batch_keys(jax.random.key(0), 1),
+        RowValues.of([settings]),
+        lm.config,
+        Program.of(settings),
     )
     assert pred.token.shape == pred.conf.shape == (1, 1, p + 8)
     np.testing.assert_array_equal(np.asarray(pred.token[0, 0, p:]), expected[0].argmax(-1))
@@ -201,7 +217,7 @@ UNBOUNDED = {
 
 @pytest.mark.parametrize("name", list(UNBOUNDED))
 def test_decode_ends_whatever_the_runtime_values(lms, name):
-    from psd_jax.runtime import RowValues, program_settings, row_keys
+    from psd_jax.runtime import row_keys
 
     lm = lms["llada-tiny"]
     settings, unbounded = UNBOUNDED[name]
@@ -209,7 +225,7 @@ def test_decode_ends_whatever_the_runtime_values(lms, name):
     values = RowValues.of([settings] * len(PROMPTS))
     values = values.replace(**{k: np.full(len(PROMPTS), v, np.float32) for k, v in unbounded.items()})
     keys = row_keys([0] * len(PROMPTS), range(len(PROMPTS)))
-    out = decode(lm.graphdef, lm.params, ids, mask, keys, values, mcfg=lm.config, dcfg=program_settings(settings))
+    out = decode(lm.graphdef, lm.params, ids, mask, keys, values, mcfg=lm.config, program=Program.of(settings))
     canvas, row_nfe = np.asarray(out.canvas), np.asarray(out.row_nfe)
     assert not (canvas[:, 16:] == lm.config.mask_id).any()
     # One call per committed position at most (the first forward, and with the cache a block-start

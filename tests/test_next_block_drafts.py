@@ -179,14 +179,7 @@ def decode_by_definition(driver: Driver, prompts: list[list[int]], row: int, dcf
             if block + 1 < n_blocks:
                 after = (positions >= p + (block + 1) * b) & (positions < p + (block + 2) * b) & (x == mask_id)
                 order += ranked(conf, after)[:-1]  # never the next block's last position
-            levels, used = [], 0
-            for j in range(1, dcfg.depth + 1):
-                if dcfg.policy == "fixed":
-                    size = int(counts[(step + j) % spb]) if step + j < 2 * spb else 0
-                else:
-                    size = max(1, int(chosen.sum()))
-                levels.append(order[used : used + size])
-                used += size
+            levels = draft_levels(order, chosen, step, dcfg, counts)
             for level in levels:
                 if not level:
                     break
@@ -214,6 +207,21 @@ def decode_by_definition(driver: Driver, prompts: list[list[int]], row: int, dcf
             (token, conf), refreshed = model.moved_on(x, (token, conf))
             calls += refreshed
     return x[p:].tolist(), calls, crossed, gated
+
+
+def draft_levels(order: list[int], chosen, step: int, dcfg: DecodeConfig, counts) -> list[list[int]]:
+    """PSD's levels 1..D from the ranked rest (algorithms.md "PSD"): the fixed policy's scheduled
+    counts of the next steps (none past the next block's), the others the commit's size each."""
+    levels, used = [], 0
+    for j in range(1, dcfg.depth + 1):
+        if dcfg.policy == "fixed":
+            spb = dcfg.steps_per_block
+            size = int(counts[(step + j) % spb]) if step + j < 2 * spb else 0
+        else:
+            size = max(1, int(chosen.sum()))
+        levels.append(order[used : used + size])
+        used += size
+    return levels
 
 
 def verify_levels(model, s: list, levels: list, token, block: int, dcfg: DecodeConfig):

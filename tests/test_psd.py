@@ -254,13 +254,38 @@ def _threshold_commit(conf, masked, tau):
     return chosen
 
 
+def _levels_by_definition(driver, canvas, token, conf, block, done, mask_id: int):
+    """S0 and the levels of every row, in numpy from the carried F(x) (algorithms.md "PSD"); the
+    canvases x, s_0, s_1, ..., s_D for the verifier. Returns (canvases [B, D + 2, N], levels
+    [B, D + 1, N], S0 per row, the block's positions per row)."""
+    d, n = TRAJ.depth, driver.loop.total_length
+    stack = np.repeat(canvas[:, None], d + 2, axis=1)
+    levels = np.zeros((driver.batch, d + 1, n), bool)
+    s0_sets, blocks = [], []
+    for b in range(driver.batch):
+        start = driver.prompt_length + block[b] * TRAJ.block_length
+        in_block = (np.arange(n) >= start) & (np.arange(n) < start + TRAJ.block_length)
+        masked = (canvas[b] == mask_id) & in_block & ~done[b]
+        s0 = _threshold_commit(conf[b], masked, TRAJ.threshold)
+        s0_sets.append(s0)
+        blocks.append(in_block)
+        rest = sorted(np.flatnonzero(masked & ~s0), key=lambda i: (-conf[b, i], i))
+        size = max(1, int(s0.sum()))
+        row = stack[b]  # a view (one advanced index per assignment below)
+        row[1:, s0] = token[b, s0]
+        for j in range(1, d + 1):
+            idx = np.asarray(rest[(j - 1) * size : j * size], int)
+            levels[b, j, idx] = True
+            row[j + 1 :, idx] = token[b, idx]
+    return stack, levels, s0_sets, blocks
+
+
 def test_tokens_acceptance_matches_verifier_argmax(driver, traj, models):
     """Replays the recorded trajectory: S0 and the draft levels are re-derived in numpy from the
     carried F(x), every state before a level is re-forwarded on its own, and the committed set,
     its size, its tokens and the accepted depth are checked against algorithms.md "PSD"."""
     states, mask = traj
     d, mask_id = TRAJ.depth, models["llada-tiny"].config.mask_id
-    n = driver.loop.total_length
     depths_seen, rejected_levels, multi_s0, call_sizes = [], 0, 0, set()
     for before, after in zip(states[:-1], states[1:]):
         canvas = np.asarray(before.canvas)
@@ -270,25 +295,7 @@ def test_tokens_acceptance_matches_verifier_argmax(driver, traj, models):
         delta = np.asarray(after.stats["accepted_depth"]) - np.asarray(before.stats["accepted_depth"])
         assert int(after.nfe) - int(before.nfe) == int(delta.sum() > 0)  # one model call per iteration
         forwarded = int(after.sequence_forwards) - int(before.sequence_forwards)
-        # S0 and the levels of every row; the canvases x, s_0, s_1, ..., s_D for the verifier.
-        stack = np.repeat(canvas[:, None], d + 2, axis=1)
-        levels = np.zeros((driver.batch, d + 1, n), bool)
-        s0_sets, blocks = [], []
-        for b in range(driver.batch):
-            start = driver.prompt_length + block[b] * TRAJ.block_length
-            in_block = (np.arange(n) >= start) & (np.arange(n) < start + TRAJ.block_length)
-            masked = (canvas[b] == mask_id) & in_block & ~done[b]
-            s0 = _threshold_commit(conf[b], masked, TRAJ.threshold)
-            s0_sets.append(s0)
-            blocks.append(in_block)
-            rest = sorted(np.flatnonzero(masked & ~s0), key=lambda i: (-conf[b, i], i))
-            size = max(1, int(s0.sum()))
-            row = stack[b]  # a view (one advanced index per assignment below)
-            row[1:, s0] = token[b, s0]
-            for j in range(1, d + 1):
-                idx = np.asarray(rest[(j - 1) * size : j * size], int)
-                levels[b, j, idx] = True
-                row[j + 1 :, idx] = token[b, idx]
+        stack, levels, s0_sets, blocks = _levels_by_definition(driver, canvas, token, conf, block, done, mask_id)
         # The call forwards the leading candidates a live row can choose: s0 and the levels up to
         # its first empty one, in the fewest of the engine's static sizes that cover every row.
         live_rows = delta.sum(-1) > 0

@@ -201,6 +201,40 @@ def test_batched_lookahead_equals_one_forward_per_branch(trajectories, models):
 # --------------------------------------------------------------- trajectories, re-derived
 
 
+def _pivot_scores(p, remaining, settings):
+    """Per position of a row: T_i's probabilities (the top k_max, descending), their mass, their
+    truncated entropy, and the remaining positions eligible as the pivot (mass >= tau)."""
+    top = -np.sort(-p, axis=-1)[:, : settings.k_max]
+    mass = top.sum(-1)
+    trunc_entropy = -(top * np.log(np.maximum(top, 1e-30))).sum(-1)
+    return top, mass, trunc_entropy, remaining & (mass >= settings.pivot_tau)
+
+
+def _call_size(forwarded: int, batch: int, most, k_max: int) -> int:
+    """Candidates per row of a call, checked to be the fewest of the engine's static sizes that
+    cover every live row (``most``: the row count a hair below and above the ratio boundary)."""
+    sizes = [min(s for s in forward_sizes(k_max + 1) if s >= m) for m in most]
+    assert sizes[0] <= forwarded // batch <= sizes[1] and forwarded % batch == 0
+    return forwarded // batch
+
+
+def _branches(top, eligible, trunc_entropy, ratio: float) -> np.ndarray:
+    """The pivot's branches passing the ratio filter, counted with the float64 probabilities a
+    hair above and below the boundary (0 without an eligible position)."""
+    if not eligible.any():
+        return np.zeros(2, int)
+    pivot_top = top[np.flatnonzero(eligible)[trunc_entropy[eligible].argmax()]]
+    return (pivot_top >= ratio * pivot_top[0] * np.array([[1 + 1e-5], [1 - 1e-5]])).sum(-1)
+
+
+def _rank_passing_ratio(p, v: int, settings) -> int:
+    """The rank of the committed value ``v`` in the pivot's T_i, checked to pass the ratio filter."""
+    assert p[v] >= settings.ratio * p.max() * (1 - 1e-5)
+    rank = int(np.sum(p > p[v]))
+    assert rank < settings.k_max
+    return rank
+
+
 @pytest.mark.parametrize("name", ["llada-tiny", "dream-tiny"])
 def test_pivot_rules_on_recorded_trajectory(trajectories, models, name):
     """At each iteration: the chosen canvas differs from the policy's commit s0 in at most one
@@ -209,87 +243,106 @@ def test_pivot_rules_on_recorded_trajectory(trajectories, models, name):
     token has p >= ratio * p_max under F(x). Otherwise (MASK won) nothing else changed."""
     driver, states, mask = trajectories[name]
     lm, settings = models[name], driver.dcfg
-    mask_id, eos_id = lm.config.mask_id, lm.config.eos_id
-    n, k_max = driver.loop.total_length, settings.k_max
     counts = step_counts(settings)
     seen = dict(commits=0, mask_won=0, searched=0, later_blocks=0, call_sizes=set())
     for before, after in zip(states[:-1], states[1:]):
-        canvas, new = np.asarray(before.canvas), np.asarray(after.canvas)
-        token, conf = np.asarray(before.pred.token), np.asarray(before.pred.conf)
-        block, step_, done = np.asarray(before.block), np.asarray(before.step), np.asarray(before.done)
-        live = np.asarray(after.row_nfe) - np.asarray(before.row_nfe)
-        delta = {s: np.asarray(after.stats[s]) - np.asarray(before.stats[s]) for s in STATS}
-        p = _probs(lm, before.canvas, mask)  # F(x), independently
+        it = Iteration(
+            canvas=np.asarray(before.canvas),
+            new=np.asarray(after.canvas),
+            token=np.asarray(before.pred.token),
+            conf=np.asarray(before.pred.conf),
+            block=np.asarray(before.block),
+            step=np.asarray(before.step),
+            done=np.asarray(before.done),
+            done_after=np.asarray(after.done),
+            live=np.asarray(after.row_nfe) - np.asarray(before.row_nfe),
+            delta={s: np.asarray(after.stats[s]) - np.asarray(before.stats[s]) for s in STATS},
+            p=_probs(lm, before.canvas, mask),  # F(x), independently
+        )
         forwarded = int(after.sequence_forwards) - int(before.sequence_forwards)
         # The most leading candidates (MASK + the branches passing the ratio filter) a live row can
         # choose, counted with the float64 probabilities a hair below and above the boundary.
         most = np.zeros(2, int)
         near_tau = False
         for b in range(driver.batch):
-            if done[b]:
-                assert (new[b] == canvas[b]).all() and not any(delta[s][b].any() for s in STATS)
+            if it.done[b]:
+                assert (it.new[b] == it.canvas[b]).all() and not any(it.delta[s][b].any() for s in STATS)
                 continue
-            start = driver.prompt_length + block[b] * settings.block_length
-            pos = np.arange(n)
-            in_block = (pos >= start) & (pos < start + settings.block_length)
-            masked = (canvas[b] == mask_id) & in_block  # M(x)
-            # The carried prediction is F(x), the forward of the current canvas.
-            np.testing.assert_array_equal(token[b, masked], p[b].argmax(-1)[masked])
-            chosen = _scheduled_commit(conf[b], masked, counts, step_[b])
-            s0 = np.where(chosen, token[b], canvas[b])
-            remaining = masked & ~chosen  # R
-            top = -np.sort(-p[b], axis=-1)[:, :k_max]  # T_i's probabilities, descending
-            mass = top.sum(-1)
-            trunc_entropy = -(top * np.log(np.maximum(top, 1e-30))).sum(-1)
-            eligible = remaining & (mass >= settings.pivot_tau)
-            assert live[b] in (0, 1)
-            if live[b]:
-                assert delta["pivot_searched"][b] == int(remaining.any())
-                # Tolerance: float32 (engine) vs float64 (here) masses right at tau.
-                near = remaining & (np.abs(mass - settings.pivot_tau) < 1e-5)
-                if not near.any():
-                    assert delta["pivot_found"][b] == int(eligible.any())
-                near_tau |= near.any()
-                branches = np.zeros(2, int)
-                if eligible.any():
-                    pivot_top = top[np.flatnonzero(eligible)[trunc_entropy[eligible].argmax()]]
-                    branches = (pivot_top >= settings.ratio * pivot_top[0] * np.array([[1 + 1e-5], [1 - 1e-5]])).sum(-1)
-                most = np.maximum(most, 1 + branches)
-            else:
-                assert bool(after.done[b]) and not any(delta[s][b].any() for s in STATS)
-            # Outside the block nothing changes, except the EOS fill after an early stop.
-            outside = ~in_block & (new[b] != s0)
-            assert ((new[b] == eos_id) & (pos >= start + settings.block_length))[outside].all()
-            diff = in_block & (new[b] != s0)
-            assert diff.sum() == delta["pivot_committed"][b] <= 1
-            assert delta["winner_rank"][b].sum() == delta["pivot_committed"][b]
-            seen["searched"] += int(delta["pivot_searched"][b])
-            if diff.any():
-                (i,) = np.flatnonzero(diff)
-                v = new[b, i]
-                assert s0[i] == mask_id and canvas[b, i] == mask_id and in_block[i]
-                assert remaining[i] and mass[i] >= settings.pivot_tau - 1e-5  # eligible
-                assert trunc_entropy[i] >= trunc_entropy[eligible].max() - 1e-5  # the truncated-entropy argmax
-                assert p[b, i, v] >= settings.ratio * p[b, i].max() * (1 - 1e-5)
-                rank = int(np.sum(p[b, i] > p[b, i, v]))  # v's rank in T_i
-                assert rank < k_max and delta["winner_rank"][b].argmax() == rank
-                seen["commits"] += 1
-                seen["later_blocks"] += int(block[b] > 0)
-            elif live[b] and delta["pivot_found"][b]:
-                seen["mask_won"] += 1
-        # The call forwards the fewest of the engine's static sizes covering every live row.
-        sizes = [min(s for s in forward_sizes(k_max + 1) if s >= m) for m in most]
-        if not live.any():
+            branches, near = _check_row(it, b, driver, lm.config, settings, counts, seen)
+            most, near_tau = np.maximum(most, 1 + branches), near_tau or near
+        if not it.live.any():
             assert forwarded == 0
         elif not near_tau:
-            assert sizes[0] <= forwarded // driver.batch <= sizes[1] and forwarded % driver.batch == 0
-            seen["call_sizes"].add(forwarded // driver.batch)
+            seen["call_sizes"].add(_call_size(forwarded, driver.batch, most, settings.k_max))
     # Not vacuous: pivots were committed, MASK also won with a pivot found, calls of all branches
     # and of only some occurred.
     assert seen["commits"] > 0 and seen["mask_won"] > 0 and seen["searched"] > 0, seen
-    assert k_max + 1 in seen["call_sizes"] and len(seen["call_sizes"]) >= 2, seen
+    assert settings.k_max + 1 in seen["call_sizes"] and len(seen["call_sizes"]) >= 2, seen
     if settings.num_blocks > 1:
         assert seen["later_blocks"] > 0, seen
+
+
+@dataclasses.dataclass
+class Iteration:
+    """One iteration of a recorded trajectory, on the host: the state before and the changes."""
+
+    canvas: np.ndarray
+    new: np.ndarray
+    token: np.ndarray
+    conf: np.ndarray
+    block: np.ndarray
+    step: np.ndarray
+    done: np.ndarray
+    done_after: np.ndarray
+    live: np.ndarray
+    delta: dict
+    p: np.ndarray
+
+
+def _check_row(it: Iteration, b: int, driver, mcfg, settings, counts, seen: dict):
+    """Row ``b``'s iteration against the definition; (its branches a hair below and above the
+    ratio boundary, zeros when not live; whether a remaining mass sits right at tau)."""
+    mask_id, n = mcfg.mask_id, driver.loop.total_length
+    start = driver.prompt_length + it.block[b] * settings.block_length
+    pos = np.arange(n)
+    in_block = (pos >= start) & (pos < start + settings.block_length)
+    masked = (it.canvas[b] == mask_id) & in_block  # M(x)
+    # The carried prediction is F(x), the forward of the current canvas.
+    np.testing.assert_array_equal(it.token[b, masked], it.p[b].argmax(-1)[masked])
+    chosen = _scheduled_commit(it.conf[b], masked, counts, it.step[b])
+    s0 = np.where(chosen, it.token[b], it.canvas[b])
+    remaining = masked & ~chosen  # R
+    top, mass, trunc_entropy, eligible = _pivot_scores(it.p[b], remaining, settings)
+    delta = {s: d[b] for s, d in it.delta.items()}
+    branches, near = np.zeros(2, int), False
+    assert it.live[b] in (0, 1)
+    if it.live[b]:
+        assert delta["pivot_searched"] == int(remaining.any())
+        # Tolerance: float32 (engine) vs float64 (here) masses right at tau.
+        near = bool((remaining & (np.abs(mass - settings.pivot_tau) < 1e-5)).any())
+        if not near:
+            assert delta["pivot_found"] == int(eligible.any())
+        branches = _branches(top, eligible, trunc_entropy, settings.ratio)
+    else:
+        assert bool(it.done_after[b]) and not any(delta[s].any() for s in STATS)
+    # Outside the block nothing changes, except the EOS fill after an early stop.
+    outside = ~in_block & (it.new[b] != s0)
+    assert ((it.new[b] == mcfg.eos_id) & (pos >= start + settings.block_length))[outside].all()
+    diff = in_block & (it.new[b] != s0)
+    assert diff.sum() == delta["pivot_committed"] <= 1
+    assert delta["winner_rank"].sum() == delta["pivot_committed"]
+    seen["searched"] += int(delta["pivot_searched"])
+    if diff.any():
+        (i,) = np.flatnonzero(diff)
+        assert s0[i] == mask_id and it.canvas[b, i] == mask_id and in_block[i] and remaining[i]
+        assert mass[i] >= settings.pivot_tau - 1e-5  # eligible
+        assert trunc_entropy[i] >= trunc_entropy[eligible].max() - 1e-5  # the truncated-entropy argmax
+        assert _rank_passing_ratio(it.p[b, i], it.new[b, i], settings) == delta["winner_rank"].argmax()
+        seen["commits"] += 1
+        seen["later_blocks"] += int(it.block[b] > 0)
+    elif it.live[b] and delta["pivot_found"]:
+        seen["mask_won"] += 1
+    return branches, near
 
 
 # ------------------------------------------------------------------------------------ stats

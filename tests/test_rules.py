@@ -174,7 +174,7 @@ def _counts(xp, dcfg):
 def test_commit_mask_is_the_policy(xp, policy, seed):
     dcfg = POLICIES[policy]
     conf, valid, step = random_inputs(seed)
-    chosen = host(rules.commit_mask(xp, to(xp, conf), to(xp, valid), to(xp, step), dcfg, _counts(xp, dcfg)))
+    chosen = host(rules.commit_mask(xp, to(xp, conf), to(xp, valid), to(xp, step), dcfg, _counts(xp, dcfg), dcfg))
     for row in range(B):
         assert set(np.flatnonzero(chosen[row]).tolist()) == loop_commit(conf[row], valid[row], int(step[row]), dcfg)
 
@@ -191,7 +191,7 @@ def test_every_step_commits_whatever_the_scores(xp, policy):
     valid = rng.random((B, N)) < 0.5
     valid[0], valid[1:4, 5] = False, True
     step = np.array([0, 0, 1, 2, 9])
-    chosen = host(rules.commit_mask(xp, to(xp, conf), to(xp, valid), to(xp, step), dcfg, _counts(xp, dcfg)))
+    chosen = host(rules.commit_mask(xp, to(xp, conf), to(xp, valid), to(xp, step), dcfg, _counts(xp, dcfg), dcfg))
     assert not (chosen & ~valid).any()
     counts, remaining = rules.step_counts(dcfg), valid.sum(-1)
     for row in range(1, B):
@@ -284,7 +284,7 @@ def test_psd_acceptance_keeps_the_leading_consistent_levels(xp, setting, seed):
     got = host(
         rules.psd_accepted(
             xp, to(xp, levels), to(xp, candidates), to(xp, valid), to(xp, verified_token), to(xp, verified_conf),
-            to(xp, live), to(xp, step), dcfg, _counts(xp, dcfg), MASK,
+            to(xp, live), to(xp, step), dcfg, _counts(xp, dcfg), MASK, dcfg,
         )
     )  # fmt: skip
     expected = [
@@ -319,7 +319,7 @@ def _rps_case(seed: int):
 def test_rps_pivot_and_branches(xp, seed):
     valid, chosen, s0, probs, ids = _rps_case(seed)
     candidates, needed, state = rules.rps_candidates(
-        xp, to(xp, probs), to(xp, ids), to(xp, s0), to(xp, chosen), to(xp, valid), RPS
+        xp, to(xp, probs), to(xp, ids), to(xp, s0), to(xp, chosen), to(xp, valid), RPS, RPS
     )
     candidates, needed = host(candidates), host(needed)
     for row in range(B):
@@ -397,7 +397,7 @@ def test_advance_moves_completed_blocks_and_stops_at_eos(xp, seed, eos_early_sto
             canvas[row, start + rng.integers(0, 4)] = 9
     step = rng.integers(1, 4, B)
     done = rng.random(B) < 0.2
-    got = rules.advance(xp, to(xp, canvas), to(xp, block), to(xp, step), to(xp, done), prompt, mcfg, dcfg)
+    got = rules.advance(xp, to(xp, canvas), to(xp, block), to(xp, step), to(xp, done), prompt, mcfg, dcfg, dcfg)
     got = [host(a) for a in got]
     for row in range(B):
         c, b, s, d = canvas[row].copy(), int(block[row]), int(step[row]), bool(done[row])

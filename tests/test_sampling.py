@@ -18,7 +18,7 @@ from models import load_config
 from psd_jax import DecodeConfig, DecodeConfigError
 from psd_jax.config import check_for_model
 from psd_jax.predict import logits_to_prediction
-from psd_jax.runtime import RowSampling, RowValues, program_settings
+from psd_jax.runtime import Program, RowSampling, RowValues
 from psd_jax.sampling import SAMPLERS, filtered
 
 from conftest import GOLDENS
@@ -249,7 +249,7 @@ def test_rows_keep_their_own_values(dream_logits):
 def test_top_p_and_top_k_are_runtime_values_of_one_program():
     a = DecodeConfig(temperature=0.3, top_p=0.9)
     b = DecodeConfig(temperature=0.8, top_p=0.7, top_k=12)
-    assert program_settings(a) == program_settings(b) != program_settings(DecodeConfig(temperature=0.3))
+    assert Program.of(a) == Program.of(b) != Program.of(DecodeConfig(temperature=0.3))
     values = RowValues.of([a, b])
     assert values.top_k.dtype == np.int32 and list(values.top_k) == [0, 12]
     np.testing.assert_allclose(values.top_p, [0.9, 0.7])

@@ -27,7 +27,8 @@ from models import SDAR, ConfigError, SDARConfig, config_from_dict, load_config,
 from models.quantize import is_projection, quantize_weight
 from psd_jax import DecodeConfig, load_model
 from psd_jax.api import left_pad
-from psd_jax.engine import loop_and_mask, row_inputs, run_while_loop
+from psd_jax.engine import batch_keys, loop_and_mask, run_while_loop
+from psd_jax.runtime import Program, RowValues
 from psd_jax.sharding import logical_axes, spec_for
 
 from conftest import GOLDENS, HF_CONFIGS
@@ -213,8 +214,8 @@ def test_ids_past_gen_length_and_upstream_call_count(lm, cases):
 
     def raw(params, ids, mask):
         model = nnx.merge(graphdef, params)
-        keys, values = row_inputs(jax.random.key(0), None, ids.shape[0], dcfg)
-        loop, attention_mask = loop_and_mask(model, mask, cfg, dcfg, values)
+        keys, values = batch_keys(jax.random.key(0), ids.shape[0]), RowValues.of([dcfg] * ids.shape[0])
+        loop, attention_mask = loop_and_mask(model, mask, cfg, Program.of(dcfg), values)
         return run_while_loop(loop, ids, attention_mask, keys, values).canvas, loop.layout.rows.gen_start
 
     canvas, gen_start = map(np.asarray, jax.jit(raw)(params, jnp.asarray(ids), jnp.asarray(mask)))

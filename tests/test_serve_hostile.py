@@ -316,17 +316,8 @@ def test_metrics_count_every_v1_request_once_by_outcome(lm, defaults, monkeypatc
 
     guard = {**GUARD, "overrides": GUARD["overrides"] | {"eos_early_stop"}}  # a stream that runs every block
     limits = ServerLimits.for_model(lm.config, lm.settings(defaults), BUCKET, **guard)
-    app = build_app(
-        lm,
-        defaults,
-        name="default",
-        batch_sizes=SIZES,
-        prompt_bucket=BUCKET,
-        warmup_lengths=(BUCKET,),
-        limits=limits,
-        api_key=KEY,
-        request_timeout_s=2.0,
-    )
+    options = dict(name="default", batch_sizes=SIZES, prompt_bucket=BUCKET, warmup_lengths=(BUCKET,))
+    app = build_app(lm, defaults, **options, limits=limits, api_key=KEY, request_timeout_s=2.0)
     # The streams' program (eos_early_stop off: every block runs) compiled before serving, as the
     # default's: a compile within a request would run past its 2 s deadline.
     app.state.batcher.warm_up(lm.settings(defaults).replace(eos_early_stop=False), (BUCKET,))
@@ -339,19 +330,7 @@ def test_metrics_count_every_v1_request_once_by_outcome(lm, defaults, monkeypatc
         api.completions.create(model="default", prompt=QUESTIONS[0])
         api.chat.completions.create(model="default", messages=[{"role": "user", "content": QUESTIONS[1]}])
         assert list(api.completions.create(model="default", prompt=QUESTIONS[2], stream=True, extra_body=every_block))
-        statuses = [
-            post(url, "completions", json.dumps({"prompt": PROMPT, "min_p": 0.1}).encode(), KEY).status_code,
-            post(url, "completions", json.dumps({"prompt": PROMPT}).encode(), "sk-wrong").status_code,
-            post(url, "completions", json.dumps({"prompt": "x" * 5000}).encode(), KEY).status_code,
-            post(url, "completions", json.dumps({"prompt": "boom"}).encode(), KEY).status_code,
-        ]
-        holds[:] = [lambda: time.sleep(3.0)]  # one block call past the 2 s deadline
-        statuses.append(post(url, "completions", json.dumps({"prompt": PROMPT}).encode(), KEY).status_code)
-        statuses += [
-            httpx.get(f"{url}/v1/completions", headers={"authorization": f"Bearer {KEY}"}).status_code,
-            post(url, "nothing", b"{}", KEY).status_code,
-        ]
-        assert statuses == [400, 401, 413, 500, 504, 405, 404]
+        assert refusals(url, holds) == [400, 401, 413, 500, 504, 405, 404]
         wait_for(url, running=0)
         left = threading.Event()  # the first block at once, the second once the server saw the client leave
         holds[:] = [lambda: None, lambda: left.wait(TIMEOUT_S)]
@@ -365,21 +344,7 @@ def test_metrics_count_every_v1_request_once_by_outcome(lm, defaults, monkeypatc
         until_counted(url, 1, endpoint="/v1/completions", outcome="client_closed")
         wait_for(url, running=0, cancelled=1, timed_out=1)
         after = metrics(url)
-    grown = {
-        (endpoint, outcome): sample(after, REQUESTS, endpoint=endpoint, outcome=outcome)
-        - sample(before, REQUESTS, endpoint=endpoint, outcome=outcome)
-        for endpoint in ("/v1/models", "/v1/completions", "/v1/chat/completions", "other")
-        for outcome in (
-            "ok",
-            "bad_request",
-            "unauthorized",
-            "busy",
-            "timed_out",
-            "failed",
-            "cancelled",
-            "client_closed",
-        )
-    }
+    grown = outcomes_grown(before, after)
     assert {k: v for k, v in grown.items() if v} == {
         ("/v1/models", "ok"): 1,
         ("/v1/chat/completions", "ok"): 1,
@@ -393,6 +358,36 @@ def test_metrics_count_every_v1_request_once_by_outcome(lm, defaults, monkeypatc
         ("other", "bad_request"): 2,  # 405 and 404: no route takes them
     }
     assert requests_total(after) - requests_total(before) == 13
+
+
+def refusals(url: str, holds: list) -> list[int]:
+    """The statuses of a bad setting, a wrong key, a long prompt, an injected bug, a block call
+    past the deadline (``holds``: what the next block calls wait for), a wrong method and path."""
+    statuses = [
+        post(url, "completions", json.dumps({"prompt": PROMPT, "min_p": 0.1}).encode(), KEY).status_code,
+        post(url, "completions", json.dumps({"prompt": PROMPT}).encode(), "sk-wrong").status_code,
+        post(url, "completions", json.dumps({"prompt": "x" * 5000}).encode(), KEY).status_code,
+        post(url, "completions", json.dumps({"prompt": "boom"}).encode(), KEY).status_code,
+    ]
+    holds[:] = [lambda: time.sleep(3.0)]  # one block call past the 2 s deadline
+    statuses.append(post(url, "completions", json.dumps({"prompt": PROMPT}).encode(), KEY).status_code)
+    return statuses + [
+        httpx.get(f"{url}/v1/completions", headers={"authorization": f"Bearer {KEY}"}).status_code,
+        post(url, "nothing", b"{}", KEY).status_code,
+    ]
+
+
+OUTCOMES = ("ok", "bad_request", "unauthorized", "busy", "timed_out", "failed", "cancelled", "client_closed")
+
+
+def outcomes_grown(before: str, after: str) -> dict[tuple[str, str], float]:
+    """How much each (endpoint, outcome) request count grew between two scrapes of /metrics."""
+    return {
+        (endpoint, outcome): sample(after, REQUESTS, endpoint=endpoint, outcome=outcome)
+        - sample(before, REQUESTS, endpoint=endpoint, outcome=outcome)
+        for endpoint in ("/v1/models", "/v1/completions", "/v1/chat/completions", "other")
+        for outcome in OUTCOMES
+    }
 
 
 # ---------------------------------------------------------------------------------- the deadline

@@ -37,6 +37,7 @@ import jax  # noqa: E402
 from psd_jax import DecodeConfig  # noqa: E402
 from psd_jax.api import left_pad  # noqa: E402
 from psd_jax.engine import decode  # noqa: E402
+from psd_jax.runtime import Program, RowValues  # noqa: E402
 from psd_jax.torch_backend import generate  # noqa: E402
 
 from conftest import GOLDENS  # noqa: E402
@@ -170,7 +171,8 @@ def test_torch_cache_decode_output_equals_jax(lms, torch_lms, case):
     ids, mask = left_pad(PROMPTS, jax_lm.config, settings.gen_length, 8)
     assert not mask.all(), "the batch must need padding"
     key = jax.random.key(0)
-    expected = decode(jax_lm.graphdef, jax_lm.params, ids, mask, key, mcfg=jax_lm.config, dcfg=settings)
+    values, program = RowValues.of([settings] * len(PROMPTS)), Program.of(settings)
+    expected = decode(jax_lm.graphdef, jax_lm.params, ids, mask, key, values, mcfg=jax_lm.config, program=program)
     got = generate(
         torch_lm.model, torch.from_numpy(ids).long(), torch.from_numpy(mask).long(), settings, torch_lm.config
     )

@@ -1,6 +1,6 @@
 """The decoders behind one interface (``base.Decoder``): plain, PSD and RPS.
 
-``decoder_for`` is the one place a ``DecodeConfig`` maps to its decoder; the engine and the
+``decoder_for`` is the one place a ``Program`` maps to its decoder; the engine and the
 tests reach decoders only through it (``propose``/``choose`` are its two steps as functions).
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 import jax
 
 from ..config import DECODERS as DECODER_NAMES
-from ..config import DecodeConfig
 from ..predict import Prediction
-from ..runtime import RowValues
+from ..rules import Settings
+from ..runtime import Program, RowValues
 from .base import Choice, Decoder, Proposal, forward_size_index, forward_sizes, spatial_commit, zero_stats
 from .plain import Plain
 from .psd import PSD, PSDState
@@ -21,15 +21,16 @@ DECODERS: dict[str, type] = {"plain": Plain, "psd": PSD, "rps": RPS}
 assert tuple(DECODERS) == DECODER_NAMES, "config.DECODERS lists the decoders' names"
 
 
-def decoder_for(dcfg: DecodeConfig, values: RowValues | None = None) -> Decoder:
-    """The decoder of ``dcfg``; ``values`` (one per row, ``runtime.RowValues``) replace the
-    settings' own runtime values (threshold, ratio, ...)."""
-    return DECODERS[dcfg.decoder](dcfg, values)
+def decoder_for(program: Settings, values: RowValues | None = None) -> Decoder:
+    """The decoder of ``program`` (a compiled ``Program``, or a ``DecodeConfig`` where only its
+    shapes are read: ``branches``, ``stat_shapes``); ``values``: the rows' runtime values
+    (``runtime.RowValues``), which a decode's rules compare against."""
+    return DECODERS[program.decoder](program, values)
 
 
-def initial_stats(dcfg: DecodeConfig, batch: int) -> dict[str, jax.Array]:
+def initial_stats(program: Program, batch: int) -> dict[str, jax.Array]:
     """Per-row decoder statistics carried in the loop state, all zero."""
-    return zero_stats(decoder_for(dcfg), batch)
+    return zero_stats(decoder_for(program), batch)
 
 
 def propose(
@@ -37,14 +38,14 @@ def propose(
     canvas: jax.Array,
     valid: jax.Array,
     step: jax.Array,
-    dcfg: DecodeConfig,
-    values: RowValues | None = None,
+    program: Program,
+    values: RowValues,
     ahead: jax.Array | None = None,
 ) -> Proposal:
     """The policy's commit and the decoder's candidates built on it (no model call); ``ahead``:
     the next block's positions PSD may draft (``draft_next_block``)."""
-    chosen, s0 = spatial_commit(pred, canvas, valid, step, dcfg, values)
-    return decoder_for(dcfg, values).candidates(pred, s0, chosen, valid, step, ahead)
+    chosen, s0 = spatial_commit(pred, canvas, valid, step, program, values)
+    return decoder_for(program, values).candidates(pred, s0, chosen, valid, step, ahead)
 
 
 __all__ = [

@@ -16,10 +16,10 @@ import jax.numpy as jnp
 from flax import struct
 
 from .. import rules
-from ..config import DecodeConfig
 from ..policies import count_table
 from ..predict import Prediction
 from ..rules import forward_sizes
+from ..runtime import Program, RowValues
 
 
 @struct.dataclass
@@ -41,8 +41,8 @@ class Choice:
 class Decoder(Protocol):
     """A decoder: its candidates, its choice among their forwards, and its statistics."""
 
-    dcfg: DecodeConfig
-    values: Any  # runtime.RowValues (one value per row) or None (the settings' own)
+    program: Program
+    values: Any  # runtime.RowValues (one value per row); None where only shapes are read
 
     @property
     def branches(self) -> int:
@@ -68,11 +68,11 @@ class Decoder(Protocol):
 
 
 def spatial_commit(
-    pred: Prediction, canvas: jax.Array, valid: jax.Array, step: jax.Array, dcfg: DecodeConfig, values=None
+    pred: Prediction, canvas: jax.Array, valid: jax.Array, step: jax.Array, program: Program, values: RowValues
 ):
-    """The policy step shared by every decoder: (commit mask S0, canvas s0); ``values``: per-row
-    runtime values (``runtime.RowValues``), else the settings' own."""
-    return rules.spatial_commit(jnp, pred.conf, pred.token, canvas, valid, step, dcfg, count_table(dcfg), values)
+    """The policy step shared by every decoder: (commit mask S0, canvas s0); ``values``: the rows'
+    runtime values."""
+    return rules.spatial_commit(jnp, pred.conf, pred.token, canvas, valid, step, program, count_table(program), values)
 
 
 def zero_stats(decoder: Decoder, batch: int) -> dict[str, jax.Array]:

@@ -8,15 +8,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ..config import DecodeConfig
 from ..predict import Prediction
+from ..runtime import Program
 from .base import Choice, Proposal
 
 
 @dataclasses.dataclass(frozen=True)
 class Plain:
-    dcfg: DecodeConfig
-    values: Any = None  # runtime.RowValues (one value per row), or None: the settings' own
+    program: Program
+    values: Any = None  # runtime.RowValues (one value per row); None where only shapes are read
 
     @property
     def branches(self) -> int:

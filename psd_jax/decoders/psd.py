@@ -18,9 +18,9 @@ import jax.numpy as jnp
 from flax import struct
 
 from .. import rules
-from ..config import DecodeConfig
 from ..policies import count_table
 from ..predict import Prediction
+from ..runtime import Program
 from .base import Choice, Proposal
 
 
@@ -31,15 +31,15 @@ class PSDState:
 
 @dataclasses.dataclass(frozen=True)
 class PSD:
-    dcfg: DecodeConfig
-    values: Any = None  # runtime.RowValues (one value per row), or None: the settings' own
+    program: Program
+    values: Any = None  # runtime.RowValues (one value per row); None where only shapes are read
 
     @property
     def branches(self) -> int:
-        return self.dcfg.depth + 1
+        return self.program.depth + 1
 
     def stat_shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
-        return {"accepted_depth": (batch, self.dcfg.depth + 1)}  # histogram of accepted levels
+        return {"accepted_depth": (batch, self.program.depth + 1)}  # histogram of accepted levels
 
     def candidates(
         self,
@@ -50,18 +50,18 @@ class PSD:
         step: jax.Array,
         ahead: jax.Array | None = None,
     ) -> Proposal:
-        dcfg = self.dcfg
+        program = self.program
         candidates, levels, needed = rules.psd_candidates(
-            jnp, pred.conf, pred.token, s0, chosen, valid, step, dcfg, count_table(dcfg), ahead
+            jnp, pred.conf, pred.token, s0, chosen, valid, step, program, count_table(program), ahead
         )
         return Proposal(candidates, s0, valid, needed, PSDState(levels))
 
     def choose(self, proposal: Proposal, preds: Prediction, live: jax.Array, step: jax.Array, mask_id: int) -> Choice:
-        dcfg = self.dcfg
+        program = self.program
         levels = proposal.state.levels
         accepted = rules.psd_accepted(
-            jnp, levels, proposal.candidates, proposal.valid, preds.token, preds.conf, live, step, dcfg,
-            count_table(dcfg), mask_id, self.values,
+            jnp, levels, proposal.candidates, proposal.valid, preds.token, preds.conf, live, step, program,
+            count_table(program), mask_id, self.values,
         )  # fmt: skip
-        hist = rules.one_hot(jnp, accepted, dcfg.depth + 1) * live[:, None]
+        hist = rules.one_hot(jnp, accepted, program.depth + 1) * live[:, None]
         return Choice(accepted, 1 + accepted, {"accepted_depth": hist})

@@ -20,8 +20,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from .. import rules
-from ..config import DecodeConfig
 from ..predict import Prediction
+from ..runtime import Program
 from .base import Choice, Proposal
 
 
@@ -37,19 +37,19 @@ class RPSState:
 
 @dataclasses.dataclass(frozen=True)
 class RPS:
-    dcfg: DecodeConfig
-    values: Any = None  # runtime.RowValues (one value per row), or None: the settings' own
+    program: Program
+    values: Any = None  # runtime.RowValues (one value per row); None where only shapes are read
 
     @property
     def branches(self) -> int:
-        return self.dcfg.k_max + 1
+        return self.program.k_max + 1
 
     def stat_shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
         return {
             "pivot_searched": (batch,),
             "pivot_found": (batch,),
             "pivot_committed": (batch,),
-            "winner_rank": (batch, self.dcfg.k_max),
+            "winner_rank": (batch, self.program.k_max),
         }
 
     def candidates(
@@ -62,13 +62,12 @@ class RPS:
         ahead: jax.Array | None = None,
     ) -> Proposal:
         candidates, needed, state = rules.rps_candidates(
-            jnp, pred.topk_prob, pred.topk_id, s0, chosen, valid, self.dcfg, self.values
+            jnp, pred.topk_prob, pred.topk_id, s0, chosen, valid, self.program, self.values
         )
         return Proposal(candidates, s0, valid, needed, RPSState(**state))
 
     def choose(self, proposal: Proposal, preds: Prediction, live: jax.Array, step: jax.Array, mask_id: int) -> Choice:
         s: RPSState = proposal.state
-        lam = (self.dcfg if self.values is None else self.values).lam
-        winner = rules.rps_winner(jnp, s.others, preds.entropy, s.log_p, s.branch_ok, live, lam)
-        stats = rules.rps_stats(jnp, s.searched, s.found, winner, live, self.dcfg.k_max)
+        winner = rules.rps_winner(jnp, s.others, preds.entropy, s.log_p, s.branch_ok, live, self.values.lam)
+        stats = rules.rps_stats(jnp, s.searched, s.found, winner, live, self.program.k_max)
         return Choice(winner, jnp.ones_like(winner), stats)

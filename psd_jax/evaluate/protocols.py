@@ -391,77 +391,82 @@ def _llada_base() -> list[Protocol]:
 OPENCOMPASS = "OpenCompass only: prompt, shots and scoring are lm-eval's here"
 
 
+# LLaDA-8B-Instruct's OpenCompass rows: (name, task, shots, multiturn, decode, published, config file,
+# how this protocol differs).
+_LLADA_INSTRUCT_ROWS = (
+    (
+        "gsm8k-block8",
+        "gsm8k_cot",
+        4,
+        True,
+        {"gen_length": 256, "block_length": 8, "steps": 256},
+        "78.9% (internal toolkit: 78.6%)",
+        "llada_instruct_gen_gsm8k_length256_block8.py",
+        "OpenCompass's gsm8k_gen_1d7fe4 (its own 4 exemplars as chat turns, last number scored); "
+        "here the harness's gsm8k_cot with its first 4 exemplars as chat turns",
+    ),
+    (
+        "gsm8k-512",
+        "gsm8k_cot",
+        4,
+        True,
+        {"gen_length": 512, "block_length": 512, "steps": 512, "confidence_eos_eot_inf": True},
+        "68.8% (internal toolkit: 69.4%)",
+        "llada_instruct_gen_gsm8k_length512_block512_confidence.py",
+        "OpenCompass's gsm8k_gen_1d7fe4 (its own 4 exemplars as chat turns, last number scored); "
+        "here the harness's gsm8k_cot with its first 4 exemplars as chat turns",
+    ),
+    (
+        "math-block64",
+        "minerva_math",
+        0,
+        False,
+        {"gen_length": 512, "block_length": 64, "steps": 512},
+        "42.7% (internal toolkit: 42.2%)",
+        "llada_instruct_gen_math_length512_block64.py",
+        "OpenCompass's math_0shot_gen_11c4b5 (\\boxed{} instruction, MATHEvaluator v2); here the harness's "
+        "minerva_math prompt and answer check, 0-shot",
+    ),
+    (
+        "math-512",
+        "minerva_math",
+        0,
+        False,
+        {"gen_length": 512, "block_length": 512, "steps": 512, "confidence_eos_eot_inf": True},
+        "29.6% (internal toolkit: 31.9%)",
+        "llada_instruct_gen_math_length512_block512_confidence.py",
+        "OpenCompass's math_0shot_gen_11c4b5 (\\boxed{} instruction, MATHEvaluator v2); here the harness's "
+        "minerva_math prompt and answer check, 0-shot",
+    ),
+    (
+        "humaneval-512",
+        "humaneval_fenced",
+        0,
+        False,
+        {"gen_length": 512, "block_length": 512, "steps": 512, "logits_eos_inf": True},
+        "47.0% (internal toolkit: 49.4%)",
+        "llada_instruct_gen_humaneval_length512_block512_logits.py",
+        "OpenCompass's humaneval_gen_8e312c ('Complete the following python code:' + prompt, "
+        "humaneval_postprocess_v2); here the bare prompt and Fast-dLLM's fenced-code post-processing",
+    ),
+    (
+        "mbpp-256",
+        "mbpp_fenced",
+        0,
+        False,
+        {"gen_length": 256, "block_length": 256, "steps": 256, "confidence_eos_eot_inf": True},
+        "39.6% (internal toolkit: 41.0%)",
+        "llada_instruct_gen_mbpp_length256_block256_confidence.py",
+        "OpenCompass's mbpp_gen (its few-shot prompt and extraction); here Dream-Instruct's MBPP prompt, "
+        "0-shot, with the answer's fenced code tested",
+    ),
+)
+
+
 def _llada_instruct() -> list[Protocol]:
     examples = f"{LLADA} EVAL.md (LLaDA-8B-Instruct tables), opencompass/examples/"
     rows = []
-    for name, task, shots, multiturn, decode, published, config, differs in (
-        (
-            "gsm8k-block8",
-            "gsm8k_cot",
-            4,
-            True,
-            {"gen_length": 256, "block_length": 8, "steps": 256},
-            "78.9% (internal toolkit: 78.6%)",
-            "llada_instruct_gen_gsm8k_length256_block8.py",
-            "OpenCompass's gsm8k_gen_1d7fe4 (its own 4 exemplars as chat turns, last number scored); "
-            "here the harness's gsm8k_cot with its first 4 exemplars as chat turns",
-        ),
-        (
-            "gsm8k-512",
-            "gsm8k_cot",
-            4,
-            True,
-            {"gen_length": 512, "block_length": 512, "steps": 512, "confidence_eos_eot_inf": True},
-            "68.8% (internal toolkit: 69.4%)",
-            "llada_instruct_gen_gsm8k_length512_block512_confidence.py",
-            "OpenCompass's gsm8k_gen_1d7fe4 (its own 4 exemplars as chat turns, last number scored); "
-            "here the harness's gsm8k_cot with its first 4 exemplars as chat turns",
-        ),
-        (
-            "math-block64",
-            "minerva_math",
-            0,
-            False,
-            {"gen_length": 512, "block_length": 64, "steps": 512},
-            "42.7% (internal toolkit: 42.2%)",
-            "llada_instruct_gen_math_length512_block64.py",
-            "OpenCompass's math_0shot_gen_11c4b5 (\\boxed{} instruction, MATHEvaluator v2); here the harness's "
-            "minerva_math prompt and answer check, 0-shot",
-        ),
-        (
-            "math-512",
-            "minerva_math",
-            0,
-            False,
-            {"gen_length": 512, "block_length": 512, "steps": 512, "confidence_eos_eot_inf": True},
-            "29.6% (internal toolkit: 31.9%)",
-            "llada_instruct_gen_math_length512_block512_confidence.py",
-            "OpenCompass's math_0shot_gen_11c4b5 (\\boxed{} instruction, MATHEvaluator v2); here the harness's "
-            "minerva_math prompt and answer check, 0-shot",
-        ),
-        (
-            "humaneval-512",
-            "humaneval_fenced",
-            0,
-            False,
-            {"gen_length": 512, "block_length": 512, "steps": 512, "logits_eos_inf": True},
-            "47.0% (internal toolkit: 49.4%)",
-            "llada_instruct_gen_humaneval_length512_block512_logits.py",
-            "OpenCompass's humaneval_gen_8e312c ('Complete the following python code:' + prompt, "
-            "humaneval_postprocess_v2); here the bare prompt and Fast-dLLM's fenced-code post-processing",
-        ),
-        (
-            "mbpp-256",
-            "mbpp_fenced",
-            0,
-            False,
-            {"gen_length": 256, "block_length": 256, "steps": 256, "confidence_eos_eot_inf": True},
-            "39.6% (internal toolkit: 41.0%)",
-            "llada_instruct_gen_mbpp_length256_block256_confidence.py",
-            "OpenCompass's mbpp_gen (its few-shot prompt and extraction); here Dream-Instruct's MBPP prompt, "
-            "0-shot, with the answer's fenced code tested",
-        ),
-    ):
+    for name, task, shots, multiturn, decode, published, config, differs in _LLADA_INSTRUCT_ROWS:
         code = task in CODE_TASKS
         rows.append(
             Protocol(

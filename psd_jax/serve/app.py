@@ -66,8 +66,30 @@ def create_app(
     app = FastAPI(title="psd-jax", lifespan=lifespan, **docs)
     app.state.metrics, app.state.batcher = metrics, batcher
     app.add_exception_handler(HTTPException, _http_error)
+    app.include_router(v1_routes(served, batcher, counted_by(metrics, api_key)))
 
-    async def counted(request: Request, answer: Callable[[Outcome], Awaitable[Response]]) -> Response:
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        """200 while the server takes requests; 503 once it is draining (SIGTERM) or can no longer
+        decode (a serving process lost), so a load balancer stops sending before requests get 503s."""
+        status = "failed" if batcher.failure is not None else "draining" if batcher.draining else "ok"
+        body = {"status": status, "model": served.name, **batcher.stats()}
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
+
+    @app.get("/metrics")
+    async def scrape() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    return app
+
+
+Answer = Callable[[Outcome], Awaitable[Response]]
+
+
+def counted_by(metrics: ServerMetrics, api_key: str | None) -> Callable[[Request, Answer], Awaitable[Response]]:
+    """How every ``/v1/*`` route answers: ``counted(request, answer)``."""
+
+    async def counted(request: Request, answer: Answer) -> Response:
         """A ``/v1/*`` route's ``answer``, with the key checked first (before the body is read) and
         the request counted once by its outcome whatever happens: a refusal is its OpenAI error, a
         client gone mid-body is ``client_closed``, and a bug is a logged 500 that fails only this
@@ -88,6 +110,11 @@ def create_app(
             record.failed()
             return _error_response(InternalError())
 
+    return counted
+
+
+def v1_routes(served: ServedModel, batcher: Batcher, counted) -> APIRouter:
+    """The OpenAI routes, each answered through ``counted`` (``counted_by``)."""
     v1 = APIRouter(prefix="/v1")
 
     @v1.get("/models")
@@ -107,21 +134,7 @@ def create_app(
     async def chat_completions(request: Request) -> Response:
         return await counted(request, lambda record: _answer(request, "chat", served, batcher, record))
 
-    app.include_router(v1)
-
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        """200 while the server takes requests; 503 once it is draining (SIGTERM) or can no longer
-        decode (a serving process lost), so a load balancer stops sending before requests get 503s."""
-        status = "failed" if batcher.failure is not None else "draining" if batcher.draining else "ok"
-        body = {"status": status, "model": served.name, **batcher.stats()}
-        return JSONResponse(body, status_code=200 if status == "ok" else 503)
-
-    @app.get("/metrics")
-    async def scrape() -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
-
-    return app
+    return v1
 
 
 def _error_response(exc: RequestError) -> JSONResponse:

@@ -1,6 +1,6 @@
 """Batching: requests that share a compiled program decode together, in one worker thread.
 
-A request's batch key is its compiled program (``runtime.program_settings``: the settings that set
+A request's batch key is its compiled program (``runtime.Program``: the settings that set
 shapes, with the generation length rounded up to the server's generation bucket) and its padded
 prompt length. Runtime values (threshold, temperature, RPS's thresholds, ...), seeds and each
 row's own generation length are per row, so requests that differ only in them share a batch.
@@ -42,7 +42,7 @@ import numpy as np
 
 from ..config import DecodeConfig
 from ..lengths import padded_length
-from ..runtime import program_settings
+from ..runtime import Program
 from .errors import QueueFull, RequestError, RequestTimedOut, ShuttingDown
 from .requests import DecodeRequest
 from .session import BlockEngine, BlockSession
@@ -215,7 +215,7 @@ class Batcher:
         """Requests with equal keys run in one compiled program and may share a batch."""
         length = padded_length(len(request.prompt_ids), self.prompt_bucket)
         canvas = self.canvas_length(request.settings, length)
-        return program_settings(request.settings, canvas), length
+        return Program.of(request.settings, canvas), length
 
     def size_for(self, rows: int) -> int:
         return next((size for size in self.sizes if size >= rows), self.max_batch)

@@ -11,17 +11,17 @@ derive from the model and the server's settings); ``--api-key`` (or ``PSD_JAX_AP
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
 from collections.abc import Mapping
-from typing import NoReturn
-
-from models import load_config
+from pathlib import Path
+from typing import Any, NoReturn
 
 from .. import multihost
-from ..api import InputError, left_pad, load_model, model_directory, model_settings
-from ..config import MAX_BRANCHES, DecodeConfigError, check_for_model
+from ..api import InputError, checked_settings, left_pad, load_model, model_directory
+from ..config import MAX_BRANCHES, DecodeConfig, DecodeConfigError
 from ..flags import (
     EXIT_BAD_INPUT,
     ArgumentParser,
@@ -111,6 +111,21 @@ def build_parser() -> ArgumentParser:
     add_weight_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=port_number, default=DEFAULT_PORT, help=f"TCP port (default: {DEFAULT_PORT})")
+    add_batching_flags(p)
+    add_limit_flags(p)
+    p.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help=f"require Authorization: Bearer KEY on /v1/* (default: ${API_KEY_ENV}, else no key; "
+        "/health and /metrics stay open)",
+    )
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    multihost.add_flags(p)
+    return p
+
+
+def add_batching_flags(p: ArgumentParser) -> None:
+    """How requests are batched, compiled, timed out and drained."""
     p.add_argument(
         "--batching",
         choices=BATCHING,
@@ -164,6 +179,10 @@ def build_parser() -> ArgumentParser:
         help="prompt lengths whose buckets the default settings are compiled for at start-up, at every batch size "
         "(default: one and two prompt buckets; none: compile on first use)",
     )
+
+
+def add_limit_flags(p: ArgumentParser) -> None:
+    """What one request may ask for (docs/serving.md#limits)."""
     limits = p.add_argument_group(
         "request limits (docs/serving.md#limits); a request past one gets 400 (413 for the body)"
     )
@@ -205,26 +224,13 @@ def build_parser() -> ArgumentParser:
         help="the DecodeConfig fields a request may change, comma-separated, or all or none (default: all); "
         "max_tokens counts as gen_length, seed is always allowed, restating the server's value always is",
     )
-    p.add_argument(
-        "--api-key",
-        metavar="KEY",
-        help=f"require Authorization: Bearer KEY on /v1/* (default: ${API_KEY_ENV}, else no key; "
-        "/health and /metrics stay open)",
-    )
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    multihost.add_flags(p)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     warmup = args.warmup_lengths if args.warmup_lengths is not None else (args.prompt_bucket, 2 * args.prompt_bucket)
-    if args.batch_sizes is not None and not args.batch_sizes:
-        parser.error("--batch-sizes needs at least one size")
-    if args.batch_sizes and args.max_batch is not None and max(args.batch_sizes) != args.max_batch:
-        parser.error(f"--max-batch {args.max_batch} is not the largest of --batch-sizes {args.batch_sizes}")
-    max_batch = max(args.batch_sizes) if args.batch_sizes else args.max_batch or MAX_BATCH
+    max_batch = largest_batch(parser, args)
     try:
         from .app import build_app
         from .lockstep import LockstepModel
@@ -236,36 +242,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_BAD_INPUT
     try:
-        cluster = multihost.cluster_from(args)
-        api_key = api_key_from(args.api_key, os.environ)
-        model_dir = model_directory(args.model)
-        defaults = model_settings(model_dir, decode_fields(args), named_settings(args.settings, model_dir))
-        recommended = named_settings(NAME, model_dir)  # what a request's "settings": "recommended" asks for
-        mcfg = load_config(model_dir)
-        check_for_model(defaults, mcfg)  # before the weights load
-        limits = ServerLimits.for_model(
-            mcfg,
-            defaults,
-            args.prompt_bucket,
-            max_tokens=args.max_tokens,
-            max_prompt_tokens=args.max_prompt_tokens,
-            max_depth=args.max_depth,
-            max_k_max=args.max_k_max,
-            max_body_bytes=args.max_body_bytes,
-            overrides=args.allow_overrides,
-        )
-        multihost.start(cluster)
-        lm = load_model(model_dir, **weight_options(args))
-        defaults = lm.settings(defaults)
-        for length in warmup:
-            left_pad([[0] * length], lm.config, defaults.gen_length, args.prompt_bucket)
+        start = start_up(args, warmup)
     except (InputError, DecodeConfigError, TokenizerError, MeshError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if cluster is not None and multihost.process_count() > 1:
+    lm = start.lm
+    if start.cluster is not None and multihost.process_count() > 1:
         from .lockstep import Channel, NotJoined
 
-        channel = Channel(jax_process_index(), multihost.process_count(), cluster.heartbeat_timeout_s / 2)
+        channel = Channel(jax_process_index(), multihost.process_count(), start.cluster.heartbeat_timeout_s / 2)
         if not multihost.is_main():
             return follow_process_zero(lm, channel, args.max_programs)
         try:
@@ -275,35 +260,79 @@ def main(argv: list[str] | None = None) -> int:
         lm = LockstepModel(lm, channel)
     app = build_app(
         lm,
-        defaults,
-        name=args.served_model_name or model_dir.resolve().name,
+        start.defaults,
+        name=args.served_model_name or start.model_dir.resolve().name,
         max_batch=max_batch,
         batch_sizes=args.batch_sizes,
         max_wait_ms=args.max_wait_ms,
         max_queue=args.max_queue,
         prompt_bucket=args.prompt_bucket,
         warmup_lengths=warmup,
-        limits=limits,
-        api_key=api_key,
+        limits=start.limits,
+        api_key=start.api_key,
         batching=args.batching,
         gen_bucket=args.gen_bucket,
         max_programs=args.max_programs,
         request_timeout_s=args.request_timeout,
-        recommended=recommended,
+        recommended=start.recommended,
     )
     if args.settings is not None:  # say which device the named setting was chosen for
-        print(f"default settings: {args.settings}, {read_recommended(model_dir).origin()}", file=sys.stderr)
-    lost = serve(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        drain_seconds=args.drain_seconds,
-        lockstep=lm if isinstance(lm, LockstepModel) else None,
-    )
+        print(f"default settings: {args.settings}, {read_recommended(start.model_dir).origin()}", file=sys.stderr)
+    lockstep = lm if isinstance(lm, LockstepModel) else None
+    opts = dict(host=args.host, port=args.port, log_level=args.log_level, drain_seconds=args.drain_seconds)
+    lost = serve(app, **opts, lockstep=lockstep)
     if lost is not None:
         exit_now(f"error: {lost.message}")
     return 0
+
+
+def largest_batch(parser: ArgumentParser, args: argparse.Namespace) -> int:
+    """The most requests in one batch, from ``--batch-sizes`` or ``--max-batch`` (which must agree)."""
+    if args.batch_sizes is not None and not args.batch_sizes:
+        parser.error("--batch-sizes needs at least one size")
+    if args.batch_sizes and args.max_batch is not None and max(args.batch_sizes) != args.max_batch:
+        parser.error(f"--max-batch {args.max_batch} is not the largest of --batch-sizes {args.batch_sizes}")
+    return max(args.batch_sizes) if args.batch_sizes else args.max_batch or MAX_BATCH
+
+
+@dataclasses.dataclass
+class StartUp:
+    """What the server starts from: the model and the settings and limits its requests get."""
+
+    cluster: Any
+    api_key: str | None
+    model_dir: Path
+    defaults: DecodeConfig
+    recommended: DecodeConfig | None
+    limits: ServerLimits
+    lm: Any
+
+
+def start_up(args: argparse.Namespace, warmup: tuple[int, ...]) -> StartUp:
+    """Every check that needs no weights (settings, limits, cluster, API key), then the weights:
+    bad input fails before the long load."""
+    cluster = multihost.cluster_from(args)
+    api_key = api_key_from(args.api_key, os.environ)
+    model_dir = model_directory(args.model)
+    defaults, mcfg = checked_settings(model_dir, decode_fields(args), args.settings)
+    recommended = named_settings(NAME, model_dir)  # what a request's "settings": "recommended" asks for
+    limits = ServerLimits.for_model(
+        mcfg,
+        defaults,
+        args.prompt_bucket,
+        max_tokens=args.max_tokens,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_depth=args.max_depth,
+        max_k_max=args.max_k_max,
+        max_body_bytes=args.max_body_bytes,
+        overrides=args.allow_overrides,
+    )
+    multihost.start(cluster)
+    lm = load_model(model_dir, **weight_options(args))
+    defaults = lm.settings(defaults)
+    for length in warmup:
+        left_pad([[0] * length], lm.config, defaults.gen_length, args.prompt_bucket)
+    return StartUp(cluster, api_key, model_dir, defaults, recommended, limits, lm)
 
 
 def jax_process_index() -> int:

@@ -263,14 +263,16 @@ class Proposal:
 def propose(loop: Loop, pred: Prediction, canvas, valid, step) -> Proposal:
     """The policy's commit and the decoder's candidates built on it (``decoders.propose``)."""
     dcfg, counts = loop.dcfg, loop.counts
-    chosen, s0 = rules.spatial_commit(xp, pred.conf, pred.token, canvas, valid, step, dcfg, counts)
+    chosen, s0 = rules.spatial_commit(xp, pred.conf, pred.token, canvas, valid, step, dcfg, counts, dcfg)
     if dcfg.decoder == "psd":
         candidates, levels, needed = rules.psd_candidates(
             xp, pred.conf, pred.token, s0, chosen, valid, step, dcfg, counts
         )
         return Proposal(candidates, s0, valid, needed, {"levels": levels})
     if dcfg.decoder == "rps":
-        candidates, needed, state = rules.rps_candidates(xp, pred.topk_prob, pred.topk_id, s0, chosen, valid, dcfg)
+        candidates, needed, state = rules.rps_candidates(
+            xp, pred.topk_prob, pred.topk_id, s0, chosen, valid, dcfg, dcfg
+        )
         return Proposal(candidates, s0, valid, needed, state)
     return Proposal(s0[:, None], s0, valid, torch.ones_like(step), {})
 
@@ -283,7 +285,7 @@ def choose(loop: Loop, proposal: Proposal, preds: Prediction, live, step):
         levels = proposal.state["levels"]
         accepted = rules.psd_accepted(
             xp, levels, proposal.candidates, proposal.valid, preds.token, preds.conf, live, step, dcfg,
-            loop.counts, loop.mcfg.mask_id,
+            loop.counts, loop.mcfg.mask_id, dcfg,
         )  # fmt: skip
         hist = rules.one_hot(xp, accepted, dcfg.depth + 1) * live[:, None]
         return accepted, 1 + accepted, {"accepted_depth": hist}
@@ -326,7 +328,7 @@ class Loop:
 
     def advance(self, canvas, block, step, done):
         """Rows whose block is complete move on; rows stop at the end or at EOS (``rules.advance``)."""
-        return rules.advance(xp, canvas, block, step, done, self.prompt_length, self.mcfg, self.dcfg)
+        return rules.advance(xp, canvas, block, step, done, self.prompt_length, self.mcfg, self.dcfg, self.dcfg)
 
     def logit_window(self, block: torch.Tensor) -> tuple[torch.Tensor, int]:
         """(start [B], width) of the positions a call computes logits for: the engine's window

@@ -68,7 +68,6 @@ def write_reports(
     candidates whose confirmation did not hold, in the order they were tried."""
     failed = failed or []
     out.mkdir(parents=True, exist_ok=True)
-    z = meta["z"]
     last_rung = meta["rungs"][-1]
     final = {n: s for n, s in result.last.items() if s["rung"] == last_rung}
     stats = {base_name: {**result.base, "status": "base"}, **final}
@@ -85,6 +84,36 @@ def write_reports(
         "dropped_from_space": [{"settings": f, "reason": why} for f, why in dropped],
     }
     (out / "tune.json").write_text(json.dumps(report, indent=2) + "\n")
+    verdict = verdict_text(meta, result, confirmation, failed)
+    frontier_md = table(frontier_rows, result.choice, base_name)
+    ordered = sorted(result.last.items(), key=lambda item: (-item[1]["rung"], item[1]["cost_per_prompt"]))
+    md = (
+        f"# Tuning: {meta['model']} on {meta['data']}\n\n"
+        f"Base {base_name}; objective {meta['objective']} on {meta['device']}; max loss {meta['max_loss']:g} points; "
+        f"search {meta['search_size']} problems "
+        f"(rungs {', '.join(map(str, meta['rungs']))}), confirmation {meta['confirm_size']}.\n\n"
+        f"## Frontier (last rung, {last_rung} problems)\n\n{frontier_md}\n{verdict}\n\n"
+        f"## Every candidate at the last rung it reached\n\n"
+        f"{table([(base_name, stats[base_name]), *ordered], result.choice, base_name, status=True)}"
+    )
+    (out / "tune.md").write_text(md)
+    plotted = [{"name": n, **s} for n, s in stats.items()]
+    pareto_plot(
+        plotted,
+        out / "frontier.png",
+        f"{Path(meta['model']).name}: last rung, {last_rung} problems",
+        axes=(("speedup", f"speedup over the base ({_rate(meta)})"), ("tpf", "tokens per forward (TPF)")),
+        frontier=result.frontier,
+        chosen=result.choice,
+    )
+    return f"{frontier_md}\n{verdict}\nwrote {out / 'tune.json'}, {out / 'tune.md'}, {out / 'frontier.png'}"
+
+
+def verdict_text(meta: dict, result: SearchResult, confirmation: dict | None, failed: list[dict]) -> str:
+    """The search's outcome in words: the confirmations that failed, then the choice and its
+    confirmation, or why there is none."""
+    z = meta["z"]
+    last_rung = meta["rungs"][-1]
     tried = "".join(
         f"{f['name']} failed its confirmation ({_points(f['difference'])} ± {100 * f['standard_error']:.1f} points "
         f"on {meta['confirm_size']} problems); "
@@ -113,25 +142,4 @@ def write_reports(
                 f"NFE/prompt {confirmation['nfe_per_prompt']:.1f} against {confirmation['base_nfe_per_prompt']:.1f}, "
                 f"TPF ratio {confirmation['tpf_ratio']:.2f}x."
             )
-    frontier_md = table(frontier_rows, result.choice, base_name)
-    ordered = sorted(result.last.items(), key=lambda item: (-item[1]["rung"], item[1]["cost_per_prompt"]))
-    md = (
-        f"# Tuning: {meta['model']} on {meta['data']}\n\n"
-        f"Base {base_name}; objective {meta['objective']} on {meta['device']}; max loss {meta['max_loss']:g} points; "
-        f"search {meta['search_size']} problems "
-        f"(rungs {', '.join(map(str, meta['rungs']))}), confirmation {meta['confirm_size']}.\n\n"
-        f"## Frontier (last rung, {last_rung} problems)\n\n{frontier_md}\n{verdict}\n\n"
-        f"## Every candidate at the last rung it reached\n\n"
-        f"{table([(base_name, stats[base_name]), *ordered], result.choice, base_name, status=True)}"
-    )
-    (out / "tune.md").write_text(md)
-    plotted = [{"name": n, **s} for n, s in stats.items()]
-    pareto_plot(
-        plotted,
-        out / "frontier.png",
-        f"{Path(meta['model']).name}: last rung, {last_rung} problems",
-        axes=(("speedup", f"speedup over the base ({_rate(meta)})"), ("tpf", "tokens per forward (TPF)")),
-        frontier=result.frontier,
-        chosen=result.choice,
-    )
-    return f"{frontier_md}\n{verdict}\nwrote {out / 'tune.json'}, {out / 'tune.md'}, {out / 'frontier.png'}"
+    return verdict

@@ -208,41 +208,11 @@ def successive_halving(
             if n in last:
                 last[n] = {**last[n], "status": "not in the log past this rung"}
         survivors = [n for n in survivors if n not in unknown]
-        lossy = [n for n in survivors if stats[n]["upper"] < -max_loss]
-        rest = sorted((n for n in survivors if n not in lossy), key=lambda n: _order(stats[n]))
-        safe = next((n for n in rest if stats[n]["lower"] >= -max_loss), None)
-        beaten = []
-        if safe is not None and not final:
-            cost = stats[safe]["cost_per_prompt"]
-            beaten = [n for n in rest if n != safe and stats[n]["cost_per_prompt"] >= cost]
-        rest = sorted((n for n in rest if n not in beaten), key=lambda n: _promise(stats[n], max_loss))
-        kept = rest
-        if not final:
-            kept = rest[: max(keep_min, math.ceil(len(rest) / 2))]
-            if safe is not None and safe not in kept:
-                kept.append(safe)
+        rung = _rung(survivors, stats, max_loss, keep_min, final)
         for n in survivors:
-            if n in lossy:
-                status = "too lossy (bound)"
-            elif n in beaten:
-                status = "slower than a safe one"
-            elif final:
-                status = _final_status(stats[n], max_loss)
-            else:
-                status = "kept" if n in kept else "halved"
-            last[n] = {"rung": size, "status": status, **stats[n]}
-        history.append(
-            {
-                "rung": size,
-                "evaluated": list(survivors),
-                "not_in_the_log": unknown,
-                "too_lossy": lossy,
-                "safe": safe,
-                "slower_than_safe": beaten,
-                "halved": [n for n in rest if n not in kept],
-            }
-        )
-        survivors = kept
+            last[n] = {"rung": size, "status": rung.status(n, stats[n], max_loss), **stats[n]}
+        history.append({"rung": size, "evaluated": list(survivors), "not_in_the_log": unknown, **rung.record()})
+        survivors = rung.kept
     final_stats = {n: s for n, s in last.items() if s["rung"] == rungs[-1]}
     ranked = ranked_choices(final_stats, survivors, max_loss)
     choice = ranked[0] if ranked else None
@@ -250,6 +220,48 @@ def successive_halving(
         last[choice]["status"] = "chosen"
     frontier = pareto_frontier({base_name: base_stats, **final_stats})
     return SearchResult(history, last, base_stats, frontier, choice, ranked)
+
+
+@dataclasses.dataclass
+class Rung:
+    """One rung's verdict on its survivors (``successive_halving``)."""
+
+    lossy: list[str]  # upper bound below the loss
+    safe: str | None  # the cheapest whose lower bound clears the loss
+    beaten: list[str]  # cost as much as the safe one or more
+    rest: list[str]  # the others, most promising first
+    kept: list[str]  # those that go on
+    final: bool
+
+    def status(self, name: str, stats: dict, max_loss: float) -> str:
+        if name in self.lossy:
+            return "too lossy (bound)"
+        if name in self.beaten:
+            return "slower than a safe one"
+        if self.final:
+            return _final_status(stats, max_loss)
+        return "kept" if name in self.kept else "halved"
+
+    def record(self) -> dict:
+        halved = [n for n in self.rest if n not in self.kept]
+        return {"too_lossy": self.lossy, "safe": self.safe, "slower_than_safe": self.beaten, "halved": halved}
+
+
+def _rung(survivors: list[str], stats: dict[str, dict], max_loss: float, keep_min: int, final: bool) -> Rung:
+    lossy = [n for n in survivors if stats[n]["upper"] < -max_loss]
+    rest = sorted((n for n in survivors if n not in lossy), key=lambda n: _order(stats[n]))
+    safe = next((n for n in rest if stats[n]["lower"] >= -max_loss), None)
+    beaten = []
+    if safe is not None and not final:
+        cost = stats[safe]["cost_per_prompt"]
+        beaten = [n for n in rest if n != safe and stats[n]["cost_per_prompt"] >= cost]
+    rest = sorted((n for n in rest if n not in beaten), key=lambda n: _promise(stats[n], max_loss))
+    kept = rest
+    if not final:
+        kept = rest[: max(keep_min, math.ceil(len(rest) / 2))]
+        if safe is not None and safe not in kept:
+            kept.append(safe)
+    return Rung(lossy, safe, beaten, rest, kept, final)
 
 
 def ranked_choices(final_stats: dict[str, dict], survivors: list[str], max_loss: float) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from typing import Any
 
 from ..config import MAX_BRANCHES, DecodeConfig, DecodeConfigError, check_for_model
@@ -68,6 +69,28 @@ def default_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
     def add(fields: dict[str, Any], cache: str = "dual", block: int = block_length) -> None:
         space.append({**fields, "cache": cache, "block_length": block})
 
+    _plain_candidates(add, bases, block_length)
+    _psd_candidates(add, bases, block_length)
+    _next_block_candidates(add, bases, block_length)
+    for name in ("threshold-0.9", "threshold-0.8", "threshold-0.7"):
+        add({**bases[name], "decoder": "rps"})
+    add({**bases["threshold-0.9"], "decoder": "rps", "k_max": 5})
+    add({**bases["threshold-0.9"], "decoder": "rps", "pivot_tau": 0.8, "lam": 0.5})
+    other = other_block_length(gen_length, block_length)
+    if other is not None:
+        for name in ("fixed-1", "threshold-0.9", "factor-1"):
+            add(bases[name], block=other)
+        for depth in (3, other - 1):
+            add({**bases["threshold-0.9"], "decoder": "psd", "depth": min(depth, MAX_BRANCHES - 1)}, block=other)
+    return space
+
+
+Add = Callable[..., None]
+
+
+def _plain_candidates(add: Add, bases: dict[str, dict], block_length: int) -> None:
+    """Every base with the dual cache, some uncached, some with the prefix cache, some with the
+    dual cache's window past the block."""
     for fields in bases.values():
         add(fields)
     for name in ("fixed-2", "fixed-4", "threshold-0.7", "threshold-0.9", "threshold-0.95", "threshold-0.98"):
@@ -86,6 +109,10 @@ def default_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
             add({**bases[name], "vicinity": max(block_length // part, 1)})
     for name in ("threshold-0.98", "threshold-0.99"):
         add({**bases[name], "vicinity": max(block_length // 4, 1)})
+
+
+def _psd_candidates(add: Add, bases: dict[str, dict], block_length: int) -> None:
+    """PSD within the block: tokens acceptance at the searched depths, strict, deep uncached."""
     add({**bases["threshold-0.9"], "decoder": "psd", "depth": 3}, cache="none")
     for name in ("fixed-1", "fixed-2", "threshold-0.9", "threshold-0.95"):
         for depth in depths(block_length):
@@ -100,35 +127,29 @@ def default_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
     for depth in (7, block_length - 1):  # deep tokens-acceptance PSD uncached: no block-start refresh call
         add({**bases["fixed-1"], "decoder": "psd", "depth": min(depth, MAX_BRANCHES - 1)}, cache="none")
 
-    def capped(reach: tuple[int, ...]) -> list[int]:
-        return sorted({min(d, MAX_BRANCHES - 1) for d in reach if d >= 1})
 
+def _capped(reach: tuple[int, ...]) -> list[int]:
+    return sorted({min(d, MAX_BRANCHES - 1) for d in reach if d >= 1})
+
+
+def _next_block_candidates(add: Add, bases: dict[str, dict], block_length: int) -> None:
+    """PSD drafting into the next block (uncached, and with the dual cache at a vicinity of a
+    block), and fixed-1's drafts gated by the verifier's confidence."""
     deep = (block_length - 1, block_length + block_length // 2 - 1, 2 * block_length - 2)
     for name, reach in (("fixed-1", (7, *deep)), ("threshold-0.9", (3, 7)), ("threshold-0.95", (3, 7))):
-        for depth in capped(reach):  # drafts into the next block
+        for depth in _capped(reach):  # drafts into the next block
             add({**bases[name], "decoder": "psd", "depth": depth, "draft_next_block": True}, cache="none")
     for name, depths_here in (("fixed-1", (block_length - 1,)), ("threshold-0.9", (3, 7)), ("threshold-0.95", (3, 7))):
         gate = {"accept_confidence": 0.95} if name == "fixed-1" else {}
-        for depth in capped(depths_here):  # into the next block with the dual cache, whose window reaches it
+        for depth in _capped(depths_here):  # into the next block with the dual cache, whose window reaches it
             fields = {**bases[name], "decoder": "psd", "depth": depth, "draft_next_block": True, **gate}
             add({**fields, "vicinity": block_length})
     gated = {**bases["fixed-1"], "decoder": "psd"}
     for gate in GATES:  # drafts also need the verifier's confidence (accept_confidence)
-        for depth in capped(deep):
+        for depth in _capped(deep):
             add({**gated, "depth": depth, "draft_next_block": True, "accept_confidence": gate}, cache="none")
         if gate > GATES[0]:  # within the block
             add({**gated, "depth": min(block_length - 1, MAX_BRANCHES - 1), "accept_confidence": gate}, cache="none")
-    for name in ("threshold-0.9", "threshold-0.8", "threshold-0.7"):
-        add({**bases[name], "decoder": "rps"})
-    add({**bases["threshold-0.9"], "decoder": "rps", "k_max": 5})
-    add({**bases["threshold-0.9"], "decoder": "rps", "pivot_tau": 0.8, "lam": 0.5})
-    other = other_block_length(gen_length, block_length)
-    if other is not None:
-        for name in ("fixed-1", "threshold-0.9", "factor-1"):
-            add(bases[name], block=other)
-        for depth in (3, other - 1):
-            add({**bases["threshold-0.9"], "decoder": "psd", "depth": min(depth, MAX_BRANCHES - 1)}, block=other)
-    return space
 
 
 def small_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:

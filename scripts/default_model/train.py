@@ -330,7 +330,7 @@ def save(model: DiffusionLM, out: Path) -> None:
     (out / DECODE_DEFAULTS_FILE).write_text(json.dumps({"gen_length": GEN_LENGTH, "block_length": BLOCK_LENGTH}) + "\n")
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="models/default")
     parser.add_argument("--steps", type=int, default=8000)
@@ -374,7 +374,32 @@ def main() -> None:
     )
     parser.add_argument("--eval-every", type=int, default=2000)
     parser.add_argument("--eval-n", type=int, default=64)
-    args = parser.parse_args()
+    return parser
+
+
+def batch_sources(args, tok, cfg, held_out: set[str], rng: random.Random, drill_length: int):
+    """(word-problem batches, drill batches): each an iterator of encoded batches, made ahead in
+    its own thread."""
+    problems = prefetch(
+        lambda: encode_batch(
+            tok, make_dataset(args.batch, rng.randrange(2**31), exclude=held_out), cfg.eos_id, cfg.pad_id
+        )
+    )
+    drill_rng = random.Random(args.seed + 1)  # its own stream: the two prefetch threads interleave
+
+    def drill_batch() -> list[dict]:
+        chained = args.drill_batch // 2 if args.chain_drills else 0
+        seed = drill_rng.randrange(2**31)
+        return make_drills(
+            args.drill_batch - chained, seed, labelled=args.drill_labels, listed=not args.unlisted_drills
+        ) + make_chain_drills(chained, seed)
+
+    drills = prefetch(lambda: encode_batch(tok, drill_batch(), cfg.eos_id, cfg.pad_id, drill_length))
+    return problems, drills
+
+
+def main() -> None:
+    args = build_parser().parse_args()
 
     out = Path(args.out)
     tok = AutoTokenizer.from_pretrained(str(out))
@@ -393,13 +418,8 @@ def main() -> None:
     block_length = BLOCK_LENGTH if args.masking == "block" else None
     row_mean = args.loss_weight == "row-mean"
     problem_step = make_train_step(graphdef, optimizer, cfg.mask_id, GEN_LENGTH, block_length, row_mean=row_mean)
-    drill_length = (
-        LABELLED_DRILL_GEN_LENGTH
-        if args.drill_labels
-        else CHAIN_DRILL_GEN_LENGTH
-        if args.chain_drills
-        else DRILL_GEN_LENGTH
-    )
+    drill_length = LABELLED_DRILL_GEN_LENGTH if args.drill_labels else DRILL_GEN_LENGTH
+    drill_length = CHAIN_DRILL_GEN_LENGTH if args.chain_drills and not args.drill_labels else drill_length
     drill_step = make_train_step(graphdef, optimizer, cfg.mask_id, drill_length, block_length, row_mean=row_mean)
     settings = DecodeConfig(gen_length=GEN_LENGTH, block_length=BLOCK_LENGTH, steps=GEN_LENGTH)
 
@@ -408,21 +428,7 @@ def main() -> None:
     start = time.time()
     log = []
     step = 0
-    problems = prefetch(
-        lambda: encode_batch(
-            tok, make_dataset(args.batch, rng.randrange(2**31), exclude=held_out), cfg.eos_id, cfg.pad_id
-        )
-    )
-    drill_rng = random.Random(args.seed + 1)  # its own stream: the two prefetch threads interleave
-
-    def drill_batch() -> list[dict]:
-        chained = args.drill_batch // 2 if args.chain_drills else 0
-        seed = drill_rng.randrange(2**31)
-        return make_drills(
-            args.drill_batch - chained, seed, labelled=args.drill_labels, listed=not args.unlisted_drills
-        ) + make_chain_drills(chained, seed)
-
-    drills = prefetch(lambda: encode_batch(tok, drill_batch(), cfg.eos_id, cfg.pad_id, drill_length))
+    problems, drills = batch_sources(args, tok, cfg, held_out, rng, drill_length)
     while step < total_steps and time.time() - start < args.minutes * 60:
         use_drill = args.drill_every and step % args.drill_every == args.drill_every - 1
         ids, attn = put_batch(next(drills if use_drill else problems))

@@ -50,6 +50,22 @@ def result_digit_mask(tok, drills: list[dict], width: int) -> np.ndarray:
     return mask
 
 
+def make_scorers(tok, cfg, graphdef) -> dict:
+    """Per drill kind (listed, unlisted): (a jitted prediction of held-out drills with their
+    result digits masked, their ids, the result digits' mask)."""
+    # encode_batch would skip (and so misalign the result mask of) a drill that does not fit
+    scorers = {}
+    for listed in (True, False):
+        held = [d for d in make_drills(260, seed=10**6, listed=listed) if fits(tok, d, DRILL_GEN_LENGTH)][:256]
+        ids, attn = encode_batch(tok, held, cfg.eos_id, cfg.pad_id, DRILL_GEN_LENGTH)
+        results = result_digit_mask(tok, held, ids.shape[1])
+        noisy, attn = jnp.asarray(np.where(results, cfg.mask_id, ids)), jnp.asarray(attn)
+        predict = jax.jit(lambda p, noisy=noisy, attn=attn: nnx.merge(graphdef, p)(noisy, attn).argmax(-1))
+        scorers["listed" if listed else "unlisted"] = (predict, ids, results)
+
+    return scorers
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokenizer", default="models/default")
@@ -73,15 +89,7 @@ def main() -> None:
         model = DiffusionLM(cfg, rngs=nnx.Rngs(args.seed))
     graphdef, params = nnx.split(model)
 
-    # encode_batch would skip (and so misalign the result mask of) a drill that does not fit
-    scorers = {}
-    for listed in (True, False):
-        held = [d for d in make_drills(260, seed=10**6, listed=listed) if fits(tok, d, DRILL_GEN_LENGTH)][:256]
-        ids, attn = encode_batch(tok, held, cfg.eos_id, cfg.pad_id, DRILL_GEN_LENGTH)
-        results = result_digit_mask(tok, held, ids.shape[1])
-        noisy, attn = jnp.asarray(np.where(results, cfg.mask_id, ids)), jnp.asarray(attn)
-        predict = jax.jit(lambda p, noisy=noisy, attn=attn: nnx.merge(graphdef, p)(noisy, attn).argmax(-1))
-        scorers["listed" if listed else "unlisted"] = (predict, ids, results)
+    scorers = make_scorers(tok, cfg, graphdef)
 
     def score(params) -> str:
         return ", ".join(
