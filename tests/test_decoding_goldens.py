@@ -8,10 +8,12 @@ import pytest
 from psd_jax import DecodeConfig
 
 
-def assert_calls(out, nfe: int, batch: int, positions: int) -> None:
+def assert_calls(out, nfe: int, batch: int, positions: int, logits: int) -> None:
     """The batch's call record: ``nfe`` uncached one-canvas calls over ``positions`` (the
-    upstream loop's forwards), each of ``batch`` rows."""
-    assert out[0].calls == [{"kind": "full", "candidates": 1, "positions": positions, "batch": batch, "count": nfe}]
+    upstream loop's forwards), each of ``batch`` rows, with logits at ``logits`` positions (the
+    block and the next, or the whole generation when that is shorter)."""
+    record = {"kind": "full", "candidates": 1, "positions": positions, "batch": batch, "count": nfe, "logits": logits}
+    assert out[0].calls == [record]
     assert all(r.calls == out[0].calls for r in out)
 
 
@@ -33,7 +35,7 @@ def test_llada_generate_batch_with_padding(lms, cases, steps):
     expected = cases[pre + "output"][:, 20:]
     np.testing.assert_array_equal(np.array([r.output_ids for r in out]), expected)
     assert [r.nfe for r in out] == [steps, steps]
-    assert_calls(out, steps, 2, 20 + 48)
+    assert_calls(out, steps, 2, 20 + 48, 32)
 
 
 @pytest.mark.parametrize("threshold", ["0.9", "0.7"])
@@ -44,7 +46,7 @@ def test_fast_dllm_threshold(lms, cases, threshold, row):
     (out,) = lms["llada-tiny"].generate(_rows(cases[pre + "prompt"], None), settings, prompt_bucket=None)
     np.testing.assert_array_equal(out.output_ids, cases[pre + "output"][0, 20:])
     assert out.nfe == int(cases[pre + "nfe"])
-    assert_calls([out], int(cases[pre + "nfe"]), 1, 20 + 48)
+    assert_calls([out], int(cases[pre + "nfe"]), 1, 20 + 48, 32)
 
 
 @pytest.mark.parametrize(
@@ -58,7 +60,7 @@ def test_dream_diffusion_generate(lms, cases, alg, confidence, steps):
     out = lms["dream-tiny"].generate(prompts, settings, prompt_bucket=None)
     np.testing.assert_array_equal(np.array([r.output_ids for r in out]), cases[pre + "output"][:, 20:])
     assert [r.nfe for r in out] == [steps, steps]
-    assert_calls(out, steps, 2, 20 + 32)
+    assert_calls(out, steps, 2, 20 + 32, 32)
 
 
 def test_prompt_bucketing_keeps_llada_tokens(lms, cases):

@@ -41,7 +41,7 @@ def test_flags_say_which_code_paths_the_values_need(settings):
 
 def test_rows_that_differ_only_in_values_share_a_program():
     base = DecodeConfig(policy="threshold", decoder="psd", depth=2, gen_length=64, block_length=16)
-    same = base.replace(threshold=0.7, temperature=0.3, top_p=0.8, accept_confidence=0.6, lam=0.5)
+    same = base.replace(threshold=0.7, temperature=0.3, top_p=0.8, accept_confidence=0.6)
     other_values = same.replace(temperature=0.9, top_p=0.5, top_k=3, accept_confidence=0.95)
     assert Program.of(same) == Program.of(other_values) != Program.of(base)
     assert hash(Program.of(same)) == hash(Program.of(other_values))
