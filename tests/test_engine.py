@@ -132,21 +132,18 @@ def test_sampling_is_reproducible_from_seed(lms):
     assert [r.output_ids for r in a] != [r.output_ids for r in greedy]
 
 
+def predict_one(lm, canvas, prompt_length: int, settings: DecodeConfig):
+    """``predict`` of one canvas [1, N] with ``settings``' program and values, outside the loop."""
+    keys, values = batch_keys(jax.random.key(0), 1), RowValues.of([settings])
+    return predict(lm.model, canvas[:, None], None, prompt_length, keys, values, lm.config, Program.of(settings))
+
+
 def test_cfg_combines_conditional_and_unconditional_logits(lms):
     lm = lms["llada-tiny"]
     canvas = jnp.asarray([PROMPTS[0] + [lm.config.mask_id] * 8])
     p = len(PROMPTS[0])
     settings = DecodeConfig(gen_length=8, block_length=8, cfg_scale=2.0)
-    pred = predict(
-        lm.model,
-        canvas[:, None],
-        None,
-        p,
-        batch_keys(jax.random.key(0), 1),
-        RowValues.of([settings]),
-        lm.config,
-        Program.of(settings),
-    )
+    pred = predict_one(lm, canvas, p, settings)
     uncond = canvas.at[:, :p].set(lm.config.mask_id)
     cond_l, uncond_l = np.asarray(lm.logits(canvas)), np.asarray(lm.logits(uncond))
     mixed = uncond_l + 3.0 * (cond_l - uncond_l)
@@ -168,16 +165,7 @@ def test_prediction_reads_only_the_generated_positions_logits(lms, name):
     expected = full[:, p - shift : full.shape[1] - shift].copy()
     expected[..., lm.config.mask_id] = -np.inf
     settings = DecodeConfig(gen_length=8, block_length=8)
-    pred = predict(
-        lm.model,
-        canvas[:, None],
-        None,
-        p,
-        batch_keys(jax.random.key(0), 1),
-        RowValues.of([settings]),
-        lm.config,
-        Program.of(settings),
-    )
+    pred = predict_one(lm, canvas, p, settings)
     assert pred.token.shape == pred.conf.shape == (1, 1, p + 8)
     np.testing.assert_array_equal(np.asarray(pred.token[0, 0, p:]), expected[0].argmax(-1))
     np.testing.assert_array_equal(np.asarray(pred.token[0, 0, :p]), PROMPTS[0])
