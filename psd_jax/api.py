@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -31,9 +30,10 @@ from models.quantize import check_quantize
 from models.transformer import default_unroll_layers
 
 from . import rules
+from .block_decode import BlockDecode
 from .calls import call_records
 from .config import DecodeConfig, DecodeConfigError, check_for_model, merged_fields, settings_from
-from .engine import decode, decode_blocks, decode_join, decode_regroup, decode_start, finish, streamed
+from .engine import decode
 from .errors import InputError
 from .layouts import layout_type
 from .lengths import check_context
@@ -435,158 +435,6 @@ class LoadedModel(PromptIO):
         return generations(
             out, prompt_length, self.config.stop_ids, self.decode_text, seconds, compile_seconds, calls=calls
         )
-
-
-@dataclasses.dataclass
-class BlockProgress:
-    """A batch after one ``BlockDecode.advance``: per row, the generated ids so far
-    ([rows, canvas gen_length]; a row's own ids are the first ``gen_length[r]``; a block's ids are
-    final once it is counted in ``final_blocks``), the number of final blocks, and whether the row
-    is done (then ``final_blocks`` is the number of blocks it decoded: it stops at its last one or
-    at one holding EOS)."""
-
-    generated: np.ndarray
-    final_blocks: np.ndarray
-    done: np.ndarray
-    nfe: np.ndarray  # model calls while each row was decoding, so far
-    gen_length: np.ndarray  # each row's own generation length
-
-
-class BlockDecode:
-    """One batch decoded block by block (``LoadedModel.start_blocks``): each ``advance`` is one
-    compiled call and one host round trip, however many steps the block takes. ``join`` writes new
-    prompts into rows that are done (continuous batching): each decodes from there exactly as a
-    ``generate`` of its own (greedy), while the other rows go on.
-
-    All rows share the compiled ``program`` (``runtime.Program``: the settings that set
-    shapes); each has its own runtime values, PRNG key and generation length (up to the canvas's)."""
-
-    def __init__(self, lm: LoadedModel, program: Program, prompt_ids, prompt_mask, values: RowValues):
-        self.lm, self.program = lm, program
-        self._ids, self._mask, self._values = np.array(prompt_ids), np.array(prompt_mask), values
-        self.size, self.prompt_length = self._ids.shape
-        self.rows = 0  # rows holding a prompt at the start (``results``)
-        self.compile_seconds = 0.0
-        self.seconds = 0.0  # decode wall time so far (compilation excluded)
-        self.done = False
-        self._state = None
-
-    def _compiled(self, fn, name: str, args: tuple, shapes: tuple = ()):
-        """``fn`` compiled for ``args`` (by the model's program cache), its time counted here."""
-        compiled, seconds = self.lm._compile_with(fn, (name, self._ids, *shapes), args, self.program)
-        self.compile_seconds += seconds
-        return compiled
-
-    def start(self, keys: np.ndarray, live: np.ndarray) -> None:
-        """The first state: the first forward of the ``live`` rows (the others start done)."""
-        ids, mask, keys, values, live_rows = self.lm._on_devices(self._ids, self._mask, keys, self._values, live)
-        args = (self.lm.params, ids, mask, keys, values, live_rows)
-        start = self._compiled(decode_start, "start", args)
-        began = time.perf_counter()
-        self._state = start(*args)
-        self.seconds += time.perf_counter() - began
-        self.rows, self.done = int(live.sum()), not live.any()
-
-    def join(self, rows: Sequence[int], prompts: Sequence[Sequence[int]], settings: Sequence[DecodeConfig], seeds):
-        """Start ``prompts`` (token ids, each at most ``prompt_length``) in ``rows``, which must be
-        done, with their own ``settings`` (of this batch's program: ``runtime.Program``)
-        and ``seeds``; they decode from the next ``advance`` on. No model call."""
-        if not len(rows):
-            return
-        for row, ids, dcfg in zip(rows, prompts, settings):
-            if Program.of(dcfg, self.program.gen_length) != self.program:
-                raise InputError(f"settings {dcfg.changed()} do not run in this batch's program")
-            left = self.prompt_length - len(ids)
-            if left < 0:
-                raise InputError(f"a prompt of {len(ids)} tokens does not fit this batch's {self.prompt_length}")
-            self._ids[row] = [self.lm.config.pad_id] * left + list(ids)
-            self._mask[row] = [0] * left + [1] * len(ids)
-        picked = np.asarray(rows)
-        self._values = jax.tree.map(lambda a, b: _set_rows(a, picked, b), self._values, RowValues.of(settings))
-        keys = np.zeros((self.size, 2), np.uint32)
-        keys[picked] = row_keys(seeds, [0] * len(rows))  # a joined row draws as generate's row 0
-        join = np.zeros(self.size, bool)
-        join[picked] = True
-        ids, mask, keys, values, join = self.lm._on_devices(self._ids, self._mask, keys, self._values, join)
-        args = (self.lm.params, ids, mask, self._state, join, keys, values)
-        self._state = self._compiled(decode_join, "join", args)(*args)
-        self.done = False
-
-    def advance(self) -> BlockProgress:
-        """Run the loop until every row that is decoding has left its block or finished."""
-        began = time.perf_counter()
-        mask = self.lm._on_devices(self._mask)[0]
-        if not self.done:
-            blocks = self._compiled(decode_blocks, "blocks", (self.lm.params, mask, self._state))
-            self._state = blocks(self.lm.params, mask, self._state)
-        state = self._state
-        num_blocks = state.values.num_blocks
-        canvas, final = streamed(
-            state.canvas, state.block, state.done, mask, num_blocks, mcfg=self.lm.config, program=self.program
-        )
-        done, canvas, final, nfe, num_blocks = to_host((state.done, canvas, final, state.row_nfe, num_blocks))
-        self.seconds += time.perf_counter() - began
-        self.done = bool(done.all())
-        gen = num_blocks * self.program.block_length
-        return BlockProgress(canvas[:, self.prompt_length :], final, done, nfe, gen)
-
-    def regroup(self, index: Sequence[int]) -> None:
-        """Move to a decode of ``len(index)`` rows: new row i is row ``index[i]`` as it is (-1: an
-        empty row, done), so a running batch changes compiled size without touching its rows."""
-        index_array = self.lm._replicated(np.asarray(index, np.int32))
-        self._state = self.prepare_regroup(len(index))(self.lm.params, self._state, index_array)
-        picked = np.maximum(np.asarray(index), 0)
-        self._ids, self._mask = self._ids[picked], self._mask[picked]
-        self._values = jax.tree.map(lambda a: a[picked], self._values)
-        self.size = len(index)
-        if all(i < 0 for i in index):
-            self.done = True
-
-    def prepare_regroup(self, size: int):
-        """The compiled move of this decode's rows to ``size`` rows (``regroup``), compiled now if
-        it is not yet (a server compiles them at start-up)."""
-        # The index is replicated (``regroup`` places it on every device): compiled for that layout,
-        # not one the partitioner picks.
-        whole = None if self.lm.mesh is None else NamedSharding(self.lm.mesh, PartitionSpec())
-        index = jax.ShapeDtypeStruct((size,), jnp.int32, sharding=whole)
-        args = (self.lm.params, self._state, index)
-        return self._compiled(decode_regroup, "regroup", args, (index,))
-
-    def stop(self, rows: Sequence[int]) -> None:
-        """Stop decoding ``rows`` (their output is no longer wanted): they are frozen like finished
-        rows from the next ``advance`` on, and no longer hold the batch back."""
-        if not len(rows):
-            return
-        stopped = np.zeros(self.size, bool)
-        stopped[list(rows)] = True
-        done = jnp.logical_or(self._state.done, self.lm._on_devices(stopped)[0])
-        self._state = self._state.replace(done=jax.device_put(done, self._state.done.sharding))
-
-    def results(self) -> list[Generation]:
-        """One ``Generation`` per prompt given to ``start_blocks``, as ``generate`` returns them
-        (call once every row is done)."""
-        state = self._state
-        mask = self.lm._on_devices(self._mask)[0]
-        canvas, _ = streamed(
-            state.canvas,
-            state.block,
-            state.done,
-            mask,
-            state.values.num_blocks,
-            mcfg=self.lm.config,
-            program=self.program,
-        )
-        out = to_host(finish(state, canvas))
-        n, end = self.rows, self.prompt_length + int(self._values.num_blocks[0]) * self.program.block_length
-        rows = DecodeOutput(out.canvas[:n, :end], out.row_nfe[:n], out.nfe, out.sequence_forwards, out.iterations, {})
-        rows = rows._replace(stats={k: v[:n] for k, v in out.stats.items()}, calls=out.calls)
-        return self.lm._results(rows, self.prompt_length, self.seconds, self.compile_seconds)
-
-
-def _set_rows(a: np.ndarray, rows: np.ndarray, new: np.ndarray) -> np.ndarray:
-    out = np.array(a)
-    out[rows] = new
-    return out
 
 
 def load_model(

@@ -165,6 +165,24 @@ def test_search_reports_when_no_candidate_is_within_the_loss():
     assert result.choice is None and result.last["lossy"]["status"] == "too lossy (bound)"
 
 
+def test_a_modeled_problem_pays_its_batch_share_or_alone_its_own_calls():
+    """At 32 rows per call a problem is charged 1/32 of its batch's calls; at one row per call its
+    own: a batch of 50 whose slowest row took 20 calls charges a row of 5 calls 5 calls, not 20."""
+    from psd_jax.calls import CallShape
+    from psd_jax.costs import CHIPS, roofline_call_cost
+    from psd_jax.tuning.devices import Target, objective_for
+
+    from conftest import HF_CONFIGS
+
+    llada = HF_CONFIGS / "LLaDA-8B-Instruct"
+    mcfg, shape = load_config(llada), CallShape("full", 1, 112)
+    call = {"kind": "full", "candidates": 1, "positions": 112, "batch": 50, "count": 20, "logits": 32}
+    outcome = Outcome(correct=1, nfe=5, tokens=30, calls=(call,), rows=50)
+    for rows, charged in ((32, 20 / 32), (1, 5)):
+        priced = objective_for("seconds", Target("h200", llada, rows), 16).price(outcome)
+        assert priced == pytest.approx(charged * roofline_call_cost(mcfg, CHIPS["h200"], shape, rows, 16, 32))
+
+
 def test_split_is_a_seeded_disjoint_partition():
     search_ids, confirm_ids = split(50, 15, seed=3)
     assert len(confirm_ids) == 15 and sorted(search_ids + confirm_ids) == list(range(50))

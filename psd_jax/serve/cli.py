@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .. import multihost
-from ..api import InputError, checked_settings, left_pad, load_model, model_directory
+from ..api import InputError, checked_settings, load_model, model_directory
 from ..config import MAX_BRANCHES, DecodeConfig, DecodeConfigError
 from ..flags import (
     EXIT_BAD_INPUT,
@@ -33,6 +33,7 @@ from ..flags import (
     positive_int,
     weight_options,
 )
+from ..lengths import check_context
 from ..recommended import NAME, named_settings, read_recommended
 from ..sharding import MeshError
 from ..tokenizer import TokenizerError
@@ -331,7 +332,7 @@ def start_up(args: argparse.Namespace, warmup: tuple[int, ...]) -> StartUp:
     lm = load_model(model_dir, **weight_options(args))
     defaults = lm.settings(defaults)
     for length in warmup:
-        left_pad([[0] * length], lm.config, defaults.gen_length, args.prompt_bucket)
+        check_context(length, args.prompt_bucket, defaults.gen_length, lm.config.max_length)
     return StartUp(cluster, api_key, model_dir, defaults, recommended, limits, lm)
 
 

@@ -22,9 +22,9 @@ import dataclasses
 import re
 from typing import Any
 
-from ..api import InputError, LoadedModel, check_seed, left_pad
+from ..api import InputError, LoadedModel, check_seed
 from ..config import CONFIDENCE_ALIASES, DecodeConfig, DecodeConfigError
-from ..lengths import padded_length
+from ..lengths import check_context, padded_length
 from ..recommended import NAME, check_settings_name
 from ..tokenizer import TokenizerError
 from .errors import RequestError
@@ -319,7 +319,7 @@ def check_length(ids: list[int], settings: DecodeConfig, served: ServedModel, pa
     """The padded prompt and the generation must fit the model's context."""
     cfg = served.lm.config
     try:
-        left_pad([ids], cfg, settings.gen_length, served.prompt_bucket)
+        check_context(len(ids), served.prompt_bucket, settings.gen_length, cfg.max_length)
     except InputError as exc:
         if (
             padded_length(len(ids), served.prompt_bucket) + settings.block_length <= cfg.max_length

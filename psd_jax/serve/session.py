@@ -3,7 +3,7 @@
 The scheduler (``batcher.Batcher``) starts a batch of rows, advances it one block at a time, writes
 new requests into finished rows, stops rows nobody waits for and moves the batch to another compiled
 size. Three implementations answer these calls: the model itself (``api.LoadedModel`` with its
-``api.BlockDecode``), the same decode made in lockstep by every serving process
+``block_decode.BlockDecode``), the same decode made in lockstep by every serving process
 (``lockstep.LockstepModel``), and the tests' model-free engine (tests/test_scheduler.py), which
 checks the scheduler's rules without compiling anything. The batcher names only these protocols.
 """
@@ -19,7 +19,7 @@ from ..config import DecodeConfig
 
 
 class BlockProgress(Protocol):
-    """A batch after one ``BlockSession.advance`` (``api.BlockProgress``): per row, its generated
+    """A batch after one ``BlockSession.advance`` (``block_decode.BlockProgress``): per row, its generated
     ids so far [rows, canvas gen_length], its final blocks, whether it is done, its model calls so
     far and its own generation length."""
 
@@ -31,7 +31,7 @@ class BlockProgress(Protocol):
 
 
 class BlockSession(Protocol):
-    """One batch decoded block by block (``api.BlockDecode``)."""
+    """One batch decoded block by block (``block_decode.BlockDecode``)."""
 
     size: int  # rows, the compiled batch size
     done: bool  # every row is done

@@ -5,7 +5,9 @@ apart). ``--device CHIP[:MODEL_DIR][@BATCH]`` prices the same decodes for anothe
 decoding again: each batch's model calls by shape (``calls.py``, in the log) are charged the
 roofline cost of that shape for the model of ``MODEL_DIR`` (a directory with a ``config.json``;
 default the tuned model itself) on ``CHIP`` at ``BATCH`` rows (default ``--batch``), and each
-problem its share (``costs.roofline_call_cost``; docs/cost-model.md).
+problem its share (``costs.roofline_call_cost``; docs/cost-model.md). At one row per call a
+problem is charged its own calls instead: its NFE, in the shapes of its batch's calls (a batch
+makes as many calls as its slowest row needs; a row alone makes its own).
 """
 
 from __future__ import annotations
@@ -83,6 +85,9 @@ def objective_for(name: str, target: Target | None, block_length: int) -> Object
                 "the log holds decodes without their calls by shape (an older log): decode again to price them "
                 f"for {target.name}"
             )
-        return sum(c["count"] * cost(record_shape(c), c.get("logits")) for c in outcome.calls) / target.batch
+        batch = sum(c["count"] * cost(record_shape(c), c.get("logits")) for c in outcome.calls)
+        if target.batch == 1:  # alone, a problem makes its own calls (its NFE), shaped as its batch's were
+            return batch * outcome.nfe / sum(c["count"] for c in outcome.calls)
+        return batch / target.batch
 
     return Objective("seconds", target.name, price)
