@@ -158,6 +158,15 @@ def test_a_choice_that_fails_its_confirmation_gives_way_to_the_next():
     assert result.last["fast"]["status"] == "failed confirmation" and result.last["steady"]["status"] == "chosen"
     lossy, _ = search({"fast": (5, unlucky)}, rungs=(100, 200))
     assert confirm(plan, args, table, lossy) == (None, failed) and lossy.choice is None
+    # Two more that answer as "fast" does (one decoder under other caches) fail alike and count as
+    # one failure with it: "steady" is still confirmed after them, the fourth tried.
+    alike = {"fast": (5, unlucky), "fast-b": (6, unlucky), "fast-c": (7, unlucky)}
+    result, table = search({**alike, "steady": (9, BASE_RIGHT)}, keep_min=4, rungs=(100, 200))
+    assert result.ranked == [*alike, "steady"]
+    plan.candidates = {n: DecodeConfig() for n in result.ranked}
+    table.phase = None
+    held, failed = confirm(plan, args, table, result)
+    assert held["name"] == result.choice == "steady" and [f["name"] for f in failed] == list(alike)
 
 
 def test_search_reports_when_no_candidate_is_within_the_loss():

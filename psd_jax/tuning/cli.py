@@ -295,20 +295,24 @@ def run(plan: Plan, args) -> int:
     return 0
 
 
-MAX_CONFIRMATIONS = 3  # candidates tried on the confirmation split before giving up
+MAX_CONFIRMATIONS = 3  # distinct answers tried on the confirmation split before giving up
 
 
 def confirm(plan: Plan, args, evaluator, result) -> tuple[dict | None, list[dict]]:
     """The choice measured on the confirmation split, which the search never saw. A choice whose
     confirmation falls below ``-max_loss`` (point estimate) fails it: the next candidate that may be
-    chosen (``SearchResult.ranked``) is confirmed instead, up to ``MAX_CONFIRMATIONS`` in all, and the
-    first to hold becomes the choice (``result.choice``; statuses updated). The fastest candidate of
-    many within the loss is selected partly for its luck on the search split; the confirmation is
-    where that shows. Returns (the confirmation that held, else None: then nothing is chosen; the
-    confirmations that did not hold)."""
+    chosen (``SearchResult.ranked``) is confirmed instead, and the first to hold becomes the choice
+    (``result.choice``; statuses updated). The search gives up after ``MAX_CONFIRMATIONS`` failures
+    with different answers: a candidate that answers every confirmation problem as one that failed
+    (the same decoder under another cache often does) fails alike and tells nothing new, so it does
+    not count. The fastest candidate of many within the loss is selected partly for its luck on the
+    search split; the confirmation is where that shows. Returns (the confirmation that held, else
+    None: then nothing is chosen; the confirmations that did not hold)."""
     evaluator.phase = "confirm"
-    failed = []
-    for name in result.ranked[:MAX_CONFIRMATIONS]:
+    failed, answers = [], set()
+    for name in result.ranked:
+        if len(answers) == MAX_CONFIRMATIONS:
+            break
         candidate = plan.candidates[name]
         evaluator.plan([plan.base, candidate], plan.confirm_ids)
         try:
@@ -325,6 +329,7 @@ def confirm(plan: Plan, args, evaluator, result) -> tuple[dict | None, list[dict
             result.choice = name
             return measured, failed
         result.last[name]["status"] = "failed confirmation"
+        answers.add(tuple(out[i].correct for i in plan.confirm_ids))
         failed.append({k: measured[k] for k in ("name", "difference", "standard_error", "accuracy", "base_accuracy")})
     result.choice = None
     return None, failed
