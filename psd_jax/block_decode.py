@@ -54,7 +54,9 @@ class BlockDecode:
 
     def __init__(self, lm: Any, program: Program, prompt_ids, prompt_mask, values: RowValues):
         self.lm, self.program = lm, program
-        self._ids, self._mask, self._values = np.array(prompt_ids), np.array(prompt_mask), values
+        # The host keeps the prompts (every call takes them); the rows' runtime values are the
+        # compiled state's from ``start`` on, in its row order (``decode_regroup`` moves them).
+        self._ids, self._mask, self._first_values = np.array(prompt_ids), np.array(prompt_mask), values
         self.size, self.prompt_length = self._ids.shape
         self.rows = 0  # rows holding a prompt at the start (``results``)
         self.compile_seconds = 0.0
@@ -70,7 +72,7 @@ class BlockDecode:
 
     def start(self, keys: np.ndarray, live: np.ndarray) -> None:
         """The first state: the first forward of the ``live`` rows (the others start done)."""
-        ids, mask, keys, values, live_rows = self.lm._on_devices(self._ids, self._mask, keys, self._values, live)
+        ids, mask, keys, values, live_rows = self.lm._on_devices(self._ids, self._mask, keys, self._first_values, live)
         args = (self.lm.params, ids, mask, keys, values, live_rows)
         start = self._compiled(decode_start, "start", args)
         began = time.perf_counter()
@@ -93,12 +95,15 @@ class BlockDecode:
             self._ids[row] = [self.lm.config.pad_id] * left + list(ids)
             self._mask[row] = [0] * left + [1] * len(ids)
         picked = np.asarray(rows)
-        self._values = jax.tree.map(lambda a, b: _set_rows(a, picked, b), self._values, RowValues.of(settings))
+        # Values for every row; ``decode_join`` keeps the other rows' own.
+        values = jax.tree.map(
+            lambda a, b: _set_rows(a, picked, b), RowValues.of([settings[0]] * self.size), RowValues.of(settings)
+        )
         keys = np.zeros((self.size, 2), np.uint32)
         keys[picked] = row_keys(seeds, [0] * len(rows))  # a joined row draws as generate's row 0
         join = np.zeros(self.size, bool)
         join[picked] = True
-        ids, mask, keys, values, join = self.lm._on_devices(self._ids, self._mask, keys, self._values, join)
+        ids, mask, keys, values, join = self.lm._on_devices(self._ids, self._mask, keys, values, join)
         args = (self.lm.params, ids, mask, self._state, join, keys, values)
         self._state = self._compiled(decode_join, "join", args)(*args)
         self.done = False
@@ -128,7 +133,6 @@ class BlockDecode:
         self._state = self.prepare_regroup(len(index))(self.lm.params, self._state, index_array)
         picked = np.maximum(np.asarray(index), 0)
         self._ids, self._mask = self._ids[picked], self._mask[picked]
-        self._values = jax.tree.map(lambda a: a[picked], self._values)
         self.size = len(index)
         if all(i < 0 for i in index):
             self.done = True
@@ -168,7 +172,8 @@ class BlockDecode:
             program=self.program,
         )
         out = to_host(finish(state, canvas))
-        n, end = self.rows, self.prompt_length + int(self._values.num_blocks[0]) * self.program.block_length
+        first_blocks = int(to_host(state.values.num_blocks)[0])
+        n, end = self.rows, self.prompt_length + first_blocks * self.program.block_length
         rows = DecodeOutput(out.canvas[:n, :end], out.row_nfe[:n], out.nfe, out.sequence_forwards, out.iterations, {})
         rows = rows._replace(stats={k: v[:n] for k, v in out.stats.items()}, calls=out.calls)
         return self.lm._results(rows, self.prompt_length, self.seconds, self.compile_seconds)
