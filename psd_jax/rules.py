@@ -48,10 +48,8 @@ Settings = Union[DecodeConfig, "Program"]
 
 Array = Any  # an array of the namespace ``xp`` (jax.Array, torch.Tensor)
 
-LOG_FLOOR = 1e-30  # RPS: probabilities are clipped here before a log
 
-
-def _device(x: Array):
+def device_of(x: Array):
     """``x``'s device, or None where it has none to give (a JAX tracer: default placement is right)."""
     try:
         return x.device
@@ -59,8 +57,8 @@ def _device(x: Array):
         return None
 
 
-def _arange(xp, n: int, like: Array) -> Array:
-    return xp.arange(n, device=_device(like))
+def arange_like(xp, n: int, like: Array) -> Array:
+    return xp.arange(n, device=device_of(like))
 
 
 def leading_true(xp, flags: Array) -> Array:
@@ -70,7 +68,7 @@ def leading_true(xp, flags: Array) -> Array:
 
 def one_hot(xp, index: Array, n: int) -> Array:
     """[B] -> [B, n] int32, row b one at ``index[b]`` (all zeros where it is outside 0..n-1)."""
-    return xp.astype(index[:, None] == _arange(xp, n, index)[None, :], xp.int32)
+    return xp.astype(index[:, None] == arange_like(xp, n, index)[None, :], xp.int32)
 
 
 def per_row(value: Any, ndim: int = 2) -> Any:
@@ -89,7 +87,7 @@ def repeat_rows(values: Any, times: int) -> Any:
 def covering_index(xp, sizes: tuple[int, ...], most: Array) -> Array:
     """Index of the smallest of the ascending static ``sizes`` that is >= ``most`` (0-d): how many
     sizes fall short of it."""
-    return xp.sum(xp.asarray(sizes, device=_device(most)) < most)
+    return xp.sum(xp.asarray(sizes, device=device_of(most)) < most)
 
 
 # ---------------------------------------------------------------------------------- geometry
@@ -102,7 +100,7 @@ def block_start(prompt_length: int, block: Array, block_length: int) -> Array:
 
 def in_block(xp, n: int, start: Array, block_length: int) -> Array:
     """[B, N]: the positions of each row's block, which starts at ``start`` [B]."""
-    pos = _arange(xp, n, start)[None, :]
+    pos = arange_like(xp, n, start)[None, :]
     return (pos >= start[:, None]) & (pos < start[:, None] + block_length)
 
 
@@ -133,7 +131,7 @@ def advance(
     inside = in_block(xp, canvas.shape[-1], start, b)
     complete = ~xp.any(inside & (canvas == mcfg.mask_id), axis=-1) & ~done
     eos_stop = complete & xp.any(inside & _isin(canvas, mcfg.stop_ids), axis=-1) & dcfg.eos_early_stop
-    after = _arange(xp, canvas.shape[-1], canvas)[None, :] >= (start + b)[:, None]
+    after = arange_like(xp, canvas.shape[-1], canvas)[None, :] >= (start + b)[:, None]
     canvas = xp.where(eos_stop[:, None] & after, mcfg.eos_id, canvas)
     new_done = done | eos_stop | (complete & (block + 1 >= values.num_blocks))
     block = xp.where(complete & ~new_done, block + 1, block)
@@ -165,7 +163,7 @@ def logit_window(dcfg: Settings, prompt_length: int, region_length: int, block: 
 
 def logit_positions(xp, start: Array, width: int) -> Array:
     """[M, W]: the canvas positions of a logit window of ``width`` from each row's ``start`` [M]."""
-    return start[:, None] + _arange(xp, width, start)[None, :]
+    return start[:, None] + arange_like(xp, width, start)[None, :]
 
 
 def logit_index(xp, start: Array, width: int, n: int, shift: int) -> Array:
@@ -279,7 +277,7 @@ def factor_count(xp, conf: Array, valid: Array, remaining: Array, factor: float)
     """
     n = conf.shape[-1]
     sorted_conf = -xp.sort(rank_keys(xp, conf, valid), axis=-1)  # descending, invalid last
-    k = _arange(xp, n, conf)
+    k = arange_like(xp, n, conf)
     passes = (sorted_conf >= 1.0 - factor / (k + 2.0)) | (k == 0)
     leading = leading_true(xp, passes & (k < remaining[:, None]))
     return xp.where(leading >= remaining - 1, remaining, leading)
@@ -321,151 +319,3 @@ def spatial_commit(xp, conf, token, canvas, valid, step, dcfg: Settings, counts,
     """The policy step every decoder starts from: (commit mask S0 [B, N], canvas s0 [B, N])."""
     chosen = commit_mask(xp, conf, valid, step, dcfg, counts, values)
     return chosen, xp.where(chosen, token, canvas)
-
-
-# --------------------------------------------------------------------------------------- PSD
-
-
-def draft_sizes(xp, chosen: Array, step: Array, dcfg: Settings, counts: Array | None) -> Array:
-    """m_j for levels j = 1..D, per row: [B, D]. ``fixed``: the schedule's next counts (0 past its
-    last step, or with ``draft_next_block`` past the next block's last); otherwise ``draft_rate``, or the policy's own commit count (at least 1)."""
-    batch, depth = chosen.shape[0], dcfg.depth
-    if dcfg.policy == "fixed":
-        n_counts = counts.shape[0]
-        nxt = step[:, None] + _arange(xp, depth, step)[None, :] + 1
-        if dcfg.draft_next_block:  # the next block's schedule follows this one's
-            return xp.where(nxt < 2 * n_counts, counts[nxt % n_counts], 0)
-        return xp.where(nxt < n_counts, counts[xp.clip(nxt, 0, n_counts - 1)], 0)
-    if dcfg.draft_rate is not None:
-        rate = xp.full((batch,), dcfg.draft_rate, dtype=xp.int32, device=_device(step))
-    else:
-        rate = xp.astype(xp.clip(xp.sum(chosen, axis=-1), min=1), xp.int32)
-    return xp.broadcast_to(rate[:, None], (batch, depth))
-
-
-def draft_levels(xp, rank: Array, remaining: Array, sizes: Array) -> Array:
-    """[B, D, N]: the positions level j adds, the next ``sizes[:, j]`` of ``remaining`` by rank."""
-    ends = xp.cumulative_sum(sizes, axis=-1)
-    starts = ends - sizes
-    r = rank[:, None, :]
-    return remaining[:, None, :] & (r >= starts[..., None]) & (r < ends[..., None])
-
-
-def psd_candidates(xp, conf, token, s0, chosen, valid, step, dcfg: Settings, counts, ahead=None):
-    """PSD's candidates [B, D+1, N] (s0, then s_j = s_{j-1} + level j with F(x)'s tokens), the
-    levels [B, D, N] and the leading candidates each row can choose [B] (acceptance stops at the
-    first empty level, so the levels after it are never chosen). ``ahead`` [B, N]
-    (``draft_next_block``): the next block's masked positions; a level drafts them, all but the
-    least confident (so that drafts never complete that block), once the block's own are used up."""
-    remaining = valid & ~chosen
-    rank = ranks(xp, conf, remaining)  # confidence descending, ties to the lower position
-    if ahead is not None:  # after the block's own, in their own confidence order, never the last one
-        own = xp.sum(xp.astype(remaining, xp.int32), axis=-1)
-        ahead_rank = ranks(xp, conf, ahead)
-        ahead = ahead & (ahead_rank < (xp.sum(xp.astype(ahead, xp.int32), axis=-1) - 1)[:, None])
-        rank = xp.where(remaining, rank, ahead_rank + own[:, None])
-        remaining = remaining | ahead
-    levels = draft_levels(xp, rank, remaining, draft_sizes(xp, chosen, step, dcfg, counts))
-    cumulative = xp.cumulative_sum(xp.astype(levels, xp.int32), axis=1) > 0
-    drafts = xp.where(cumulative, token[:, None, :], s0[:, None, :])
-    candidates = xp.concat([s0[:, None], drafts], axis=1)
-    return candidates, levels, 1 + leading_true(xp, xp.any(levels, axis=-1))
-
-
-def psd_accepted(
-    xp,
-    levels,
-    candidates,
-    valid,
-    verified_token,
-    verified_conf,
-    live,
-    step,
-    dcfg: Settings,
-    counts,
-    mask_id: int,
-    values,
-):
-    """Hierarchical acceptance: per row the number of leading consistent levels [B] (0 for rows
-    not ``live``). Level j is consistent when non-empty and F(s_{j-1})'s tokens
-    (``verified_token[:, j - 1]``) equal its drafts (with ``accept_confidence`` > 0, where
-    F(s_{j-1})'s confidence ``verified_conf`` is at least that value); ``strict`` also asks that the policy run on
-    F(s_{j-1}) at step + j chooses exactly its positions (lossless)."""
-    draft_token = candidates[:, 1:]
-    agrees = verified_token[:, :-1] == draft_token
-    if dcfg.gated:  # tokens acceptance only; the value is each row's
-        least = per_row(values.accept_confidence, 3)
-        agrees = agrees & (verified_conf[:, :-1] >= least)
-    consistent = xp.all(~levels | agrees, axis=-1) & xp.any(levels, axis=-1)
-    if dcfg.acceptance == "strict":
-        b, d, n = levels.shape
-        valid_prev = valid[:, None, :] & (candidates[:, :-1] == mask_id)
-        steps = step[:, None] + _arange(xp, d, step)[None, :] + 1
-        choice = commit_mask(
-            xp,
-            xp.reshape(verified_conf[:, :-1], (b * d, n)),
-            xp.reshape(valid_prev, (b * d, n)),
-            xp.reshape(steps, (b * d,)),
-            dcfg,
-            counts,
-            repeat_rows(values, d),
-        )
-        consistent = consistent & xp.all(xp.reshape(choice, (b, d, n)) == levels, axis=-1)
-    return xp.where(live, leading_true(xp, consistent), 0)
-
-
-# --------------------------------------------------------------------------------------- RPS
-
-
-def rps_candidates(xp, topk_prob, topk_id, s0, chosen, valid, dcfg: Settings, values):
-    """RPS's branches from F(x)'s top-k (docs/algorithms.md "RPS"): (candidates [B, k+1, N], the
-    leading candidates each row can choose [B], and for ``rps_winner`` and the statistics a dict:
-    ``searched``/``found`` [B], ``pivot`` [B], ``branch_ok`` [B, k], ``log_p`` [B, k], ``others``
-    [B, N] the remaining positions other than the pivot)."""
-    remaining = valid & ~chosen
-    p = topk_prob  # [B, N, k]
-    trunc_entropy = -xp.sum(p * xp.log(xp.clip(p, min=LOG_FLOOR)), axis=-1)
-    eligible = remaining & (xp.sum(p, axis=-1) >= per_row(values.pivot_tau))
-    found = xp.any(eligible, axis=-1)
-    pivot = xp.argmax(xp.where(eligible, trunc_entropy, -float("inf")), axis=-1)  # ties: lower position
-    pivot_p = xp.take_along_axis(p, pivot[:, None, None], axis=1)[:, 0]  # [B, k]
-    pivot_ids = xp.take_along_axis(topk_id, pivot[:, None, None], axis=1)[:, 0]
-    branch_ok = found[:, None] & (pivot_p >= per_row(values.ratio) * pivot_p[:, :1])
-    at_pivot = _arange(xp, s0.shape[-1], s0)[None, :] == pivot[:, None]  # [B, N]
-    branches = xp.where(at_pivot[:, None, :], pivot_ids[:, :, None], s0[:, None, :])  # [B, k, N]
-    state = {
-        "searched": xp.any(remaining, axis=-1),
-        "found": found,
-        "pivot": pivot,
-        "branch_ok": branch_ok,
-        "log_p": xp.log(xp.clip(pivot_p, min=LOG_FLOOR)),
-        "others": remaining & ~at_pivot,
-    }
-    candidates = xp.concat([s0[:, None], branches], axis=1)
-    return candidates, 1 + leading_true(xp, branch_ok), state
-
-
-def rps_winner(xp, others, entropy, log_p, branch_ok, live, lam) -> Array:
-    """Per row the winning branch [B] (0: MASK; 0 for rows not ``live``): the valid branch with the
-    best -mean entropy of ``others`` under its forward (``entropy`` [B, k+1, N]) + lam * log p of
-    the pivot value under F(x); ties to the lower branch, so to MASK first. ``lam``: a number, or
-    one per row [B]."""
-    others = others[:, None, :]  # R \ {i*}
-    n_others = xp.clip(xp.sum(others, axis=-1), min=1)
-    mean_entropy = xp.sum(xp.where(others, entropy, 0.0), axis=-1) / n_others  # [B, K]
-    plausibility = xp.concat([xp.zeros_like(log_p[:, :1]), log_p], axis=1)
-    score = -mean_entropy + per_row(lam) * plausibility
-    ok = xp.concat([xp.ones_like(branch_ok[:, :1]), branch_ok], axis=1)
-    winner = xp.argmax(xp.where(ok, score, -float("inf")), axis=-1)
-    return xp.where(live, winner, 0)
-
-
-def rps_stats(xp, searched: Array, found: Array, winner: Array, live: Array, k_max: int) -> dict[str, Array]:
-    """Increments of RPS's per-row statistics (``decoders.RPS.stat_shapes``), int32."""
-    committed = winner > 0
-    return {
-        "pivot_searched": xp.astype(searched & live, xp.int32),
-        "pivot_found": xp.astype(found & live, xp.int32),
-        "pivot_committed": xp.astype(committed, xp.int32),
-        "winner_rank": one_hot(xp, winner - 1, k_max) * xp.astype(committed[:, None], xp.int32),
-    }

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from psd_jax import DecodeConfig, rules
+from psd_jax.decoders import psd, rps
 
 SEEDS = range(4)
 B, N = 5, 8  # rows, positions (one block of 8)
@@ -253,7 +254,7 @@ def _psd_case(seed: int, dcfg: DecodeConfig):
 def test_psd_candidates_are_the_drafts(xp, setting, seed):
     dcfg = PSD[setting]
     conf, valid, step, token, chosen, s0 = _psd_case(seed, dcfg)
-    got = rules.psd_candidates(
+    got = psd.psd_candidates(
         xp, to(xp, conf), to(xp, token), to(xp, s0), to(xp, chosen), to(xp, valid), to(xp, step), dcfg,
         _counts(xp, dcfg),
     )  # fmt: skip
@@ -282,7 +283,7 @@ def test_psd_acceptance_keeps_the_leading_consistent_levels(xp, setting, seed):
     verified_conf = rng.integers(0, 9, (B, d + 1, N)) / 8.0
     live = rng.random(B) < 0.8
     got = host(
-        rules.psd_accepted(
+        psd.psd_accepted(
             xp, to(xp, levels), to(xp, candidates), to(xp, valid), to(xp, verified_token), to(xp, verified_conf),
             to(xp, live), to(xp, step), dcfg, _counts(xp, dcfg), MASK, dcfg,
         )
@@ -318,16 +319,14 @@ def _rps_case(seed: int):
 @pytest.mark.parametrize("seed", SEEDS)
 def test_rps_pivot_and_branches(xp, seed):
     valid, chosen, s0, probs, ids = _rps_case(seed)
-    candidates, needed, state = rules.rps_candidates(
+    candidates, needed, state = rps.rps_candidates(
         xp, to(xp, probs), to(xp, ids), to(xp, s0), to(xp, chosen), to(xp, valid), RPS, RPS
     )
     candidates, needed = host(candidates), host(needed)
     for row in range(B):
         remaining = [i for i in range(N) if valid[row, i] and not chosen[row, i]]
         eligible = [i for i in remaining if float(probs[row, i].sum()) >= RPS.pivot_tau]
-        entropy = {
-            i: -sum(float(p) * math.log(max(float(p), rules.LOG_FLOOR)) for p in probs[row, i]) for i in eligible
-        }
+        entropy = {i: -sum(float(p) * math.log(max(float(p), rps.LOG_FLOOR)) for p in probs[row, i]) for i in eligible}
         assert bool(host(state["searched"])[row]) == bool(remaining)
         assert bool(host(state["found"])[row]) == bool(eligible)
         if not eligible:
@@ -338,7 +337,7 @@ def test_rps_pivot_and_branches(xp, seed):
         ok = [float(p) >= RPS.ratio * float(top[0]) for p in top]
         assert int(host(state["pivot"])[row]) == pivot
         assert host(state["branch_ok"])[row].tolist() == ok
-        np.testing.assert_allclose(host(state["log_p"])[row], np.log(np.maximum(top, rules.LOG_FLOOR)), rtol=1e-6)
+        np.testing.assert_allclose(host(state["log_p"])[row], np.log(np.maximum(top, rps.LOG_FLOOR)), rtol=1e-6)
         assert set(np.flatnonzero(host(state["others"])[row]).tolist()) == set(remaining) - {pivot}
         assert int(needed[row]) == 1 + sum(ok)  # the valid branches are a prefix
         assert candidates[row, 0].tolist() == s0[row].tolist()
@@ -359,9 +358,7 @@ def test_rps_winner_is_the_best_scoring_valid_branch(xp, seed):
     branch_ok = np.cumprod(rng.random((B, k)) < 0.8, axis=-1).astype(bool)
     live = rng.random(B) < 0.85
     lam = 0.3
-    got = host(
-        rules.rps_winner(xp, to(xp, others), to(xp, entropy), to(xp, log_p), to(xp, branch_ok), to(xp, live), lam)
-    )
+    got = host(rps.rps_winner(xp, to(xp, others), to(xp, entropy), to(xp, log_p), to(xp, branch_ok), to(xp, live), lam))
     for row in range(B):
         if not live[row]:
             assert int(got[row]) == 0

@@ -4,8 +4,9 @@ Candidate 0 is the policy's commit ``s0``; candidate j (1..D) adds to ``s_{j-1}`
 ``m_j`` most confident remaining positions of the block with their ``F(x)`` tokens (temporal
 drafts from the same forward). One call verifies all of them; hierarchical acceptance keeps the
 deepest level whose drafted tokens the verifier ``F(s_{j-1})`` reproduces (``tokens``), or, with
-``strict``, whose positions the policy itself would choose at step + j (lossless). The rules are
-``psd_jax.rules`` (``psd_candidates``, ``psd_accepted``), shared with the PyTorch backend.
+``strict``, whose positions the policy itself would choose at step + j (lossless). Its rules are
+here (``draft_sizes``, ``psd_candidates``, ``psd_accepted``), written against the array API so
+that the PyTorch backend runs the same ones; ``rules`` holds what every decoder shares.
 """
 
 from __future__ import annotations
@@ -20,8 +21,109 @@ from flax import struct
 from .. import rules
 from ..policies import count_table
 from ..predict import Prediction
+from ..rules import (
+    Array,
+    Settings,
+    arange_like,
+    commit_mask,
+    device_of,
+    leading_true,
+    per_row,
+    ranks,
+    repeat_rows,
+)
 from ..runtime import Program
 from .base import Choice, Proposal
+
+# ------------------------------------------------------- the rules (array API: JAX and torch)
+
+
+def draft_sizes(xp, chosen: Array, step: Array, dcfg: Settings, counts: Array | None) -> Array:
+    """m_j for levels j = 1..D, per row: [B, D]. ``fixed``: the schedule's next counts (0 past its
+    last step, or with ``draft_next_block`` past the next block's last); otherwise ``draft_rate``, or the policy's own commit count (at least 1)."""
+    batch, depth = chosen.shape[0], dcfg.depth
+    if dcfg.policy == "fixed":
+        n_counts = counts.shape[0]
+        nxt = step[:, None] + arange_like(xp, depth, step)[None, :] + 1
+        if dcfg.draft_next_block:  # the next block's schedule follows this one's
+            return xp.where(nxt < 2 * n_counts, counts[nxt % n_counts], 0)
+        return xp.where(nxt < n_counts, counts[xp.clip(nxt, 0, n_counts - 1)], 0)
+    if dcfg.draft_rate is not None:
+        rate = xp.full((batch,), dcfg.draft_rate, dtype=xp.int32, device=device_of(step))
+    else:
+        rate = xp.astype(xp.clip(xp.sum(chosen, axis=-1), min=1), xp.int32)
+    return xp.broadcast_to(rate[:, None], (batch, depth))
+
+
+def draft_levels(xp, rank: Array, remaining: Array, sizes: Array) -> Array:
+    """[B, D, N]: the positions level j adds, the next ``sizes[:, j]`` of ``remaining`` by rank."""
+    ends = xp.cumulative_sum(sizes, axis=-1)
+    starts = ends - sizes
+    r = rank[:, None, :]
+    return remaining[:, None, :] & (r >= starts[..., None]) & (r < ends[..., None])
+
+
+def psd_candidates(xp, conf, token, s0, chosen, valid, step, dcfg: Settings, counts, ahead=None):
+    """PSD's candidates [B, D+1, N] (s0, then s_j = s_{j-1} + level j with F(x)'s tokens), the
+    levels [B, D, N] and the leading candidates each row can choose [B] (acceptance stops at the
+    first empty level, so the levels after it are never chosen). ``ahead`` [B, N]
+    (``draft_next_block``): the next block's masked positions; a level drafts them, all but the
+    least confident (so that drafts never complete that block), once the block's own are used up."""
+    remaining = valid & ~chosen
+    rank = ranks(xp, conf, remaining)  # confidence descending, ties to the lower position
+    if ahead is not None:  # after the block's own, in their own confidence order, never the last one
+        own = xp.sum(xp.astype(remaining, xp.int32), axis=-1)
+        ahead_rank = ranks(xp, conf, ahead)
+        ahead = ahead & (ahead_rank < (xp.sum(xp.astype(ahead, xp.int32), axis=-1) - 1)[:, None])
+        rank = xp.where(remaining, rank, ahead_rank + own[:, None])
+        remaining = remaining | ahead
+    levels = draft_levels(xp, rank, remaining, draft_sizes(xp, chosen, step, dcfg, counts))
+    cumulative = xp.cumulative_sum(xp.astype(levels, xp.int32), axis=1) > 0
+    drafts = xp.where(cumulative, token[:, None, :], s0[:, None, :])
+    candidates = xp.concat([s0[:, None], drafts], axis=1)
+    return candidates, levels, 1 + leading_true(xp, xp.any(levels, axis=-1))
+
+
+def psd_accepted(
+    xp,
+    levels,
+    candidates,
+    valid,
+    verified_token,
+    verified_conf,
+    live,
+    step,
+    dcfg: Settings,
+    counts,
+    mask_id: int,
+    values,
+):
+    """Hierarchical acceptance: per row the number of leading consistent levels [B] (0 for rows
+    not ``live``). Level j is consistent when non-empty and F(s_{j-1})'s tokens
+    (``verified_token[:, j - 1]``) equal its drafts (with ``accept_confidence`` > 0, where
+    F(s_{j-1})'s confidence ``verified_conf`` is at least that value); ``strict`` also asks that the policy run on
+    F(s_{j-1}) at step + j chooses exactly its positions (lossless)."""
+    draft_token = candidates[:, 1:]
+    agrees = verified_token[:, :-1] == draft_token
+    if dcfg.gated:  # tokens acceptance only; the value is each row's
+        least = per_row(values.accept_confidence, 3)
+        agrees = agrees & (verified_conf[:, :-1] >= least)
+    consistent = xp.all(~levels | agrees, axis=-1) & xp.any(levels, axis=-1)
+    if dcfg.acceptance == "strict":
+        b, d, n = levels.shape
+        valid_prev = valid[:, None, :] & (candidates[:, :-1] == mask_id)
+        steps = step[:, None] + arange_like(xp, d, step)[None, :] + 1
+        choice = commit_mask(
+            xp,
+            xp.reshape(verified_conf[:, :-1], (b * d, n)),
+            xp.reshape(valid_prev, (b * d, n)),
+            xp.reshape(steps, (b * d,)),
+            dcfg,
+            counts,
+            repeat_rows(values, d),
+        )
+        consistent = consistent & xp.all(xp.reshape(choice, (b, d, n)) == levels, axis=-1)
+    return xp.where(live, leading_true(xp, consistent), 0)
 
 
 @struct.dataclass
@@ -51,7 +153,7 @@ class PSD:
         ahead: jax.Array | None = None,
     ) -> Proposal:
         program = self.program
-        candidates, levels, needed = rules.psd_candidates(
+        candidates, levels, needed = psd_candidates(
             jnp, pred.conf, pred.token, s0, chosen, valid, step, program, count_table(program), ahead
         )
         return Proposal(candidates, s0, valid, needed, PSDState(levels))
@@ -59,7 +161,7 @@ class PSD:
     def choose(self, proposal: Proposal, preds: Prediction, live: jax.Array, step: jax.Array, mask_id: int) -> Choice:
         program = self.program
         levels = proposal.state.levels
-        accepted = rules.psd_accepted(
+        accepted = psd_accepted(
             jnp, levels, proposal.candidates, proposal.valid, preds.token, preds.conf, live, step, program,
             count_table(program), mask_id, self.values,
         )  # fmt: skip

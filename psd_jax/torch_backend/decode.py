@@ -52,7 +52,7 @@ from models import ModelConfig
 
 from .. import rules
 from ..config import DecodeConfig
-from ..decoders import decoder_for  # the engine's decoders' statistics (names and shapes)
+from ..decoders import decoder_for, psd, rps  # the engine's decoders: their rules and statistics' shapes
 from ..errors import InputError
 from ..predict import ENTROPY_EPS, sequences_forwarded
 from ..records import DecodeOutput
@@ -265,14 +265,12 @@ def propose(loop: Loop, pred: Prediction, canvas, valid, step) -> Proposal:
     dcfg, counts = loop.dcfg, loop.counts
     chosen, s0 = rules.spatial_commit(xp, pred.conf, pred.token, canvas, valid, step, dcfg, counts, dcfg)
     if dcfg.decoder == "psd":
-        candidates, levels, needed = rules.psd_candidates(
+        candidates, levels, needed = psd.psd_candidates(
             xp, pred.conf, pred.token, s0, chosen, valid, step, dcfg, counts
         )
         return Proposal(candidates, s0, valid, needed, {"levels": levels})
     if dcfg.decoder == "rps":
-        candidates, needed, state = rules.rps_candidates(
-            xp, pred.topk_prob, pred.topk_id, s0, chosen, valid, dcfg, dcfg
-        )
+        candidates, needed, state = rps.rps_candidates(xp, pred.topk_prob, pred.topk_id, s0, chosen, valid, dcfg, dcfg)
         return Proposal(candidates, s0, valid, needed, state)
     return Proposal(s0[:, None], s0, valid, torch.ones_like(step), {})
 
@@ -283,7 +281,7 @@ def choose(loop: Loop, proposal: Proposal, preds: Prediction, live, step):
     dcfg = loop.dcfg
     if dcfg.decoder == "psd":
         levels = proposal.state["levels"]
-        accepted = rules.psd_accepted(
+        accepted = psd.psd_accepted(
             xp, levels, proposal.candidates, proposal.valid, preds.token, preds.conf, live, step, dcfg,
             loop.counts, loop.mcfg.mask_id, dcfg,
         )  # fmt: skip
@@ -291,8 +289,8 @@ def choose(loop: Loop, proposal: Proposal, preds: Prediction, live, step):
         return accepted, 1 + accepted, {"accepted_depth": hist}
     if dcfg.decoder == "rps":
         e = proposal.state
-        winner = rules.rps_winner(xp, e["others"], preds.entropy, e["log_p"], e["branch_ok"], live, dcfg.lam)
-        return winner, torch.ones_like(winner), rules.rps_stats(xp, e["searched"], e["found"], winner, live, dcfg.k_max)
+        winner = rps.rps_winner(xp, e["others"], preds.entropy, e["log_p"], e["branch_ok"], live, dcfg.lam)
+        return winner, torch.ones_like(winner), rps.rps_stats(xp, e["searched"], e["found"], winner, live, dcfg.k_max)
     zeros = torch.zeros_like(step)
     return zeros, zeros + 1, {}
 
