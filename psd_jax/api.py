@@ -429,8 +429,7 @@ class LoadedModel(PromptIO):
         if program is not None:
             layout = layout_type(self.config)
             shapes = layout.call_shapes(program, layout.canvas_length(prompt_length, program))
-            region = layout.region_length(program)
-            logits = rules.logit_width(program, region) or region
+            logits = rules.logit_count(program, layout.region_length(program))
             calls = call_records(shapes, out.calls, len(out.row_nfe), logits)
         return generations(
             out, prompt_length, self.config.stop_ids, self.decode_text, seconds, compile_seconds, calls=calls

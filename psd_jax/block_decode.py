@@ -96,9 +96,10 @@ class BlockDecode:
             self._mask[row] = [0] * left + [1] * len(ids)
         picked = np.asarray(rows)
         # Values for every row; ``decode_join`` keeps the other rows' own.
-        values = jax.tree.map(
-            lambda a, b: _set_rows(a, picked, b), RowValues.of([settings[0]] * self.size), RowValues.of(settings)
-        )
+        row_settings = [settings[0]] * self.size
+        for row, dcfg in zip(rows, settings):
+            row_settings[row] = dcfg
+        values = RowValues.of(row_settings)
         keys = np.zeros((self.size, 2), np.uint32)
         keys[picked] = row_keys(seeds, [0] * len(rows))  # a joined row draws as generate's row 0
         join = np.zeros(self.size, bool)
@@ -177,9 +178,3 @@ class BlockDecode:
         rows = DecodeOutput(out.canvas[:n, :end], out.row_nfe[:n], out.nfe, out.sequence_forwards, out.iterations, {})
         rows = rows._replace(stats={k: v[:n] for k, v in out.stats.items()}, calls=out.calls)
         return self.lm._results(rows, self.prompt_length, self.seconds, self.compile_seconds)
-
-
-def _set_rows(a: np.ndarray, rows: np.ndarray, new: np.ndarray) -> np.ndarray:
-    out = np.array(a)
-    out[rows] = new
-    return out

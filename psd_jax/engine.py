@@ -460,7 +460,7 @@ def _window_call(
     positions = jnp.take_along_axis(loop.positions(attention_mask, batch, n), index, axis=1)
     shift = mcfg.logit_shift
     # The block's predictions, and the next block's for PSD's drafts into it (``rules.logit_width``).
-    out = min(rules.logit_width(program, loop.region_length) or loop.region_length, w) - shift
+    out = min(rules.logit_count(program, loop.region_length), w) - shift
     win = predict_window(
         loop.window,
         tokens,

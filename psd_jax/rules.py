@@ -153,6 +153,11 @@ def logit_width(dcfg: Settings, region_length: int) -> int | None:
     return None if width >= region_length else width
 
 
+def logit_count(dcfg: Settings, region_length: int) -> int:
+    """Positions per row that get logits: ``logit_width``, or every position after the prompt."""
+    return logit_width(dcfg, region_length) or region_length
+
+
 def logit_window(dcfg: Settings, prompt_length: int, region_length: int, block: Array) -> tuple[Array, int] | None:
     """The logit window of a call: (each row's first position [B], ``logit_width``) from the
     start of the row's current block ``block`` [B]; None when it would cover every position after
