@@ -1,7 +1,7 @@
 """The command-line parser every front end of the project uses: errors are one line and exit 2.
 
 It lives in the lowest package that has a command line, so that ``python -m convert`` does not load
-the decoding library; ``psd_jax.flags`` builds its flags on it.
+the decoding library; ``psd_jax.cli.flags`` builds its flags on it.
 """
 
 from __future__ import annotations

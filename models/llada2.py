@@ -80,7 +80,7 @@ MOE_MLP_PARAMS = (
 )
 TOP_PARAMS = ("embed", "final_norm", "lm_head")
 # Logical axes of each parameter (without the leading "layers" of the stacked groups), which
-# ``psd_jax.sharding.LOGICAL_RULES`` maps to mesh axes: experts over ``expert`` and their hidden
+# ``psd_jax.parallel.sharding.LOGICAL_RULES`` maps to mesh axes: experts over ``expert`` and their hidden
 # units over ``model``; attention, the dense and shared MLPs, embedding and head over ``model`` as
 # for LLaDA/Dream; the router and expert_bias replicated. ``wqkv``'s fused output ("qkv") is split
 # over ``model`` as one dimension: each shard holds a contiguous run of [q heads | k heads | v heads].

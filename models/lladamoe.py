@@ -51,7 +51,7 @@ DENSE_MLP_PARAMS = ("w_gate", "w_up", "w_down")
 ROUTED_PARAMS = ("router", "expert_gate", "expert_up", "expert_down")
 SHARED_PARAMS = ("shared_gate", "shared_up", "shared_down")
 TOP_PARAMS = ("embed", "final_norm", "lm_head")
-# Logical axes by base name (``psd_jax.sharding``): LLaDA2.0's table (experts over ``expert`` and
+# Logical axes by base name (``psd_jax.parallel.sharding``): LLaDA2.0's table (experts over ``expert`` and
 # their hidden units over ``model``, the router replicated) with LLaDA's separate q/k/v projections.
 LOGICAL_AXES: dict[str, tuple[str | None, ...]] = {
     **llada2.LOGICAL_AXES,

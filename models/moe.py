@@ -182,7 +182,7 @@ def row_axes(mesh_shape: dict[str, int], batch: int) -> str | tuple[str, str] | 
     shared layers and the head are then data parallel over the expert devices too, and each device's
     experts serve every row of its ``data`` shard: ``expert_parallel``); else ``data`` when it divides
     the batch; else none (replicated). One rule for the prompts, the KV cache and the expert product
-    (``psd_jax.sharding``)."""
+    (``psd_jax.parallel.sharding``)."""
     data, expert = mesh_shape.get("data", 1), mesh_shape.get("expert", 1)
     if expert > 1 and batch % (data * expert) == 0:
         return ("data", "expert")
@@ -208,7 +208,7 @@ def expert_parallel(
     """``routed_experts`` over the current mesh: each device runs its own experts on its rows.
 
     The expert weights are split over ``expert`` on their expert dimension and over ``model`` on
-    their hidden dimension (``psd_jax.sharding``), and no weight ever moves: tokens go to the
+    their hidden dimension (``psd_jax.parallel.sharding``), and no weight ever moves: tokens go to the
     experts. Rows are split as ``row_axes`` says:
 
     * over ``data`` (or not at all): every device of a ``data`` shard holds all of that shard's rows

@@ -78,7 +78,7 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def logical_axes(name: str) -> tuple[str, ...]:
-    """The logical axis names of parameter ``name`` (``psd_jax.sharding`` maps them to mesh axes)."""
+    """The logical axis names of parameter ``name`` (``psd_jax.parallel.sharding`` maps them to mesh axes)."""
     return {**LAYER_PARAMS, **BIAS_PARAMS, **TOP_PARAMS}[name]
 
 

@@ -4,10 +4,10 @@ from convert.safetensors_dir import CheckpointError
 from models import ConfigError
 
 from .api import LoadedModel, load_model
-from .config import DecodeConfig, DecodeConfigError
-from .errors import InputError
-from .records import Generation
-from .sharding import MeshError
+from .core.config import DecodeConfig, DecodeConfigError
+from .core.errors import InputError
+from .core.records import Generation
+from .parallel.sharding import MeshError
 from .tokenizer import TokenizerError
 
 __all__ = [

@@ -29,19 +29,19 @@ from models.config import DTYPE_NAMES
 from models.quantize import check_quantize
 from models.transformer import default_unroll_layers
 
-from . import rules
-from .block_decode import BlockDecode
-from .calls import call_records
-from .config import DecodeConfig, DecodeConfigError, check_for_model, merged_fields, settings_from
-from .engine import decode
-from .errors import InputError
-from .layouts import layout_type
-from .lengths import check_context
-from .multihost import process_count, to_host
+from .core import rules
+from .core.block_decode import BlockDecode
+from .core.calls import call_records
+from .core.config import DecodeConfig, DecodeConfigError, check_for_model, merged_fields, settings_from
+from .core.engine import decode
+from .core.errors import InputError
+from .core.layouts import layout_type
+from .core.lengths import check_context
+from .core.records import DecodeOutput, Generation, generations
+from .core.runtime import Program, RowValues, row_keys
+from .parallel.multihost import process_count, to_host
+from .parallel.sharding import batch_sharding, make_mesh, param_shardings
 from .recommended import named_settings
-from .records import DecodeOutput, Generation, generations
-from .runtime import Program, RowValues, row_keys
-from .sharding import batch_sharding, make_mesh, param_shardings
 from .tokenizer import TokenizerError, encode_prompt, load_tokenizer, resolve_special_ids
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "default"
@@ -248,7 +248,7 @@ class LoadedModel(PromptIO):
 
     def __init__(self, model: DiffusionLM, tokenizer, path: Path, mesh: Mesh | None = None):
         self.model = model
-        self.mesh = mesh  # parameters are sharded over it (see psd_jax.sharding); None = one device
+        self.mesh = mesh  # parameters are sharded over it (see psd_jax.parallel.sharding); None = one device
         self.tokenizer = tokenizer
         self.path = path
         self.config: ModelConfig = resolve_special_ids(model.config, tokenizer, str(path))
@@ -260,7 +260,7 @@ class LoadedModel(PromptIO):
     # ------------------------------------------------------------------------------ logits
     def logits(self, input_ids, attention_mask=None) -> jax.Array:
         """Raw (unshifted) model outputs [B, N, V] in float32 (on several processes an array over
-        all of their devices: ``psd_jax.multihost.to_host`` brings it to each)."""
+        all of their devices: ``psd_jax.parallel.multihost.to_host`` brings it to each)."""
         ids = jnp.asarray(input_ids, jnp.int32)
         if ids.ndim != 2:
             raise InputError(f"input_ids must be [batch, length], got shape {ids.shape}")

@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .calls import CallShape, record_shape
-from .layouts import full_refresh, layout_type
+from .core.calls import CallShape, record_shape
+from .core.layouts import full_refresh, layout_type
 
 REPEATS = 5  # timed runs of a call; the median is its cost
 
@@ -76,7 +76,7 @@ def call_timers(
     import jax
     import jax.numpy as jnp
 
-    from .runtime import Program, RowValues, row_keys
+    from .core.runtime import Program, RowValues, row_keys
 
     program = Program.of(settings)
     first_state, calls = _call_functions(lm, program, prompt_length, batch)
@@ -107,7 +107,7 @@ def _call_functions(lm, program, prompt_length: int, batch: int):
     import jax.numpy as jnp
     from flax import nnx
 
-    from . import engine
+    from .core import engine
 
     mcfg = lm.config
     ids = jnp.full((batch, prompt_length), mcfg.pad_id, jnp.int32)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .config import DecodeConfig, DecodeConfigError, cache_fields
+from .core.config import DecodeConfig, DecodeConfigError, cache_fields
 
 _NUMBER = r"\d+(?:\.\d+)?"
 _PATTERN = re.compile(

@@ -29,19 +29,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .config import PER_BLOCK_STEPS, RECOMMENDED, DecodeConfig, DecodeConfigError
+from .core.config import PER_BLOCK_STEPS, RECOMMENDED, DecodeConfig, DecodeConfigError
 
 RECOMMENDED_FILE = "recommended.json"
 NAME = "recommended"  # the name every front end accepts for it
 SETTINGS_NAMES = (NAME,)  # every named setting (``--settings``)
-LIBRARY_SOURCE = "psd_jax.config.RECOMMENDED"
+LIBRARY_SOURCE = "psd_jax.core.config.RECOMMENDED"
 
 
 @dataclasses.dataclass(frozen=True)
 class Recommendation:
     settings: dict[str, Any]  # DecodeConfig fields over the directory's decode defaults
     provenance: dict[str, Any]  # how it was chosen (empty for the library default)
-    source: str  # the file it was read from, or "psd_jax.config.RECOMMENDED"
+    source: str  # the file it was read from, or "psd_jax.core.config.RECOMMENDED"
     device: str | None = None  # the device kind it was chosen for (None: not said, or the library default)
     asked: str | None = None  # the device kind it was read for
 

@@ -3,7 +3,7 @@
 A reference answer ends with a final line ``#### <number>`` (GSM8K's convention, which the
 default model's synthetic task follows too); a model's output is scored by the number after its
 last ``####`` (or, without one, its last number), compared numerically with the reference's.
-``psd_jax.bench`` scores its decoders with these functions; ``load_jsonl`` reads the held-out set
+``psd_jax.cli.bench`` scores its decoders with these functions; ``load_jsonl`` reads the held-out set
 (``models/default/test.jsonl``) or GSM8K's own files.
 """
 
@@ -13,7 +13,7 @@ import json
 import re
 from pathlib import Path
 
-from .errors import InputError
+from .core.errors import InputError
 
 __all__ = ["extract_answer", "gold_answer", "is_correct", "load_jsonl", "normalize_number"]
 

@@ -16,7 +16,7 @@ from types import ModuleType
 
 from models import ModelConfig
 
-from .errors import InputError
+from .core.errors import InputError
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model")
 EOT_TOKENS = ("<|eot_id|>", "<|im_end|>", "<|role_end|>")  # LLaDA, Dream, LLaDA2.0

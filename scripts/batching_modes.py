@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from psd_jax import DecodeConfig, load_model
-from psd_jax.flags import ArgumentParser, add_decode_flags, decode_fields, positive_int
+from psd_jax.cli.flags import ArgumentParser, add_decode_flags, decode_fields, positive_int
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "default"
 

@@ -3,7 +3,7 @@
 docs/benchmark.md "The dual cache's window past the block".
 
 Every setting decodes the same problems in the same batches, interleaved with the upstream
-baseline (``fixed-1/none``) as the benchmark does (``psd_jax.bench.run_matrix``); the columns are
+baseline (``fixed-1/none``) as the benchmark does (``psd_jax.cli.bench.run_matrix``); the columns are
 the benchmark's (tokens/s and its ratio to the baseline, the paired accuracy difference).
 
     python -m scripts.cache_refinements --data dev.jsonl --limit 700 --out /tmp/cache-refinements
@@ -15,8 +15,8 @@ import argparse
 from pathlib import Path
 
 from psd_jax.api import load_model, model_directory, model_settings
-from psd_jax.bench import BASELINE, markdown_table, run_matrix
-from psd_jax.config import DecodeConfig, cache_fields
+from psd_jax.cli.bench import BASELINE, markdown_table, run_matrix
+from psd_jax.core.config import DecodeConfig, cache_fields
 from psd_jax.scoring import load_jsonl
 
 # (policy fields, cache names): the threshold the shipped model is tuned to, a faster one, and one

@@ -186,7 +186,7 @@ class Backend:
     def replay_forwards(self, batches, settings, bucket) -> float:
         """Wall time of a pass's model calls alone: the same number of bare forwards (logits only,
         no prediction) at the same shapes."""
-        from psd_jax.decoders import decoder_for
+        from psd_jax.core.decoders import decoder_for
 
         seconds = 0.0
         for batch, (narrow, full) in zip(batches, self.calls):
@@ -204,7 +204,7 @@ class Backend:
 
 
 def measure(decoder: str, settings, backends: dict, batches, args) -> dict:
-    from psd_jax.decoders import decoder_for
+    from psd_jax.core.decoders import decoder_for
 
     n_prompts = sum(len(b) for b in batches)
     everyone = {}

@@ -34,9 +34,9 @@ def main(argv=None) -> int:
     from flax import nnx
 
     from models import DiffusionLM, load_config
-    from psd_jax.config import DecodeConfig
-    from psd_jax.engine import decode
-    from psd_jax.runtime import Program, RowValues
+    from psd_jax.core.config import DecodeConfig
+    from psd_jax.core.engine import decode
+    from psd_jax.core.runtime import Program, RowValues
 
     cfg = load_config(MODELS[args.model])
     decoder = {

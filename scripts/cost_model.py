@@ -66,13 +66,13 @@ def call_function(kind: str, cfg, dcfg, batch: int):
     import jax.numpy as jnp
     from flax import nnx
 
-    from psd_jax.decoders import decoder_for
-    from psd_jax.engine import Loop
-    from psd_jax.predict import predict, predict_prefill, predict_window
-    from psd_jax.runtime import Program, RowValues
+    from psd_jax.core.decoders import decoder_for
+    from psd_jax.core.engine import Loop
+    from psd_jax.core.predict import predict, predict_prefill, predict_window
+    from psd_jax.core.runtime import Program, RowValues
 
     n, k = PROMPT + dcfg.gen_length, decoder_for(dcfg).branches
-    key = jax.ShapeDtypeStruct((batch, 2), jnp.uint32)  # the rows' PRNG keys (psd_jax.runtime)
+    key = jax.ShapeDtypeStruct((batch, 2), jnp.uint32)  # the rows' PRNG keys (psd_jax.core.runtime)
     values = jax.tree.map(jnp.asarray, RowValues.of([dcfg] * batch))
     mask = jax.ShapeDtypeStruct((batch, n), jnp.int32)
     # The positions that get logits, as the engine asks for them (a row at its first block).
@@ -161,7 +161,7 @@ def layer_params(cfg) -> int:
 
 def ideal_flops(kind: str, cfg, dcfg, batch: int) -> float:
     """2 x parameters x tokens of the layers, the LM head over the committable block, attention."""
-    from psd_jax.decoders import decoder_for
+    from psd_jax.core.decoders import decoder_for
 
     n, k = PROMPT + dcfg.gen_length, decoder_for(dcfg).branches
     rows = batch * k if kind in ("full", "dual", "prefix") else batch
@@ -175,7 +175,7 @@ def ideal_flops(kind: str, cfg, dcfg, batch: int) -> float:
 def measure(
     name: str, cfg, kind: str, decoder: str, batch: int, gen: int, quantize: str | None = None, compiler: str = "cpu"
 ) -> dict:
-    from psd_jax.config import DecodeConfig
+    from psd_jax.core.config import DecodeConfig
 
     dcfg = DecodeConfig(
         gen_length=gen,

@@ -16,7 +16,7 @@ Steps, most important first (``python -m scripts.device_check STEP --out DIR [--
   [1, 512], [8, 512], [32, 512]: compile time apart, one warm-up call, then the median of
   ``forward_repeats`` calls, each ended by ``jax.block_until_ready``. MFU = FLOPs / time / peak.
 - ``jax_decode``: the decoders fixed (one token per step), threshold 0.9, PSD (threshold 0.9,
-  depth 3) and RPS (threshold 0.9, k_max 10) -- ``psd_jax.bench.decoder_matrix``'s settings
+  depth 3) and RPS (threshold 0.9, k_max 10) -- ``psd_jax.cli.bench.decoder_matrix``'s settings
   ``DECODERS`` -- with cache none and dual, batch 1 and 8, gen 256, block 32, prompts of 32 random
   tokens: tokens/s, TPF, NFE per prompt, compile seconds; and threshold with the dual cache's window
   a quarter block past the block (``window_cache``: ``dual+v8``), the program of the setting the
@@ -118,7 +118,7 @@ TOY = {
 # i.e. 989 TFLOP/s dense (the H100 SXM's tensor cores and clock). PEAK_TFLOPS=... overrides.
 PEAK_BF16_DENSE_FLOPS = {"H200": 989e12}
 
-# The decoders measured: short name -> setting of psd_jax.bench.decoder_matrix (the benchmark's mapping).
+# The decoders measured: short name -> setting of psd_jax.cli.bench.decoder_matrix (the benchmark's mapping).
 DECODERS = {
     "fixed": "fixed-1",
     "threshold": "threshold-0.9",
@@ -345,7 +345,7 @@ def prompts(cfg, n: int, length: int, seed: int = 1) -> list[list[int]]:
 
 def settings_for(row: dict, prof: Profile):
     from psd_jax import DecodeConfig
-    from psd_jax.bench import decoder_matrix
+    from psd_jax.cli.bench import decoder_matrix
 
     base = DecodeConfig(gen_length=prof.gen_length, block_length=prof.block_length)
     (settings,) = decoder_matrix(base, [f"{row['setting']}/{row['cache']}"]).values()

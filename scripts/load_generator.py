@@ -38,7 +38,7 @@ import httpx
 import numpy as np
 import openai
 
-from psd_jax.flags import ArgumentParser, positive_int
+from psd_jax.cli.flags import ArgumentParser, positive_int
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "models" / "default" / "test.jsonl"
 START_TIMEOUT_S = 600  # start-up compiles the default settings

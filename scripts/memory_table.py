@@ -27,7 +27,7 @@ guessed and no weight is materialised (only ``ShapeDtypeStruct`` / ``eval_shape`
   for a cached call) and materialises per-head attention scores.
 
 LLaDA2.0-mini (16.3B parameters, 256 experts) runs on its expert mesh (``MOE_MESHES``: experts
-over ``expert``, see ``psd_jax.sharding``); ``--mesh "TPU v5e-8:expert=4,model=2"`` (entries
+over ``expert``, see ``psd_jax.parallel.sharding``); ``--mesh "TPU v5e-8:expert=4,model=2"`` (entries
 separated by ``;``) replaces a target's mesh for the selected models. ``--models`` selects models.
 
 Runs itself in a subprocess. Prints Markdown, writes ``--json``.
@@ -135,7 +135,7 @@ def abstract_params(cfg, mesh, quantize: str | None):
 
     from models import model_class
     from models.quantize import fitted_sharding
-    from psd_jax.sharding import param_shardings
+    from psd_jax.parallel.sharding import param_shardings
 
     model = nnx.eval_shape(lambda: model_class(cfg)(cfg, dtype=jnp.bfloat16))
     if quantize is not None:  # the projections as the loaders store them (models.quantize), abstractly
@@ -168,10 +168,10 @@ def measure(
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from psd_jax.config import DecodeConfig
-    from psd_jax.engine import decode, init_state, loop_and_mask
-    from psd_jax.runtime import Program, RowValues
-    from psd_jax.sharding import batch_sharding, bytes_per_device
+    from psd_jax.core.config import DecodeConfig
+    from psd_jax.core.engine import decode, init_state, loop_and_mask
+    from psd_jax.core.runtime import Program, RowValues
+    from psd_jax.parallel.sharding import batch_sharding, bytes_per_device
 
     dcfg = DecodeConfig(gen_length=gen, block_length=32, cache="dual")
     program, values = Program.of(dcfg), RowValues.of([dcfg] * batch)
@@ -270,7 +270,7 @@ def worker(
     import jax
 
     from models.transformer import compiling_for
-    from psd_jax.sharding import make_mesh
+    from psd_jax.parallel.sharding import make_mesh
 
     rows = []
     for model in models:

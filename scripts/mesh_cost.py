@@ -36,7 +36,7 @@ def forward_cost(target: str, spec: str, batch: int, length: int) -> dict:
 
     from models import model_class
     from models.transformer import compiling_for
-    from psd_jax.sharding import batch_sharding, collectives, make_mesh, param_shardings
+    from psd_jax.parallel.sharding import batch_sharding, collectives, make_mesh, param_shardings
 
     cfg = model_config(MODELS["LLaDA2.0-mini"])
     mesh = make_mesh(spec, target_devices(target, "tpu"))

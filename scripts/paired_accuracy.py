@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from psd_jax.bench import paired_difference
+from psd_jax.cli.bench import paired_difference
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from psd_jax.config import PER_BLOCK_STEPS
+from psd_jax.core.config import PER_BLOCK_STEPS
 from psd_jax.evaluate.protocols import GROUP_NOTES, PSD, RPS, Protocol, joined, published
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "evaluation.md"

@@ -8,9 +8,9 @@ import numpy as np
 from flax import nnx
 
 from psd_jax import DecodeConfig
-from psd_jax.decoders import propose
-from psd_jax.engine import Loop, init_state, step
-from psd_jax.runtime import Program, RowValues
+from psd_jax.core.decoders import propose
+from psd_jax.core.engine import Loop, init_state, step
+from psd_jax.core.runtime import Program, RowValues
 
 
 def unpad(prompt, mask=None):

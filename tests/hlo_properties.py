@@ -18,7 +18,7 @@ from flax import nnx
 from models import DiffusionLM, load_config
 from models.transformer import matmul
 from psd_jax import load_model
-from psd_jax.sharding import batch_sharding
+from psd_jax.parallel.sharding import batch_sharding
 
 from sharded_decode import MOE_IDS, MOE_MESHES, expert_weight_collectives
 

@@ -63,7 +63,8 @@ def captured(main, argv: list[str]) -> dict:
 def run_front_ends(model: Path, out: Path, cluster: list[str], settings_run: list[str] | None = None) -> dict:
     """Every front end's run: ``generate`` for each of ``settings_run`` (default all of ``GENERATE``,
     and ``CONVERTED`` again from the Orbax checkpoint), then ``bench`` and ``evaluate``."""
-    from psd_jax import bench, evaluate, generate
+    from psd_jax import evaluate
+    from psd_jax.cli import bench, generate
 
     settings = {**DECODERS, **CACHED}
     runs = {}
@@ -95,7 +96,8 @@ def serve_argv(model: Path, port: int) -> list[str]:
 def main(model: str, out: str, *rest: str) -> None:
     import argparse
 
-    from psd_jax import load_model, multihost
+    from psd_jax import load_model
+    from psd_jax.parallel import multihost
     from psd_jax.serve import cli
 
     parser = argparse.ArgumentParser()

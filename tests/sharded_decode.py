@@ -58,9 +58,9 @@ def kv_cache_sharding(lm) -> list:
     import jax.numpy as jnp
     from flax import nnx
 
-    from psd_jax.engine import _loop_for, init_state
-    from psd_jax.layouts import canvas_attention_mask
-    from psd_jax.runtime import Program, RowValues
+    from psd_jax.core.engine import _loop_for, init_state
+    from psd_jax.core.layouts import canvas_attention_mask
+    from psd_jax.core.runtime import Program, RowValues
 
     settings = CACHED["psd+dual"]
     ids, mask = jnp.ones((2, 16), jnp.int32), jnp.ones((2, 16), jnp.int32)
@@ -106,7 +106,7 @@ MOE_MESHES = list(MOE_DECODE)
 def expert_weight_collectives(hlo: str, d_model: int, hidden: set[int]) -> list[str]:
     """Collectives in compiled HLO whose result is shaped like expert weights: rank >= 3 with trailing
     dims (d_model, F) or (F, d_model), F the expert hidden size or its ``model`` shard."""
-    from psd_jax.sharding import collectives
+    from psd_jax.parallel.sharding import collectives
 
     found = []
     for kind, shapes in collectives(hlo):

@@ -17,11 +17,11 @@ from safetensors.numpy import load_file
 from models.transformer import default_positions
 from psd_jax import DecodeConfig, DecodeConfigError
 from psd_jax.api import model_settings
-from psd_jax.config import cache_fields, settings_from
-from psd_jax.engine import decode, decode_python_loop
-from psd_jax.flags import decode_fields
-from psd_jax.generate import build_parser
-from psd_jax.runtime import Program, RowValues
+from psd_jax.cli.flags import decode_fields
+from psd_jax.cli.generate import build_parser
+from psd_jax.core.config import cache_fields, settings_from
+from psd_jax.core.engine import decode, decode_python_loop
+from psd_jax.core.runtime import Program, RowValues
 
 from conftest import GOLDENS
 

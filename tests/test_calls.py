@@ -1,4 +1,4 @@
-"""A decode's model calls by shape, and seconds predicted from them (``psd_jax.calls``, ``psd_jax.costs``)."""
+"""A decode's model calls by shape, and seconds predicted from them (``psd_jax.core.calls``, ``psd_jax.costs``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from models import config_from_dict
 from psd_jax import DecodeConfig
-from psd_jax.calls import CallShape, call_shapes
+from psd_jax.core.calls import CallShape, call_shapes
 from psd_jax.costs import CHIPS, call_timers, predicted_seconds, record_key, roofline_call_cost
 
 from conftest import HF_CONFIGS

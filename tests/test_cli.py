@@ -9,12 +9,13 @@ import math
 
 import pytest
 
-from psd_jax import DecodeConfig, DecodeConfigError, InputError, bench, load_model
+from psd_jax import DecodeConfig, DecodeConfigError, InputError, load_model
 from psd_jax.api import default_model_path, model_settings
-from psd_jax.config import FIELD_HELP, RECOMMENDED, USED_ONLY_WITH, settings_from
-from psd_jax.flags import decode_fields, flag_name
-from psd_jax.generate import build_parser
-from psd_jax.generate import main as generate_main
+from psd_jax.cli import bench
+from psd_jax.cli.flags import decode_fields, flag_name
+from psd_jax.cli.generate import build_parser
+from psd_jax.cli.generate import main as generate_main
+from psd_jax.core.config import FIELD_HELP, RECOMMENDED, USED_ONLY_WITH, settings_from
 from psd_jax.recommended import NAME, named_settings, read_recommended
 
 from conftest import GOLDENS, TUNED, model_with_recommendation
@@ -217,7 +218,7 @@ def test_generate_prompt_file_errors(capsys, tmp_path):
 
 
 def test_bench_help_states_the_cache_it_runs(capsys):
-    from psd_jax.bench import BENCH_DEFAULTS, build_parser
+    from psd_jax.cli.bench import BENCH_DEFAULTS, build_parser
 
     help_text = " ".join(build_parser().format_help().split())
     assert BENCH_DEFAULTS["cache"] == "dual" and "none, prefix or dual (default: dual)" in help_text
@@ -239,7 +240,7 @@ def test_text_prompt_on_the_shipped_model_uses_its_chat_template(capsys):
 def _demo_calls(monkeypatch, argv: list[str]) -> list[tuple]:
     """``generate`` without a prompt on the shipped model, with the decodes replaced by a recorder:
     (settings, prompt_bucket) of each ``LoadedModel.generate`` call the demo makes."""
-    from psd_jax import generate as generate_module
+    from psd_jax.cli import generate as generate_module
 
     calls = []
 
@@ -287,7 +288,7 @@ def test_demo_refuses_a_bad_held_out_line_before_loading(capsys, tmp_path):
 
 
 def test_generate_refuses_a_generation_beyond_the_context_before_loading(capsys, monkeypatch):
-    from psd_jax import generate as generate_module
+    from psd_jax.cli import generate as generate_module
 
     monkeypatch.setattr(generate_module, "load_model", lambda *a, **k: pytest.fail("loaded the weights"))
     assert generate_main(TINY + ["--gen-length", "4096", "--block-length", "32"]) == 2
@@ -359,7 +360,7 @@ def test_bounds_at_the_limit_are_accepted():
 
 
 def test_k_max_beyond_a_small_vocabulary_is_refused():
-    from psd_jax.config import check_for_model
+    from psd_jax.core.config import check_for_model
 
     small = dataclasses.replace(load_model(GOLDENS / "llada-tiny").config, vocab_size=16)
     with pytest.raises(DecodeConfigError, match="k_max 20 exceeds the vocabulary of 16"):
@@ -480,8 +481,8 @@ def test_settings_recommended_without_the_file_is_the_library_default_with_flags
 
 def test_demo_runs_and_names_the_directorys_tuned_setting(monkeypatch, capsys, tuned_model_dir, tuned_lm, tmp_path):
     """The demo on a directory with recommended.json decodes that setting (flags on top) and says so."""
-    from psd_jax import generate as generate_module
-    from psd_jax.generate import DEMO_PROBLEMS
+    from psd_jax.cli import generate as generate_module
+    from psd_jax.cli.generate import DEMO_PROBLEMS
 
     monkeypatch.setattr(generate_module, "load_model", lambda *a, **k: tuned_lm)
     assert generate_main(["--model", str(tuned_model_dir), "--json"]) == 0
@@ -500,7 +501,7 @@ def test_demo_runs_and_names_the_directorys_tuned_setting(monkeypatch, capsys, t
     assert shown[-1][1].endswith("recommended.json, with the decoding flags given on top")
     untuned = model_with_recommendation(tmp_path / "untuned", default_model_path())
     assert generate_main(["--model", str(untuned)]) == 0
-    assert shown[-1][1].startswith("the library default (psd_jax.config.RECOMMENDED; no recommended.json")
+    assert shown[-1][1].startswith("the library default (psd_jax.core.config.RECOMMENDED; no recommended.json")
 
 
 @pytest.mark.parametrize(

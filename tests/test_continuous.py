@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from psd_jax import DecodeConfig
-from psd_jax.runtime import Program
+from psd_jax.core.runtime import Program
 
 from conftest import GOLDENS  # noqa: F401  (the lms fixture reads the goldens)
 

@@ -11,10 +11,10 @@ import pytest
 
 from psd_jax import DecodeConfig, DecodeConfigError, InputError, load_model
 from psd_jax.api import LoadedModel
-from psd_jax.engine import batch_keys, decode, decode_python_loop
-from psd_jax.generate import main as cli_main
-from psd_jax.predict import predict
-from psd_jax.runtime import Program, RowValues
+from psd_jax.cli.generate import main as cli_main
+from psd_jax.core.engine import batch_keys, decode, decode_python_loop
+from psd_jax.core.predict import predict
+from psd_jax.core.runtime import Program, RowValues
 
 from conftest import GOLDENS
 
@@ -205,7 +205,7 @@ UNBOUNDED = {
 
 @pytest.mark.parametrize("name", list(UNBOUNDED))
 def test_decode_ends_whatever_the_runtime_values(lms, name):
-    from psd_jax.runtime import row_keys
+    from psd_jax.core.runtime import row_keys
 
     lm = lms["llada-tiny"]
     settings, unbounded = UNBOUNDED[name]

@@ -26,7 +26,7 @@ from lm_eval.utils import simple_parse_args_string  # noqa: E402
 
 from psd_jax import DecodeConfig, InputError, load_model  # noqa: E402
 from psd_jax.api import DEFAULT_MODEL_DIR, model_settings  # noqa: E402
-from psd_jax.bench import decoder_matrix, run_setting  # noqa: E402
+from psd_jax.cli.bench import decoder_matrix, run_setting  # noqa: E402
 from psd_jax.evaluate import cli  # noqa: E402
 from psd_jax.evaluate.args import EvalArgsError, parse_eval_args  # noqa: E402
 from psd_jax.evaluate.efficiency import efficiency_files  # noqa: E402
@@ -113,7 +113,7 @@ def shipped():
 
 def test_harness_score_equals_bench_problem_by_problem(tmp_path):
     """python -m psd_jax.evaluate on the held-out set as a harness task (tests/data/tasks) decodes
-    the same text as psd_jax.bench, problem by problem, and its psd-scoring filter (the bench's
+    the same text as psd_jax.cli.bench, problem by problem, and its psd-scoring filter (the bench's
     answer rule) gives the bench's score on each problem; the efficiency record is written beside
     the results and into them."""
     n, batch = 8, 8
@@ -590,7 +590,7 @@ def test_max_gen_toks_caps_gen_length_and_keeps_the_steps_per_block(settings, st
 
 
 def test_settings_recommended_is_a_model_argument_over_the_decode_defaults(tuned_model_dir, tmp_path, capsys):
-    from psd_jax.config import RECOMMENDED
+    from psd_jax.core.config import RECOMMENDED
     from psd_jax.recommended import read_recommended
 
     from conftest import TUNED, model_with_recommendation

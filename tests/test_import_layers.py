@@ -92,17 +92,70 @@ def test_no_import_circles(package):
     assert found == [], "import circles: " + "; ".join(" -> ".join(c) for c in found)
 
 
-# The packages from the bottom up: the model modules, the converter (which loads into them), the
-# decoding library and its front ends. A package imports only from those below it.
-LAYERS = ("models", "convert", "psd_jax")
+# The layers from the bottom up. A layer holds one or more groups (module names and the packages
+# under them); a module imports only from its own group and from the layers below its own, so groups
+# of one layer (the backends, the front ends) never import one another.
+LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
+    (("models",),),  # the Flax modules of every family
+    (("convert",),),  # Hugging Face checkpoints into those modules
+    (("psd_jax.parallel",),),  # device meshes, sharding and processes
+    (("psd_jax.core",),),  # settings, rules, decoders, layouts, the compiled loop and its session
+    (  # the library: a loaded model, its tokenizer, named and recommended settings, scoring, costs
+        (
+            "psd_jax",
+            "psd_jax.api",
+            "psd_jax.tokenizer",
+            "psd_jax.recommended",
+            "psd_jax.names",
+            "psd_jax.scoring",
+            "psd_jax.costs",
+        ),
+    ),
+    (("psd_jax.torch_backend",), ("psd_jax.cli",)),  # PyTorch for parity; the commands and their flags
+    (("psd_jax.tuning",), ("psd_jax.evaluate",), ("psd_jax.serve",)),  # the front ends over them
+    (("psd_jax.generate", "psd_jax.bench", "psd_jax.tune"),),  # `python -m` entry points
+)
 
 
-def test_each_package_imports_only_from_the_packages_below_it():
+def group_of(module: str) -> tuple[int, int]:
+    """(layer, group) of ``module``: the group naming it or the nearest package above it."""
+    best = None
+    for layer, groups in enumerate(LAYERS):
+        for group, names in enumerate(groups):
+            for name in names:
+                if (module == name or module.startswith(name + ".")) and (best is None or len(name) > best[0]):
+                    best = (len(name), layer, group)
+    assert best is not None, f"{module} is in no layer: add it to LAYERS"
+    return best[1], best[2]
+
+
+def downward_violations(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, targets in graph.items():
+        here = group_of(module)
+        for target in targets:
+            there = group_of(target)
+            if there != here and there[0] >= here[0]:
+                found.append(f"{module} -> {target}")
+    return sorted(found)
+
+
+def test_the_layer_rule_flags_upward_and_sideways_imports():
+    graph = {
+        "psd_jax.core.engine": {"psd_jax.parallel.sharding", "psd_jax.core.rules"},  # down, own group
+        "psd_jax.serve.app": {"psd_jax.api", "psd_jax.cli.flags"},  # down
+        "psd_jax.core.rules": {"psd_jax.api"},  # up
+        "psd_jax.serve.cli": {"psd_jax.tuning.space"},  # sideways, between front ends
+        "psd_jax.cli.bench": {"psd_jax.torch_backend.api"},  # sideways, within one layer
+    }
+    assert downward_violations(graph) == [
+        "psd_jax.cli.bench -> psd_jax.torch_backend.api",
+        "psd_jax.core.rules -> psd_jax.api",
+        "psd_jax.serve.cli -> psd_jax.tuning.space",
+    ]
+
+
+def test_each_module_imports_only_from_its_group_and_the_layers_below():
     graph = import_graph()
-    upward = sorted(
-        f"{module} -> {target}"
-        for module, targets in graph.items()
-        for target in targets
-        if LAYERS.index(target.split(".")[0]) > LAYERS.index(module.split(".")[0])
-    )
-    assert upward == [], "imports from a higher layer: " + "; ".join(upward)
+    found = downward_violations(graph)
+    assert found == [], "imports against the layers: " + "; ".join(found)

@@ -15,9 +15,9 @@ import json
 import pytest
 
 from psd_jax import DecodeConfig
-from psd_jax.block_layout import canvas_length
-from psd_jax.flags import EXIT_BAD_INPUT
-from psd_jax.generate import main as generate_main
+from psd_jax.cli.flags import EXIT_BAD_INPUT
+from psd_jax.cli.generate import main as generate_main
+from psd_jax.core.block_layout import canvas_length
 
 from conftest import GOLDENS
 

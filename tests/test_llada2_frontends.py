@@ -9,8 +9,9 @@ import json
 
 import pytest
 
-from psd_jax import bench, load_model
+from psd_jax import load_model
 from psd_jax.api import model_settings
+from psd_jax.cli import bench
 from psd_jax.scoring import is_correct, load_jsonl
 from psd_jax.serve import build_app
 

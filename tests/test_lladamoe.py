@@ -25,7 +25,7 @@ from convert.safetensors_dir import SafetensorsDir
 from models import ConfigError, LLaDAMoE, LLaDAMoEConfig, ModelConfig, config_from_dict, load_config, param_shapes
 from models.quantize import is_projection, quantize_weight
 from psd_jax import DecodeConfig, load_model
-from psd_jax.sharding import logical_axes, spec_for
+from psd_jax.parallel.sharding import logical_axes, spec_for
 
 from conftest import GOLDENS
 

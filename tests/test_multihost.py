@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from psd_jax import multihost
+from psd_jax.parallel import multihost
 
 from conftest import OFFLINE
 from multihost_driver import CONVERTED, GENERATE, SERVE_PROMPTS, SERVED_NAME, TEXT_REFERENCE
@@ -236,7 +236,8 @@ def test_cluster_flags_are_all_three_or_none():
 
 @pytest.mark.parametrize("front_end", ["generate", "bench", "evaluate", "serve"])
 def test_front_ends_refuse_incomplete_cluster_flags_in_one_line(front_end, capsys):
-    from psd_jax import bench, evaluate, generate
+    from psd_jax import evaluate
+    from psd_jax.cli import bench, generate
     from psd_jax.serve import cli
 
     main = {"generate": generate.main, "bench": bench.main, "evaluate": evaluate.main, "serve": cli.main}[front_end]

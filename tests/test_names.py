@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from psd_jax import bench
-from psd_jax.config import POLICIES, DecodeConfig, DecodeConfigError
+from psd_jax.cli import bench
+from psd_jax.core.config import POLICIES, DecodeConfig, DecodeConfigError
 from psd_jax.names import full_name, setting_fields, setting_name
 from psd_jax.tuning.space import default_space
 

@@ -18,7 +18,7 @@ from safetensors.numpy import load_file
 
 import psd_jax
 from psd_jax import DecodeConfig
-from psd_jax.rules import step_counts, window_lengths
+from psd_jax.core.rules import step_counts, window_lengths
 
 from decode_driver import Driver, unpad
 

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from psd_jax import DecodeConfig
-from psd_jax.runtime import FLAGS, RUNTIME_FIELDS, Program, RowValues
+from psd_jax.core.runtime import FLAGS, RUNTIME_FIELDS, Program, RowValues
 
 
 def test_every_setting_is_either_a_program_field_or_a_runtime_value():

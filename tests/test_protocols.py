@@ -31,7 +31,7 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 from models import load_config  # noqa: E402
 from psd_jax import DecodeConfig  # noqa: E402
 from psd_jax.api import DEFAULT_MODEL_DIR  # noqa: E402
-from psd_jax.config import check_for_model  # noqa: E402
+from psd_jax.core.config import check_for_model  # noqa: E402
 from psd_jax.evaluate import cli  # noqa: E402
 from psd_jax.evaluate.args import parse_eval_args  # noqa: E402
 from psd_jax.evaluate.gen_kwargs import parse_gen_kwargs, request_settings  # noqa: E402

@@ -26,7 +26,7 @@ from safetensors.numpy import load_file
 
 import psd_jax
 from psd_jax import DecodeConfig
-from psd_jax.decoders import forward_sizes
+from psd_jax.core.decoders import forward_sizes
 
 from decode_driver import Driver, unpad
 

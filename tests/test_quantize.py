@@ -25,8 +25,8 @@ import qwix
 from models import param_shapes
 from models.quantize import PROJECTIONS, is_projection, quantize_weight
 from psd_jax import DecodeConfig, load_model
+from psd_jax.cli.generate import main as generate_main
 from psd_jax.evaluate.args import EvalArgsError, parse_eval_args
-from psd_jax.generate import main as generate_main
 
 from conftest import GOLDENS
 

@@ -26,8 +26,8 @@ from safetensors.numpy import load_file
 
 import psd_jax
 from psd_jax import DecodeConfig
-from psd_jax.decoders import forward_sizes
-from psd_jax.policies import step_counts
+from psd_jax.core.decoders import forward_sizes
+from psd_jax.core.policies import step_counts
 
 from decode_driver import Driver, unpad
 

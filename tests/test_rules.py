@@ -1,4 +1,4 @@
-"""``psd_jax.rules``, the one definition of each decoding rule, against plain-Python for-loops.
+"""``psd_jax.core.rules``, the one definition of each decoding rule, against plain-Python for-loops.
 
 Each rule runs on small random inputs in both array namespaces the backends pass (``jax.numpy``
 for the engine, ``array_api_compat.torch`` for the PyTorch backend) and must give exactly what a
@@ -17,8 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from psd_jax import DecodeConfig, rules
-from psd_jax.decoders import psd, rps
+from psd_jax import DecodeConfig
+from psd_jax.core import rules
+from psd_jax.core.decoders import psd, rps
 
 SEEDS = range(4)
 B, N = 5, 8  # rows, positions (one block of 8)
@@ -204,7 +205,7 @@ def test_every_step_commits_whatever_the_scores(xp, policy):
 
 
 def test_every_policy_has_a_commit_rule():
-    from psd_jax.config import POLICIES as ALL
+    from psd_jax.core.config import POLICIES as ALL
 
     assert {dcfg.policy for dcfg in POLICIES.values()} == set(ALL)
 

@@ -1,4 +1,4 @@
-"""Top-p / top-k and temperature as each family's upstream sampler applies them (psd_jax.sampling).
+"""Top-p / top-k and temperature as each family's upstream sampler applies them (psd_jax.core.sampling).
 
 The references are NumPy transcriptions of the upstream functions, applied to the goldens' logits:
 Dream's ``top_p_logits``, ``top_k_logits`` and ``sample_tokens`` (``generation_utils.py``) and
@@ -16,10 +16,10 @@ import pytest
 
 from models import load_config
 from psd_jax import DecodeConfig, DecodeConfigError
-from psd_jax.config import check_for_model
-from psd_jax.predict import logits_to_prediction
-from psd_jax.runtime import Program, RowSampling, RowValues
-from psd_jax.sampling import SAMPLERS, filtered
+from psd_jax.core.config import check_for_model
+from psd_jax.core.predict import logits_to_prediction
+from psd_jax.core.runtime import Program, RowSampling, RowValues
+from psd_jax.core.sampling import SAMPLERS, filtered
 
 from conftest import GOLDENS
 

@@ -27,9 +27,9 @@ from models import SDAR, ConfigError, SDARConfig, config_from_dict, load_config,
 from models.quantize import is_projection, quantize_weight
 from psd_jax import DecodeConfig, load_model
 from psd_jax.api import left_pad
-from psd_jax.engine import batch_keys, loop_and_mask, run_while_loop
-from psd_jax.runtime import Program, RowValues
-from psd_jax.sharding import logical_axes, spec_for
+from psd_jax.core.engine import batch_keys, loop_and_mask, run_while_loop
+from psd_jax.core.runtime import Program, RowValues
+from psd_jax.parallel.sharding import logical_axes, spec_for
 
 from conftest import GOLDENS, HF_CONFIGS
 

@@ -8,7 +8,7 @@ import jax
 import pytest
 
 from models import param_shapes
-from psd_jax.sharding import (
+from psd_jax.parallel.sharding import (
     MeshError,
     batch_sharding,
     kv_cache_spec,
@@ -193,7 +193,7 @@ def test_llada2_logical_axes_map_to_mesh_axes():
     expert=8 each device holds an eighth of the experts and the rest whole."""
     from jax.sharding import AbstractMesh, PartitionSpec
 
-    from psd_jax.sharding import bytes_per_device
+    from psd_jax.parallel.sharding import bytes_per_device
 
     cfg = llada2_mini_config()
     mesh = AbstractMesh((1, 8, 1), ("data", "expert", "model"))

@@ -188,7 +188,7 @@ def test_uncached_calls_compute_logits_only_in_the_window(torch_lms, cases):
 def test_block_causal_model_is_refused_by_name(torch_lms):
     """LLaDA2.0 (block diffusion) is not implemented in torch: refused with one InputError that
     names it, when loading the checkpoint (before its weights) and when asked to decode."""
-    from psd_jax.errors import InputError
+    from psd_jax.core.errors import InputError
     from psd_jax.torch_backend import TorchLM
 
     from conftest import llada2_mini_config
@@ -204,14 +204,14 @@ def test_block_causal_model_is_refused_by_name(torch_lms):
 
 def test_other_families_are_refused_by_name():
     """LLaDA-MoE is decoded by the JAX engine only: one InputError naming the family, on load."""
-    from psd_jax.errors import InputError
+    from psd_jax.core.errors import InputError
 
     with pytest.raises(InputError, match="implements the LLaDA and Dream families only, not 'lladamoe'"):
         load_torch_model(GOLDENS / "lladamoe-tiny", device="cpu")
 
 
 def test_drafts_into_the_next_block_are_refused_by_name(torch_lms):
-    from psd_jax.errors import InputError
+    from psd_jax.core.errors import InputError
 
     settings = DecodeConfig(gen_length=32, block_length=16, decoder="psd", depth=7, draft_next_block=True)
     with pytest.raises(InputError, match=r"does not implement PSD's drafts into the next block \(draft_next_block\)"):

@@ -36,8 +36,8 @@ import jax  # noqa: E402
 
 from psd_jax import DecodeConfig  # noqa: E402
 from psd_jax.api import left_pad  # noqa: E402
-from psd_jax.engine import decode  # noqa: E402
-from psd_jax.runtime import Program, RowValues  # noqa: E402
+from psd_jax.core.engine import decode  # noqa: E402
+from psd_jax.core.runtime import Program, RowValues  # noqa: E402
 from psd_jax.torch_backend import generate  # noqa: E402
 
 from conftest import GOLDENS  # noqa: E402

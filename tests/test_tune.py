@@ -11,7 +11,7 @@ import pytest
 from models import load_config
 from psd_jax import tune
 from psd_jax.api import DEFAULT_MODEL_DIR, model_settings
-from psd_jax.config import DecodeConfig
+from psd_jax.core.config import DecodeConfig
 from psd_jax.recommended import RECOMMENDED_FILE, read_recommended
 from psd_jax.tuning import log as tune_log
 from psd_jax.tuning.search import Outcome, split, successive_halving
@@ -177,7 +177,7 @@ def test_search_reports_when_no_candidate_is_within_the_loss():
 def test_a_modeled_problem_pays_its_batch_share_or_alone_its_own_calls():
     """At 32 rows per call a problem is charged 1/32 of its batch's calls; at one row per call its
     own: a batch of 50 whose slowest row took 20 calls charges a row of 5 calls 5 calls, not 20."""
-    from psd_jax.calls import CallShape
+    from psd_jax.core.calls import CallShape
     from psd_jax.costs import CHIPS, roofline_call_cost
     from psd_jax.tuning.devices import Target, objective_for
 
@@ -310,7 +310,7 @@ def test_a_finished_log_re_ranks_for_a_modeled_device_without_decoding(
     tuned model's config, 32 rows per call) and ``--rerank --objective calls`` counts them: neither
     decodes, each problem costs its batch's share, and ``--write`` stores each choice under its
     device kind."""
-    from psd_jax.calls import record_shape
+    from psd_jax.core.calls import record_shape
     from psd_jax.costs import CHIPS, roofline_call_cost
 
     out, report = run
@@ -402,7 +402,7 @@ def test_written_setting_round_trips_through_bench_and_generate(run, model_dir, 
     """``bench --decoders recommended`` and ``generate --settings recommended`` on the directory
     ``--write`` wrote to decode the chosen setting: the same answers and model calls, problem by
     problem, as the tuner logged for it."""
-    from psd_jax import bench, generate
+    from psd_jax.cli import bench, generate
 
     out, report = run
     logged = {}

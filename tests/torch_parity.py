@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from psd_jax.records import Generation
+from psd_jax.core.records import Generation
 
 # What a row of the two backends must share besides its ids (timings differ).
 ROW_FIELDS = ("nfe", "tokens", "text", "stats")

@@ -25,7 +25,7 @@ from models import ConfigError, load_config
 from models.quantize import INT4_ON_A_MESH, QUANTIZE
 
 from ..api import DTYPES, model_directory, model_settings
-from ..config import (
+from ..core.config import (
     BOOL_FIELDS,
     CHOICES,
     FIELD_HELP,
@@ -35,9 +35,9 @@ from ..config import (
     DecodeConfigError,
     check_for_model,
 )
-from ..errors import InputError
+from ..core.errors import InputError
+from ..parallel.sharding import AXES
 from ..recommended import RECOMMENDED_FILE, named_settings
-from ..sharding import AXES
 
 # Arguments the harness itself passes to every model (from --batch_size, --max_batch_size,
 # --device, --trust_remote_code); accepted, see EvalArgs for what each does here.

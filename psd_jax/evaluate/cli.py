@@ -32,8 +32,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from .. import multihost
-from ..flags import EXIT_BAD_INPUT, ArgumentParser
+from ..cli.flags import EXIT_BAD_INPUT, ArgumentParser
+from ..parallel import multihost
 from . import protocol_cli
 
 MODEL_NAME = "psd_jax"
@@ -107,9 +107,9 @@ def output_path(argv: list[str]) -> str | None:
 
 
 def _bad_input_errors() -> tuple[type[BaseException], ...]:
-    from ..config import DecodeConfigError
-    from ..errors import InputError  # EvalArgsError and TokenizerError are InputErrors
-    from ..sharding import MeshError
+    from ..core.config import DecodeConfigError
+    from ..core.errors import InputError  # EvalArgsError and TokenizerError are InputErrors
+    from ..parallel.sharding import MeshError
 
     return (InputError, DecodeConfigError, MeshError, FileNotFoundError)
 
@@ -133,7 +133,7 @@ def precheck(argv: list[str], harness_cli: type) -> None:
     generation kwargs' mapping."""
     from models import load_config
 
-    from ..config import check_for_model
+    from ..core.config import check_for_model
     from .args import parse_eval_args
     from .gen_kwargs import parse_gen_kwargs, request_settings
 

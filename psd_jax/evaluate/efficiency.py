@@ -1,6 +1,6 @@
 """Efficiency next to accuracy: per task, what the decode and the likelihood estimator cost.
 
-For ``generate_until`` the figures are the benchmark's (``psd_jax.bench``), so a harness run and
+For ``generate_until`` the figures are the benchmark's (``psd_jax.cli.bench``), so a harness run and
 a bench run on the same problems read the same way: NFE (model calls while a row decoded, summed
 over requests), tokens (generated before the first EOS/EOT), TPF = tokens / NFE, tokens/s over
 the timed decodes (compilation excluded and reported apart), and the sequences forwarded. For
@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..records import Generation
+from ..core.records import Generation
 
 
 @dataclasses.dataclass

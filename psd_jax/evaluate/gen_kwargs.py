@@ -10,7 +10,7 @@ decode: ``until`` (stop strings), ``max_gen_toks`` (or the harness's aliases ``m
   ``temperature``, ``top_p`` and ``top_k`` say;
 - ``temperature=T`` / ``top_p=p`` / ``top_k=k`` with ``do_sample`` true or absent: that value
   (temperature 0: greedy; top_p 1, top_k 0: no filter; where the filters apply is the family's
-  sampler's rule, ``psd_jax.sampling``);
+  sampler's rule, ``psd_jax.core.sampling``);
 - a key left out (``do_sample`` true or absent): the model argument's value.
 
 A model argument ``temperature``, ``top_p`` or ``top_k`` the user set is a setting of the run; a
@@ -27,8 +27,8 @@ import math
 from collections.abc import Collection
 from typing import Any
 
-from ..config import DecodeConfig
-from ..errors import InputError
+from ..core.config import DecodeConfig
+from ..core.errors import InputError
 from .args import as_bool, as_float, as_int
 
 MAX_TOKEN_KEYS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")  # harness priority

@@ -6,7 +6,7 @@ own command line.
 
 - ``generate_until``: requests are decoded in the harness's order, ``--batch_size`` at a time,
   through ``LoadedModel.generate`` (one jitted loop per batch). That order and padding are the
-  benchmark's, so a harness score and ``psd_jax.bench`` agree problem by problem. The decode
+  benchmark's, so a harness score and ``psd_jax.cli.bench`` agree problem by problem. The decode
   length is ``gen_length`` capped by the request's ``max_gen_toks`` rounded up to whole blocks
   (the rounding is logged and recorded); the text is cut to ``max_gen_toks`` tokens, at the first
   EOS/EOT, then at the first ``until`` string, and special tokens are removed. The request's
@@ -34,9 +34,9 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from ..api import LoadedModel, load_model
-from ..config import PER_BLOCK_STEPS, DecodeConfig
-from ..errors import InputError
-from ..lengths import check_context
+from ..core.config import PER_BLOCK_STEPS, DecodeConfig
+from ..core.errors import InputError
+from ..core.lengths import check_context
 from .args import EvalArgs, parse_eval_args
 from .efficiency import EfficiencyLog
 from .gen_kwargs import parse_gen_kwargs, request_settings

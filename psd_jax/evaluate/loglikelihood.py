@@ -34,10 +34,10 @@ import numpy as np
 from flax import nnx
 
 from ..api import LoadedModel
-from ..config import DecodeConfig
-from ..errors import InputError
-from ..lengths import padded_length
-from ..multihost import to_host
+from ..core.config import DecodeConfig
+from ..core.errors import InputError
+from ..core.lengths import padded_length
+from ..parallel.multihost import to_host
 
 MAX_EXACT_TOKENS = 10  # exact_nll forwards 2**T - 1 subsets
 

@@ -19,8 +19,8 @@ import dataclasses
 import shlex
 from pathlib import Path
 
-from ..config import DecodeConfigError
-from ..errors import InputError
+from ..core.config import DecodeConfigError
+from ..core.errors import InputError
 from ..recommended import check_settings_name
 from .protocols import PROTOCOLS, Protocol, joined
 

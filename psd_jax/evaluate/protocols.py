@@ -618,7 +618,7 @@ GROUP_NOTES: dict[str, str] = {
     "Dream-v0-Instruct-7B": (
         "diffllm.py decodes max_new_tokens = diffusion_steps positions in one block with Dream's entropy "
         "schedule at temperature 0.1 and top_p 0.9 (sample_tokens: the confidence is scored on the "
-        "tempered, filtered distribution; psd_jax.sampling does the same), ignoring the tasks' "
+        "tempered, filtered distribution; psd_jax.core.sampling does the same), ignoring the tasks' "
         "generation kwargs: here they are set by --gen_kwargs. Sampling draws from psd-jax's own PRNG, "
         "so scores agree in distribution, not sample by sample. Its text is cut at EOS, keeping special "
         "tokens; psd-jax cuts at the first EOS/EOT and removes them."

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from ..api import LoadedModel
-from ..config import DecodeConfig
+from ..core.config import DecodeConfig
 from ..recommended import NAME, named_settings
 from .answers import pieces
 from .auth import check_bearer

@@ -40,9 +40,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..config import DecodeConfig
-from ..lengths import padded_length
-from ..runtime import Program
+from ..core.config import DecodeConfig
+from ..core.lengths import padded_length
+from ..core.runtime import Program
 from .errors import QueueFull, RequestError, RequestTimedOut, ShuttingDown
 from .requests import DecodeRequest
 from .session import BlockEngine, BlockSession

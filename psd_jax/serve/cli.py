@@ -19,10 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .. import multihost
 from ..api import InputError, checked_settings, load_model, model_directory
-from ..config import MAX_BRANCHES, DecodeConfig, DecodeConfigError
-from ..flags import (
+from ..cli.flags import (
     EXIT_BAD_INPUT,
     ArgumentParser,
     add_decode_flags,
@@ -33,9 +31,11 @@ from ..flags import (
     positive_int,
     weight_options,
 )
-from ..lengths import check_context
+from ..core.config import MAX_BRANCHES, DecodeConfig, DecodeConfigError
+from ..core.lengths import check_context
+from ..parallel import multihost
+from ..parallel.sharding import MeshError
 from ..recommended import NAME, named_settings, read_recommended
-from ..sharding import MeshError
 from ..tokenizer import TokenizerError
 from .batcher import BATCHING
 from .limits import MAX_BODY_BYTES, LimitError, ServerLimits, overrides_from

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from ..config import FIELD_HELP, MAX_BRANCHES, DecodeConfig
+from ..core.config import FIELD_HELP, MAX_BRANCHES, DecodeConfig
 
 if TYPE_CHECKING:
     from models import ModelConfig

@@ -23,8 +23,8 @@ import re
 from typing import Any
 
 from ..api import InputError, LoadedModel, check_seed
-from ..config import CONFIDENCE_ALIASES, DecodeConfig, DecodeConfigError
-from ..lengths import check_context, padded_length
+from ..core.config import CONFIDENCE_ALIASES, DecodeConfig, DecodeConfigError
+from ..core.lengths import check_context, padded_length
 from ..recommended import NAME, check_settings_name
 from ..tokenizer import TokenizerError
 from .errors import RequestError

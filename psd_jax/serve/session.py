@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..config import DecodeConfig
+from ..core.config import DecodeConfig
 
 
 class BlockProgress(Protocol):

@@ -24,8 +24,8 @@ from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE, CheckpointError
 from models import ModelConfig, load_config
 
 from ..api import PromptIO, default_model_path, left_pad
-from ..config import DecodeConfig
-from ..records import DecodeOutput, Generation, generations
+from ..core.config import DecodeConfig
+from ..core.records import DecodeOutput, Generation, generations
 from ..tokenizer import load_tokenizer, resolve_special_ids
 from .decode import Predictor, check_supported
 from .model import TORCH_DTYPES, TorchDiffusionLM, load_hf_torch

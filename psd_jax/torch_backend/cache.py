@@ -31,9 +31,9 @@ import dataclasses
 import array_api_compat.torch as xp
 import torch
 
-from .. import rules
-from ..predict import sequences_forwarded
-from ..records import DecodeOutput
+from ..core import rules
+from ..core.predict import sequences_forwarded
+from ..core.records import DecodeOutput
 from .decode import DecodeState, Loop, Prediction, apply_choice, forward_leading, propose
 
 

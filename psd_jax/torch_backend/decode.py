@@ -1,11 +1,11 @@
 """The decoders (plain, PSD, RPS) over the PyTorch model, with the JAX engine's exact semantics.
 
-This is ``psd_jax.engine`` + ``decoders`` + ``predict`` written as a PyTorch user would: eager
+This is ``psd_jax.core.engine`` + ``decoders`` + ``predict`` written as a PyTorch user would: eager
 tensors under ``torch.inference_mode``, a Python ``while`` loop over iterations, every per-row
 decision a batched tensor op (no Python loop over rows), and all candidates of all rows verified
 in ONE model call of shape ``[B*K, N]``. The decoding rules themselves (ranks, every policy's
 counts and commit set, PSD's drafts and acceptance, RPS's pivot and scoring, block advance, the
-forward sizes and the logit window) are not re-written here: they are ``psd_jax.rules``, the
+forward sizes and the logit window) are not re-written here: they are ``psd_jax.core.rules``, the
 engine's own definitions, called with the array namespace ``array_api_compat.torch``. What this
 module adds is the loop, the model calls and the bookkeeping, as the engine's:
 
@@ -50,20 +50,20 @@ import torch
 
 from models import ModelConfig
 
-from .. import rules
-from ..config import DecodeConfig
-from ..decoders import decoder_for, psd, rps  # the engine's decoders: their rules and statistics' shapes
-from ..errors import InputError
-from ..predict import ENTROPY_EPS, sequences_forwarded
-from ..records import DecodeOutput
-from ..sampling import filters_set, sampler_for
+from ..core import rules
+from ..core.config import DecodeConfig
+from ..core.decoders import decoder_for, psd, rps  # the engine's decoders: their rules and statistics' shapes
+from ..core.errors import InputError
+from ..core.predict import ENTROPY_EPS, sequences_forwarded
+from ..core.records import DecodeOutput
+from ..core.sampling import filters_set, sampler_for
 
 
 def check_supported(mcfg: ModelConfig, dcfg: DecodeConfig | None = None) -> None:
     """Refuse, by name, what this backend does not implement: block-causal families (LLaDA2.0's and
     SDAR's block diffusion, ``mcfg.block_causal``), families other than LLaDA and Dream, PSD's drafts into the next block and the top-p/top-k
     filters (``dcfg``). Every policy,
-    confidence, decoder and cache is implemented (through ``psd_jax.rules``)."""
+    confidence, decoder and cache is implemented (through ``psd_jax.core.rules``)."""
     if mcfg.block_causal:
         raise InputError(
             f"the PyTorch backend does not implement block-causal decoding ({mcfg.family!r}: block diffusion); "
@@ -147,7 +147,7 @@ def logits_to_prediction(
 
 
 class Predictor:
-    """The model calls: canvases [B, K, N] -> ``Prediction`` [B, K, N] (see psd_jax.predict), and
+    """The model calls: canvases [B, K, N] -> ``Prediction`` [B, K, N] (see psd_jax.core.predict), and
     with a block KV cache the full forward that fills it (``prefill``) and the window calls
     against it (``window``).
 

@@ -8,9 +8,9 @@ import torch
 
 from models import ModelConfig
 
-from .. import rules
-from ..config import DecodeConfig
-from ..records import DecodeOutput
+from ..core import rules
+from ..core.config import DecodeConfig
+from ..core.records import DecodeOutput
 from .cache import decode_cached
 from .decode import Loop, Predictor, canvas_mask, check_supported, decode_uncached
 

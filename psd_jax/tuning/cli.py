@@ -23,10 +23,7 @@ from typing import Any
 from models import load_config
 
 from ..api import model_directory, model_settings
-from ..config import DecodeConfig, DecodeConfigError, check_for_model
-from ..costs import CHIPS
-from ..errors import InputError
-from ..flags import (
+from ..cli.flags import (
     EXIT_BAD_INPUT,
     ArgumentParser,
     add_decode_flags,
@@ -34,7 +31,10 @@ from ..flags import (
     decode_fields,
     weight_options,
 )
-from ..lengths import check_questions
+from ..core.config import DecodeConfig, DecodeConfigError, check_for_model
+from ..core.errors import InputError
+from ..core.lengths import check_questions
+from ..costs import CHIPS
 from ..names import full_name, setting_fields
 from ..scoring import load_jsonl
 from . import log as tune_log

@@ -16,9 +16,9 @@ import dataclasses
 import functools
 from pathlib import Path
 
-from ..calls import CallShape, record_shape
+from ..core.calls import CallShape, record_shape
+from ..core.errors import InputError
 from ..costs import CHIPS, roofline_call_cost
-from ..errors import InputError
 from .search import CALLS, Objective, Outcome
 
 THIS = "this"

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..config import DecodeConfig
+from ..core.config import DecodeConfig
 from .search import NotEvaluated, Outcome
 from .space import canonical
 

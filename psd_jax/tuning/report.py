@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..bench import pareto_plot
+from ..cli.bench import pareto_plot
 from .search import SearchResult
 
 

@@ -15,8 +15,8 @@ from typing import Protocol
 
 import numpy as np
 
-from ..bench import paired_difference
-from ..config import DecodeConfig
+from ..cli.bench import paired_difference
+from ..core.config import DecodeConfig
 
 KEEP_MIN = 4  # a rung keeps at least this many candidates (or all there are)
 

@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ..config import MAX_BRANCHES, DecodeConfig, DecodeConfigError, check_for_model
+from ..core.config import MAX_BRANCHES, DecodeConfig, DecodeConfigError, check_for_model
 from ..names import full_name
 
 THRESHOLDS = (0.7, 0.8, 0.9, 0.95, 0.98, 0.99)

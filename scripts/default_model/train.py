@@ -47,8 +47,8 @@ from models import DiffusionLM, ModelConfig
 from models.transformer import default_unroll_layers
 from psd_jax import DecodeConfig
 from psd_jax.api import DECODE_DEFAULTS_FILE, LoadedModel
+from psd_jax.parallel.sharding import make_mesh
 from psd_jax.scoring import is_correct, load_jsonl
-from psd_jax.sharding import make_mesh
 from psd_jax.tokenizer import encode_prompt
 from scripts.default_model.tasks import MAX_VALUE, STEP_LINE, calculate, generate_problem, make_dataset
 

@@ -1,5 +1,5 @@
 """psd_jax.scoring's answer rule as a harness filter (the heldout task's ``psd-scoring``): the
-number after the last ``####``, else the last number, normalised; what ``psd_jax.bench`` scores."""
+number after the last ``####``, else the last number, normalised; what ``psd_jax.cli.bench`` scores."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 JAX's multi-controller runtime runs one Python process per host (per TPU VM worker, per GPU node):
 each process holds its own devices, and every process runs the same compiled programs on the same
 global arrays, in the same order. A mesh then spans every process's devices
-(``psd_jax.sharding``), parameters are read by each process only for the shards its devices hold
+(``psd_jax.parallel.sharding``), parameters are read by each process only for the shards its devices hold
 (``convert``), and results come back to every process (``to_host``). What differs between the
 processes is what they say: only process 0 prints results and writes files (``is_main``).
 

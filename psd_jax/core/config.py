@@ -95,8 +95,8 @@ class DecodeConfig(BlockCounts):
     threshold: float = 0.9
     factor: float = 1.0
     temperature: float = 0.0
-    top_p: float = 1.0  # nucleus filter before sampling (1: off); psd_jax.sampling
-    top_k: int = 0  # top-k filter before sampling (0: off); psd_jax.sampling
+    top_p: float = 1.0  # nucleus filter before sampling (1: off); psd_jax.core.sampling
+    top_k: int = 0  # top-k filter before sampling (0: off); psd_jax.core.sampling
     cfg_scale: float = 0.0
     logits_eos_inf: bool = False
     confidence_eos_eot_inf: bool = False

@@ -46,6 +46,7 @@ from flax import nnx, struct
 
 from models import ModelConfig
 
+from ..parallel.sharding import constrain_kv_cache, constrain_rows
 from . import rules
 from .calls import CallShape
 from .decoders import Proposal, decoder_for, forward_size_index, forward_sizes, initial_stats, propose
@@ -61,7 +62,6 @@ from .predict import (
 )
 from .records import DecodeOutput
 from .runtime import Program, RowValues, split_rows
-from .sharding import constrain_kv_cache, constrain_rows
 
 
 @struct.dataclass

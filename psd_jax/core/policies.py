@@ -1,6 +1,6 @@
 """Transfer policies (the spatial axis) in JAX: which masked positions of the block to commit this step.
 
-The rules themselves are ``psd_jax.rules`` (one definition for the JAX engine and the PyTorch
+The rules themselves are ``psd_jax.core.rules`` (one definition for the JAX engine and the PyTorch
 backend); this module binds them to ``jax.numpy`` and to each policy's count table, baked into the
 compiled loop as a constant. Every policy is a pure, shape-static function of the confidences, the
 committable positions and the step index within the block: top-k selections are ranks

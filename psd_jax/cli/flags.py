@@ -17,8 +17,8 @@ from convert.args import EXIT_BAD_INPUT, ArgumentParser  # noqa: F401  (the fron
 from models.config import DTYPE_NAMES
 from models.quantize import QUANTIZE
 
-from .config import BOOL_FIELDS, CHOICES, FIELD_HELP, FLOAT_FIELDS, INT_FIELDS, DecodeConfig, DecodeConfigError
-from .recommended import RECOMMENDED_FILE, SETTINGS_NAMES, check_settings_name
+from ..core.config import BOOL_FIELDS, CHOICES, FIELD_HELP, FLOAT_FIELDS, INT_FIELDS, DecodeConfig, DecodeConfigError
+from ..recommended import RECOMMENDED_FILE, SETTINGS_NAMES, check_settings_name
 
 
 def flag_name(field: str) -> str:

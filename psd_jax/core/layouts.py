@@ -31,12 +31,12 @@ import jax.numpy as jnp
 
 from models import ModelConfig
 
+from ..parallel.sharding import constrain_kv_cache
 from . import rules
 from .block_layout import BlockLayout, canvas_length, initial_canvas, output_canvas
 from .calls import CallShape, call_shapes
 from .predict import ForwardFn, LogitWindow, logits_to_prediction, on_canvas, predict_prefill
 from .runtime import Program, RowValues
-from .sharding import constrain_kv_cache
 
 # The engine's ``Loop`` and ``DecodeState``, which a layout reads: not imported, since the engine
 # imports this module (tests/test_import_layers.py: no import circles).

@@ -19,10 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ..parallel.multihost import to_host
 from .config import DecodeConfig
 from .engine import decode_blocks, decode_join, decode_regroup, decode_start, finish, streamed
 from .errors import InputError
-from .multihost import to_host
 from .records import DecodeOutput, Generation
 from .runtime import Program, RowValues, row_keys
 

@@ -1,0 +1,5 @@
+"""The decode itself: settings (``config``) and the compile key apart from per-row values
+(``runtime``), the rules every decoder shares (``rules``) and those each policy (``policies``) and
+decoder (``decoders``) owns, the prediction from logits (``predict``), the canvas layouts and their
+caches (``layouts``), the compiled loop (``engine``), the block-by-block session a server drives
+(``block_decode``), and what a decode reports (``records``, ``calls``)."""
