@@ -4,7 +4,7 @@ The source key set must equal the key table's expansion exactly (a missing, unex
 duplicated tensor is an error naming it), every tensor's shape is asserted before it is used, and
 each parameter is assembled and placed before the next one is read: loading puts it on device(s)
 (sharded if asked), the converter writes it to Orbax and drops it, so the host holds one stacked
-parameter and the tensor being read (scripts/convert_peak_memory.py measures the peak).
+parameter and the tensor being read (scripts/figures/convert_peak_memory.py measures the peak).
 """
 
 from __future__ import annotations

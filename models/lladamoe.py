@@ -24,7 +24,7 @@ the model dtype and applied in it (OLMoE's ``apply_rotary_pos_emb``); router log
 model dtype, softmax in float32; the LM head rounds to the model dtype before logits are returned as
 float32. Unlike upstream's loop over experts (which adds each expert's bfloat16 output into a
 bfloat16 sum), the routed outputs are combined with their float32 weights in float32 and rounded
-once; in float32 the two agree to rounding (tests/test_lladamoe.py: logits within 1e-4 of upstream's).
+once; in float32 the two agree to rounding (tests/modeling/test_lladamoe.py: logits within 1e-4 of upstream's).
 """
 
 from __future__ import annotations

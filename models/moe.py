@@ -12,7 +12,7 @@ Experts (``routed_experts``) are dropless and exact: every token gets exactly it
 (token, expert) assignments are sorted by expert and run as one grouped matrix product per
 projection (``grouped_matmul``), so the work is about the active parameters, not all experts for
 every token: the FLOPs XLA reports against the active-parameter ideal are in docs/cost-model.md
-(``scripts/moe_cost.py``). The outputs are unsorted and combined with the routing weights in
+(``scripts/figures/moe_cost.py``). The outputs are unsorted and combined with the routing weights in
 float32, rounded once, as upstream's ``moe_infer``.
 """
 
@@ -142,7 +142,7 @@ def routed_experts(
 
     chosen/weights [T, k] from ``route``; w_gate/w_up [E, D, F], w_down [E, F, D]; ``swiglu(gate, up)``
     is the model's activation (float32 SiLU, rounded once); ``grouped(x, w, sizes)`` replaces
-    ``grouped_matmul`` (scripts/moe_cost.py measures ``jax.lax.ragged_dot`` in its place).
+    ``grouped_matmul`` (scripts/figures/moe_cost.py measures ``jax.lax.ragged_dot`` in its place).
 
     Traced under a mesh (``jax.set_mesh``) with more than one device, the product runs expert
     parallel (``expert_parallel``; the T rows are ``batch`` sequences of T / batch tokens, split over

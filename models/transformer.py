@@ -131,13 +131,8 @@ def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.
     angles = jnp.concatenate([freqs, freqs], axis=-1)
     sin, cos = jnp.sin(angles), jnp.cos(angles)
     if on_cpu():
-        return _materialized(sin), _materialized(cos)
+        return cpu_kernels.materialized(sin), cpu_kernels.materialized(cos)
     return sin, cos
-
-
-# A name of this module (not a call through ``cpu_kernels``) so that scripts/experiments/cpu_forward_ab.py can
-# swap it for the identity when it measures the gather.
-_materialized = cpu_kernels.materialized
 
 
 def apply_rope(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:

@@ -1,7 +1,8 @@
-"""Tools run from the repository root (``python -m scripts.<name>``), not part of the library.
+"""Tools run from the repository root (``python -m scripts.<group>.<name>``), not part of the library.
 
-``scripts/`` itself holds user tools (backend comparison, memory and compile-time tables, paired
-accuracy, cache benchmark, converter peak memory); ``scripts.default_model`` makes the shipped
-default model (its task, tokenizer, held-out set, training recipe and probe);
-``scripts.experiments`` keeps finished measurements whose results are written up in docs/.
+``scripts.tools``: what a user runs beside the library (load generator, paired accuracy);
+``scripts.figures``: the measurements behind docs' tables, each named in the doc it feeds;
+``scripts.device`` with ``scripts/device_check.sh``: the prepared check for an accelerator machine;
+``scripts.default_model``: the shipped default model's recipe (task, tokenizer, held-out set,
+training and probe).
 """

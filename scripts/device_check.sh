@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One prepared run for a GPU machine whose time is short (at most 9.25 minutes on one NVIDIA H200):
 # LLaDA-8B's forward MFU, the decoders' speed in JAX, the same decodes in PyTorch eager and
-# torch.compile, and int8 weights against bfloat16 (scripts/device_check.py says what each step
+# torch.compile, and int8 weights against bfloat16 (scripts/device/check.py says what each step
 # measures and how long it should take; docs/device-check.md how to read the output). Run it from
 # the repository root.
 #
@@ -10,7 +10,7 @@
 #   OUT=/tmp/dc STEPS="serve" bash scripts/device_check.sh   # env, then only the listed steps
 #
 # The steps after env (STEPS, default all but serve): forward jax_decode torch torch_compile int8, and
-# serve: the server under load on the 8B shape (scripts/serve_check.py, its own table
+# serve: the server under load on the 8B shape (scripts/device/serve_check.py, its own table
 # $OUT/serve_check.md; limit 150 s), left out by default so that the default run fits its budget.
 #
 # Every step is a process of its own with its own time limit and log, so one slow or failing step
@@ -41,12 +41,12 @@ STEPS=${STEPS:-forward jax_decode torch torch_compile int8}
 
 step() {  # step NAME LIMIT: one step, its own limit and log; the report rewritten when it ends
   local name=$1 limit=$2 start=$SECONDS code
-  timeout -k 5 "$limit" $PY -m scripts.device_check "$name" --out "$OUT" --deadline $((limit * 9 / 10)) \
+  timeout -k 5 "$limit" $PY -m scripts.device.check "$name" --out "$OUT" --deadline $((limit * 9 / 10)) \
     >"$LOGS/$name.log" 2>&1
   code=$?
   echo "[$name] exit $code after $((SECONDS - start)) s (limit $limit s)" | tee -a "$OUT/device_check.log"
   cat "$LOGS/$name.log" >>"$OUT/device_check.log"
-  $PY -m scripts.device_check_report --out "$OUT" --step "$name" --exit "$code" --seconds $((SECONDS - start))
+  $PY -m scripts.device.report --out "$OUT" --step "$name" --exit "$code" --seconds $((SECONDS - start))
   return $code
 }
 
@@ -66,7 +66,7 @@ fi
 for name in $STEPS; do
   if [ "$name" = serve ]; then  # the server under load: a script and a table of its own
     start=$SECONDS
-    timeout -k 5 "$(limit serve)" $PY -m scripts.serve_check --out "$OUT" --deadline $(($(limit serve) * 8 / 10)) \
+    timeout -k 5 "$(limit serve)" $PY -m scripts.device.serve_check --out "$OUT" --deadline $(($(limit serve) * 8 / 10)) \
       >"$LOGS/serve.log" 2>&1
     echo "[serve] exit $? after $((SECONDS - start)) s (limit $(limit serve) s)" | tee -a "$OUT/device_check.log"
     cat "$LOGS/serve.log" >>"$OUT/device_check.log"

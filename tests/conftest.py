@@ -8,11 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import GOLDENS, HELPERS, HF_CONFIGS
 from safetensors.numpy import load_file
-
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-GOLDENS = SHARED / "goldens"
-HF_CONFIGS = SHARED / "hf-configs"
 
 # The suite compiles hundreds of small XLA:CPU programs, and compiling is most of its time: without
 # LLVM's expensive passes and XLA:CPU's fusion emitters a compile is about twice as fast, and the
@@ -151,7 +148,7 @@ OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALL
 
 @pytest.fixture(scope="session")
 def word_model(tmp_path_factory) -> Path:
-    """llada-tiny with a word-level tokenizer, problems and a harness task (tests/word_model.py)."""
+    """llada-tiny with a word-level tokenizer, problems and a harness task (tests/helpers/word_model.py)."""
     from word_model import with_tokenizer
 
     return with_tokenizer(tmp_path_factory.mktemp("word-model") / "llada-tiny-words")
@@ -168,7 +165,7 @@ def run_root(tmp_path_factory) -> Path:
 
 
 class SharedRun:
-    """tests/sharded_decode.py, run once per pytest run whichever worker asks first: the first
+    """tests/helpers/sharded_decode.py, run once per pytest run whichever worker asks first: the first
     worker to create ``claim`` starts the subprocess and, once it has finished, writes its record
     to ``result`` (under a temporary name, then renamed: it appears whole) or its failure to
     ``failed``; every other worker waits for one of the two files, with a deadline."""
@@ -194,7 +191,7 @@ class SharedRun:
         )
         out = self.root / "one-process"
         out.mkdir()
-        script = Path(__file__).with_name("sharded_decode.py")
+        script = HELPERS / "sharded_decode.py"
         args = [GOLDENS / "llada-tiny", GOLDENS / "llada2-tiny", word_model, out, GOLDENS / "sdar-tiny"]
         with (out / "stdout.txt").open("w") as stdout, (out / "stderr.txt").open("w") as stderr:
             self.proc = subprocess.Popen(
@@ -221,12 +218,12 @@ class SharedRun:
                 part.rename(self.result)
             else:
                 self.failed.write_text(
-                    f"tests/sharded_decode.py ended with {code}:\n" + (out / "stderr.txt").read_text()[-3000:]
+                    f"tests/helpers/sharded_decode.py ended with {code}:\n" + (out / "stderr.txt").read_text()[-3000:]
                 )
         deadline = time.monotonic() + SHARED_RUN_TIMEOUT_S
         while not (self.result.exists() or self.failed.exists()):
             assert time.monotonic() < deadline, (
-                f"no record of tests/sharded_decode.py in {self.root} after {SHARED_RUN_TIMEOUT_S} s"
+                f"no record of tests/helpers/sharded_decode.py in {self.root} after {SHARED_RUN_TIMEOUT_S} s"
             )
             time.sleep(0.5)
         assert not self.failed.exists(), self.failed.read_text()
@@ -242,7 +239,7 @@ class SharedRun:
 
 @pytest.fixture(scope="session")
 def sharded_process(word_model, tmp_path_factory):
-    """tests/sharded_decode.py started in the background, once per pytest run (``SharedRun``):
+    """tests/helpers/sharded_decode.py started in the background, once per pytest run (``SharedRun``):
     decodes on meshes of 8 simulated devices in one process (llada-tiny, llada2-tiny's expert
     meshes, serving on a mesh) and the command-line front ends there as one process (the
     multi-process tests' reference). Started early by the multi-process tests so that it runs while

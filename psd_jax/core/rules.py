@@ -15,7 +15,7 @@ JAX passes ``jax.numpy``, which implements the standard; torch passes ``array_ap
 plain Python/numpy (``step_counts``, ``forward_sizes``, ``logit_width``, ``window_lengths``,
 ``covering_index`` on Python ints). Index dtypes are each library's own (int32 in JAX, int64 in
 torch), so results feed either library's indexing directly; values are equal across the two.
-tests/test_rules.py checks each rule against a plain-Python for-loop definition (the
+tests/decoding/test_rules.py checks each rule against a plain-Python for-loop definition (the
 docs/algorithms.md wording) on small random inputs, in both namespaces.
 
 Shapes: B rows, N canvas positions, D PSD levels, k RPS values; ``counts`` is the scheduled

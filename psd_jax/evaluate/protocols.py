@@ -10,7 +10,7 @@ match (``differs``; empty when it matches setting by setting). On top of every g
 
 ``harness_argv`` turns a protocol into the harness's command line for ``python -m
 psd_jax.evaluate`` (``protocol_cli`` adds the user's own flags on top; ``--dry-run`` prints it);
-``scripts/protocol_table.py`` writes docs/evaluation.md's table from this module, so the two
+``scripts/figures/protocol_table.py`` writes docs/evaluation.md's table from this module, so the two
 cannot disagree.
 """
 

@@ -4,7 +4,7 @@ The scheduler (``batcher.Batcher``) starts a batch of rows, advances it one bloc
 new requests into finished rows, stops rows nobody waits for and moves the batch to another compiled
 size. Three implementations answer these calls: the model itself (``api.LoadedModel`` with its
 ``block_decode.BlockDecode``), the same decode made in lockstep by every serving process
-(``lockstep.LockstepModel``), and the tests' model-free engine (tests/test_scheduler.py), which
+(``lockstep.LockstepModel``), and the tests' model-free engine (tests/serving/test_scheduler.py), which
 checks the scheduler's rules without compiling anything. The batcher names only these protocols.
 """
 

@@ -5,7 +5,7 @@ and returns a ``TorchLM`` whose ``generate`` mirrors ``psd_jax.load_model(path).
 settings, block KV caches included, same ``Generation`` records, same tokens and call counts in
 float32 greedy decoding). The decoding rules are the engine's own (``psd_jax.core.rules``, called with
 ``array_api_compat.torch``); block-causal families (LLaDA2.0) are refused by name.
-It exists to compare the two backends (``scripts/compare_backends.py``); the JAX engine is the spec.
+It exists to compare the two backends (``scripts/figures/compare_backends.py``); the JAX engine is the spec.
 """
 
 from .api import TorchLM, load_torch_model

@@ -1,0 +1,127 @@
+"""The command-line front ends run as one process of several, or as one process alone, for
+tests/parallel/test_multihost.py.
+
+Usage: python tests/helpers/multihost_driver.py MODEL_DIR OUT_DIR [--serve PORT] [--coordinator ... --num-processes N --process-id I]
+
+Runs, in this process, ``python -m psd_jax.generate`` for each setting of ``GENERATE`` (one text
+prompt and one token-id prompt in one batch, JSON out), ``python -m psd_jax.bench`` and
+``python -m psd_jax.evaluate`` on MODEL_DIR (``word_model.with_tokenizer``), each through its
+``main`` with the given multi-process flags, so the processes of a cluster share one start-up
+and the programs one compile. Writes OUT_DIR/run-<process>.json: what each command printed and
+its exit code; bench and evaluate write their files under OUT_DIR/bench-<process> and
+OUT_DIR/eval-<process>. With ``--serve PORT`` it then runs ``python -m psd_jax.serve`` (``SERVE``
+settings; process 0 listens on PORT) until the server stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+from pathlib import Path
+
+from paths import ROOT
+
+from sharded_decode import CACHED, DECODERS, block_decode_rows
+from word_model import PROMPTS, TASK, converted, text
+
+# (mesh, setting of sharded_decode): rows over `data` (one process each) with heads over `model`,
+# and `model` across the two processes; uncached and with the dual cache. Every decoder runs on a
+# mesh in tests/helpers/sharded_decode.py: what two processes add is the split across them, one setting
+# each (each setting is a compile in both processes).
+GENERATE = {
+    "psd+dual": "data=2,model=4",
+    "fixed": "data=1,model=8",
+}
+CONVERTED = "fixed"  # also decoded from the converted checkpoint (heads across the two processes)
+TEXT_REFERENCE = "psd+dual"  # the one setting the one-process reference also runs through generate (its text)
+PROMPT_BUCKET = "16"
+SERVE_MESH = "data=2,model=4"
+SERVE = ["--policy", "threshold", "--threshold", "0.7", "--batch-sizes", "1,2", "--warmup-lengths", "none"]
+SERVED_NAME = "word-model"
+SERVE_PROMPTS = [text(PROMPTS[0]), text(PROMPTS[1]), "w5 w6 w7 w8 w9"]  # three clients: two rows and a join
+
+
+def flags(settings) -> list[str]:
+    out = []
+    for name, value in settings.changed().items():
+        flag = "--" + name.replace("_", "-")
+        out += [flag if value else f"--no-{flag[2:]}"] if isinstance(value, bool) else [flag, str(value)]
+    return out
+
+
+def process_index(cluster: list[str]) -> int:
+    return int(cluster[cluster.index("--process-id") + 1]) if "--process-id" in cluster else 0
+
+
+def captured(main, argv: list[str]) -> dict:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(argv)
+    return {"code": code, "stdout": out.getvalue()}
+
+
+def run_front_ends(model: Path, out: Path, cluster: list[str], settings_run: list[str] | None = None) -> dict:
+    """Every front end's run: ``generate`` for each of ``settings_run`` (default all of ``GENERATE``,
+    and ``CONVERTED`` again from the Orbax checkpoint), then ``bench`` and ``evaluate``."""
+    from psd_jax import evaluate
+    from psd_jax.cli import bench, generate
+
+    settings = {**DECODERS, **CACHED}
+    runs = {}
+    for name, mesh in GENERATE.items():
+        if settings_run is not None and name not in settings_run:
+            continue
+        argv = ["--model", str(model), "--mesh", mesh, "--prompt-bucket", PROMPT_BUCKET, "--json"]
+        argv += ["--prompt", text(PROMPTS[0]), "--prompt-ids", ",".join(map(str, PROMPTS[1]))]
+        runs[f"generate {name}"] = captured(generate.main, argv + flags(settings[name]) + cluster)
+        if name == CONVERTED:  # the same decode from the Orbax checkpoint (each process restores its blocks)
+            argv[1] = str(converted(model))
+            runs[f"generate {name} converted"] = captured(generate.main, argv + flags(settings[name]) + cluster)
+    index = process_index(cluster)
+    bench_argv = ["--model", str(model), "--data", str(model / "problems.jsonl"), "--decoders", "threshold-0.9"]
+    bench_argv += ["--cache", "none", "--batch", "2", "--prompt-bucket", PROMPT_BUCKET, "--mesh", "data=2,model=4"]
+    runs["bench"] = captured(bench.main, [*bench_argv, "--out", str(out / f"bench-{index}"), *cluster])
+    model_args = f"pretrained={model},policy=threshold,threshold=0.7,prompt_bucket={PROMPT_BUCKET},mesh=data=2;model=4"
+    eval_argv = ["--tasks", TASK, "--include_path", str(model / "tasks"), "--model_args", model_args]
+    eval_argv += ["--batch_size", "2", "--output_path", str(out / f"eval-{index}")]
+    runs["evaluate"] = captured(evaluate.main, [*eval_argv, *cluster])
+    return runs
+
+
+def serve_argv(model: Path, port: int) -> list[str]:
+    argv = ["--model", str(model), "--mesh", SERVE_MESH, "--prompt-bucket", PROMPT_BUCKET, *SERVE]
+    return [*argv, "--served-model-name", SERVED_NAME, "--port", str(port), "--log-level", "warning"]
+
+
+def main(model: str, out: str, *rest: str) -> None:
+    import argparse
+
+    from psd_jax import load_model
+    from psd_jax.parallel import multihost
+    from psd_jax.serve import cli
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--serve", type=int)
+    multihost.add_flags(parser)
+    args, cluster = parser.parse_args(rest), list(rest)
+    if args.serve is not None:
+        cluster = cluster[: cluster.index("--serve")] + cluster[cluster.index("--serve") + 2 :]
+    multihost.start(multihost.cluster_from(args))  # before any output is captured
+    out_dir = Path(out)
+    runs = run_front_ends(Path(model), out_dir, cluster)
+    # A running batch that grows, takes joined rows and shrinks, its programs split over both processes.
+    runs["block_decode"] = block_decode_rows(load_model(model, mesh=SERVE_MESH))
+    # Written whole under a temporary name, then renamed: a reader never sees a part of it. A server
+    # answers /health only once every process follows it, so after this on every process.
+    written = out_dir / f"run-{process_index(cluster)}.json"
+    written.with_suffix(".part").write_text(json.dumps(runs))
+    written.with_suffix(".part").rename(written)
+    if args.serve is not None:
+        sys.exit(cli.main(serve_argv(Path(model), args.serve) + cluster))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    main(*sys.argv[1:])

@@ -1,0 +1,291 @@
+"""Every front end on two processes under jax.distributed (four simulated CPU devices each, one
+mesh over all eight) gives what one process on the same eight devices gives.
+
+One cluster runs for the module: two processes of tests/helpers/multihost_driver.py, each running
+``generate`` (a text and a token-id prompt; plain, PSD and RPS; no cache and the dual cache; rows
+over ``data`` and ``model`` across the processes), ``bench`` and ``evaluate`` through their
+command-line entry points, then ``serve`` (process 0 answers HTTP). The one-process reference is
+the same driver run in conftest's ``sharded_run`` subprocess. The last test kills process 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from paths import HELPERS
+
+from psd_jax.parallel import multihost
+
+from conftest import OFFLINE
+from multihost_driver import CONVERTED, GENERATE, SERVE_PROMPTS, SERVED_NAME, TEXT_REFERENCE
+
+DRIVER = HELPERS / "multihost_driver.py"
+HEARTBEAT_S = 10  # the serving processes wait half of it for each other's confirmation
+START_TIMEOUT_S = 600
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Cluster:
+    def __init__(self, procs: list[subprocess.Popen], out: Path, url: str, logs: list[Path]):
+        self.procs, self.out, self.url, self.logs = procs, out, url, logs
+
+    def log(self, i: int) -> str:
+        lines = self.logs[i].read_text().splitlines()
+        return "\n".join(line for line in lines if not line.startswith("[Gloo]"))[-3000:]
+
+    def run(self, i: int) -> dict:
+        return json.loads((self.out / f"run-{i}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def cluster(word_model, sharded_process, tmp_path_factory):
+    out = tmp_path_factory.mktemp("two-processes")
+    port, coordinator = free_port(), f"127.0.0.1:{free_port()}"
+    env = dict(
+        os.environ,
+        XLA_FLAGS=f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count=4",
+        JAX_PLATFORMS="cpu",
+        **OFFLINE,
+    )
+    procs, logs = [], []
+    for i in range(2):
+        logs.append(out / f"log-{i}.txt")
+        flags = ["--coordinator", coordinator, "--num-processes", "2", "--process-id", str(i)]
+        command = [sys.executable, str(DRIVER), str(word_model), str(out), "--serve", str(port), *flags]
+        command += ["--heartbeat-timeout", str(HEARTBEAT_S)]
+        procs.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=logs[-1].open("w")))
+    running = Cluster(procs, out, f"http://127.0.0.1:{port}", logs)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not _healthy(running.url):
+            for i, proc in enumerate(procs):
+                assert proc.poll() is None, f"process {i} ended with {proc.returncode}:\n{running.log(i)}"
+            assert time.monotonic() < deadline, f"no server after {START_TIMEOUT_S} s:\n{running.log(0)}"
+            time.sleep(0.5)
+        yield running
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def generated(stdout: str) -> list[list]:
+    return [[g["output_ids"], g["nfe"]] for g in map(json.loads, stdout.splitlines())]
+
+
+@pytest.mark.parametrize("setting", list(GENERATE))
+def test_generate_equals_one_process(cluster, sharded_run, setting):
+    """Text and token ids in one batch: process 0 prints the tokens and model calls of
+    sharded_decode's direct decode on that mesh in one process, and (for ``TEXT_REFERENCE``)
+    exactly the JSON lines one process's ``generate`` prints."""
+    run = cluster.run(0)[f"generate {setting}"]
+    assert run["code"] == 0
+    assert generated(run["stdout"]) == sharded_run["meshes"][GENERATE[setting]][setting]
+    if setting == TEXT_REFERENCE:
+        reference = sharded_run["front_ends"]["runs"][f"generate {setting}"]
+        untimed = lambda out: [  # noqa: E731
+            {k: v for k, v in json.loads(line).items() if k not in ("seconds", "compile_seconds")}
+            for line in out.splitlines()
+        ]
+        assert reference["code"] == 0 and untimed(run["stdout"]) == untimed(reference["stdout"])
+
+
+def test_converted_checkpoint_restores_each_process_blocks(cluster, sharded_run):
+    """The float32 Orbax conversion, restored by every process with the mesh's sharding, decodes as
+    the safetensors directory does, and as one process does."""
+    run = cluster.run(0)
+    got = run[f"generate {CONVERTED} converted"]
+    assert got["code"] == 0
+    assert generated(got["stdout"]) == generated(run[f"generate {CONVERTED}"]["stdout"])
+    assert generated(got["stdout"]) == sharded_run["meshes"][GENERATE[CONVERTED]][CONVERTED]
+
+
+def test_only_process_zero_prints_and_writes(cluster):
+    runs = cluster.run(1)
+    assert set(runs) == set(cluster.run(0))
+    front_ends = {name: run for name, run in runs.items() if name != "block_decode"}
+    assert all(r["code"] == 0 and r["stdout"] == "" for r in front_ends.values()), runs
+    assert not (cluster.out / "bench-1").exists() and not (cluster.out / "eval-1").exists()
+
+
+TIMING = {"seconds", "tokens_per_second", "compile_seconds", "speedup_tokens_per_second"}
+
+
+def test_bench_writes_one_result_equal_to_one_process(cluster, sharded_run):
+    got = json.loads((cluster.out / "bench-0" / "bench.json").read_text())
+    want = json.loads((Path(sharded_run["out"]) / "bench-0" / "bench.json").read_text())
+    assert [{k: v for k, v in r.items() if k not in TIMING} for r in got["results"]] == [
+        {k: v for k, v in r.items() if k not in TIMING} for r in want["results"]
+    ]
+    assert (got["meta"]["processes"], want["meta"]["processes"]) == (2, 1)
+    assert cluster.run(0)["bench"]["code"] == 0
+
+
+def _harness_files(root: Path) -> tuple[dict, dict]:
+    (results,) = root.rglob("results_*.json")
+    (efficiency,) = root.rglob("efficiency_*.json")
+    return json.loads(results.read_text()), json.loads(efficiency.read_text())
+
+
+def test_evaluate_writes_one_result_equal_to_one_process(cluster, sharded_run):
+    (results, efficiency), (want_results, want_efficiency) = (
+        _harness_files(cluster.out / "eval-0"),
+        _harness_files(Path(sharded_run["out"]) / "eval-0"),
+    )
+    assert results["results"] == want_results["results"]
+    counts = ("requests", "nfe", "tokens", "sequence_forwards")
+    for task, record in efficiency["tasks"].items():
+        assert {k: record[k] for k in counts} == {k: want_efficiency["tasks"][task][k] for k in counts}
+    assert cluster.run(0)["evaluate"]["code"] == 0
+
+
+def test_server_answers_concurrent_clients_as_one_process(cluster, sharded_run):
+    """Three clients at once through process 0 (batch sizes 1 and 2: a batch starts, grows to two rows,
+    and the third request joins a row when one finishes); process 1 makes every call with it."""
+
+    def complete(prompt: str) -> dict:
+        body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 32}
+        return httpx.post(f"{cluster.url}/v1/completions", json=body, timeout=300).json()
+
+    with ThreadPoolExecutor(len(SERVE_PROMPTS)) as pool:
+        answers = list(pool.map(complete, SERVE_PROMPTS))
+    got = [
+        {
+            "text": a["choices"][0]["text"],
+            "token_ids": a["choices"][0]["token_ids"],
+            "model_calls": a["usage"]["model_calls"],
+        }
+        for a in answers
+    ]
+    assert got == sharded_run["front_ends"]["served"]
+    health = httpx.get(f"{cluster.url}/health", timeout=5).json()
+    assert health["requests"] == len(SERVE_PROMPTS) and health["failed_batches"] == 0
+
+
+def test_a_running_batch_on_two_processes_joins_and_regroups_as_one_device(cluster, sharded_run):
+    """The block-by-block decode that grows from 2 to 4 rows, takes two joined rows and shrinks to
+    2, on data=2,model=4 across the two processes: each row's ids and model calls are one device's
+    decode of it alone."""
+    assert cluster.run(0)["block_decode"] == sharded_run["front_ends"]["block_decode_reference"]
+
+
+def test_losing_a_process_fails_requests_and_stops_the_server(cluster):
+    """Process 1 killed: the next request gets a 503 naming it (process 0 waits half the heartbeat
+    timeout for its confirmation), and process 0 exits with an error well within the heartbeat."""
+    cluster.procs[1].send_signal(signal.SIGKILL)
+    cluster.procs[1].wait()
+    began = time.monotonic()
+    response = httpx.post(f"{cluster.url}/v1/completions", json={"model": SERVED_NAME, "prompt": "w5 w6"}, timeout=60)
+    assert response.status_code == 503
+    assert response.json()["error"]["message"].startswith("process 1 of the 2 serving processes did not answer")
+    code = cluster.procs[0].wait(timeout=HEARTBEAT_S)
+    assert code == 1 and time.monotonic() - began < HEARTBEAT_S
+    assert "error: process 1 of the 2 serving processes did not answer" in cluster.log(0)
+
+
+def cluster_of(*argv: str):
+    parser = argparse.ArgumentParser()
+    multihost.add_flags(parser)
+    return multihost.cluster_from(parser.parse_args(argv))
+
+
+def test_cluster_flags_are_all_three_or_none():
+    assert cluster_of() is None
+    assert cluster_of("--distributed").detected
+    explicit = cluster_of("--coordinator", "node0:1234", "--num-processes", "2", "--process-id", "1")
+    assert (explicit.coordinator, explicit.num_processes, explicit.process_id) == ("node0:1234", 2, 1)
+    assert not explicit.detected and explicit.heartbeat_timeout_s == multihost.DEFAULT_HEARTBEAT_S
+    refused = {
+        ("--coordinator", "node0:1"): "--coordinator needs --num-processes and --process-id too",
+        ("--num-processes", "2", "--process-id", "0"): "--num-processes, --process-id needs --coordinator too",
+        ("--coordinator", "node0", "--num-processes", "2", "--process-id", "0"): "--coordinator must be HOST:PORT",
+        ("--coordinator", "node0:70000", "--num-processes", "2", "--process-id", "0"): "a port from 1 to 65535",
+        ("--coordinator", "node0:1", "--num-processes", "2", "--process-id", "2"): "--process-id must be from 0 to 1",
+        ("--coordinator", "node0:1", "--num-processes", "0", "--process-id", "0"): "--num-processes must be at least 1",
+        ("--distributed", "--heartbeat-timeout", "0"): "--heartbeat-timeout must be at least 1 second",
+    }
+    for argv, message in refused.items():
+        with pytest.raises(multihost.ClusterError, match=re.escape(message)):
+            cluster_of(*argv)
+
+
+@pytest.mark.parametrize("front_end", ["generate", "bench", "evaluate", "serve"])
+def test_front_ends_refuse_incomplete_cluster_flags_in_one_line(front_end, capsys):
+    from psd_jax import evaluate
+    from psd_jax.cli import bench, generate
+    from psd_jax.serve import cli
+
+    main = {"generate": generate.main, "bench": bench.main, "evaluate": evaluate.main, "serve": cli.main}[front_end]
+    assert main(["--coordinator", "127.0.0.1:1234"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: --coordinator needs --num-processes and --process-id too: give all three or none"
+
+
+class _KeyValueStore:
+    """The coordination service's key-value calls the lockstep channel makes, in memory."""
+
+    def __init__(self):
+        self.values: dict[str, bytes] = {}
+        self.changed = threading.Condition()
+
+    def key_value_set_bytes(self, key: str, value: bytes) -> None:
+        with self.changed:
+            self.values[key] = value
+            self.changed.notify_all()
+
+    def blocking_key_value_get_bytes(self, key: str, timeout_ms: int) -> bytes:
+        with self.changed:
+            if not self.changed.wait_for(lambda: key in self.values, timeout_ms / 1000):
+                raise RuntimeError(f"DEADLINE_EXCEEDED: {key}")
+            return self.values[key]
+
+    def key_value_delete(self, key: str) -> None:
+        with self.changed:
+            self.values.pop(key, None)
+
+
+def test_process_zero_opens_its_port_only_once_every_process_follows():
+    """Process 0 waits for each other process to start following its calls (the server's port, so
+    its ``/health``, opens only then), and gives up with one line naming the process that never did."""
+    from psd_jax.serve.lockstep import Call, Channel, NotJoined
+
+    store = _KeyValueStore()
+    leader = Channel(0, 3, timeout_s=5, client=store)
+    followers = [Channel(i, 3, timeout_s=5, client=store) for i in (1, 2)]
+    with pytest.raises(NotJoined, match=r"^process 1 of the 3 serving processes did not start serving within 0.2 s"):
+        leader.wait_for_followers(timeout_s=0.2)
+    calls = [follower.calls() for follower in followers]
+    waiting = threading.Thread(target=leader.wait_for_followers, kwargs={"timeout_s": 60})
+    waiting.start()
+    with ThreadPoolExecutor(2) as pool:
+        received = [pool.submit(next, c) for c in calls]  # each follower marks itself ready, then reads
+        waiting.join(60)
+        assert not waiting.is_alive()
+        leader.send(Call("advance", run=1))
+        assert [r.result(60).op for r in received] == ["advance", "advance"]
