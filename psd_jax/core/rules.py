@@ -1,26 +1,25 @@
-"""The decoding rules, written once for both backends against the Python array API standard.
+"""The decoding rules every decoder shares, written once for both backends against the Python array
+API standard.
 
-Every rule that decides what a decode commits, drafts, accepts or forwards is defined here and
-only here: ranks, the policies' counts and commit sets, PSD's draft sizes, levels and acceptance,
-RPS's pivot, branches and scoring, block membership and advance, and the static sizes (count
-tables, forward sizes, logit windows, cache window lengths). The JAX engine (``engine``,
-``policies``, ``decoders``) and the PyTorch backend (``torch_backend``) both call these functions,
-so the two cannot drift apart (they once did: the torch backend ran the factor rule for
-``threshold_schedule``).
+Defined here and only here: ranks, block membership and advance, the cache's phases, and the static
+sizes (forward sizes, logit windows, cache window lengths). What one policy or one decoder decides
+lives in its own module, written the same way: each policy's counts and commit set in
+``policies/``, PSD's draft sizes, levels and acceptance in ``decoders/psd.py``, RPS's pivot, branches
+and scoring in ``decoders/rps.py``. The JAX engine (``engine``, ``decoders``) and the PyTorch backend
+(``torch_backend``) both call these functions, so the two cannot drift apart (they once did: the
+torch backend ran the factor rule for ``threshold_schedule``).
 
 Design: a rule takes the array namespace ``xp`` as its first argument and uses only what the
 standard defines (its functions, operators, basic indexing), so one body runs on either library.
 JAX passes ``jax.numpy``, which implements the standard; torch passes ``array_api_compat.torch``
 (the ``torch`` extra's ``array-api-compat``), so this module imports neither. Static parts are
-plain Python/numpy (``step_counts``, ``forward_sizes``, ``logit_width``, ``window_lengths``,
+plain Python/numpy (``forward_sizes``, ``logit_width``, ``window_lengths``,
 ``covering_index`` on Python ints). Index dtypes are each library's own (int32 in JAX, int64 in
 torch), so results feed either library's indexing directly; values are equal across the two.
 tests/decoding/test_rules.py checks each rule against a plain-Python for-loop definition (the
 docs/algorithms.md wording) on small random inputs, in both namespaces.
 
-Shapes: B rows, N canvas positions, D PSD levels, k RPS values; ``counts`` is the scheduled
-policies' per-step table as an array of ``xp`` (``step_counts`` on the host, moved once by the
-caller), ``None`` for the confidence-driven policies.
+Shapes: B rows, N canvas positions, D PSD levels, k RPS values.
 
 Settings: ``dcfg`` decides the rule (policy, decoder, acceptance, depth, k_max, draft_rate, block
 length, eos_early_stop); the values a rule compares against (``threshold``, ``factor``, ``ratio``,
@@ -34,10 +33,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Union
 
-import numpy as np
-
 from .config import DecodeConfig
-from .schedules import dream_schedule, llada_schedule
 
 if TYPE_CHECKING:
     from .runtime import Program
@@ -235,16 +231,7 @@ def most_needed(xp, needed: Array, rows: Array) -> Array:
     return xp.max(xp.where(rows, needed, 1))
 
 
-# ---------------------------------------------------------------------------------- policies
-
-
-def step_counts(dcfg: Settings) -> np.ndarray | None:
-    """Per-step commit counts of the scheduled policies (``None`` for confidence-driven ones)."""
-    if dcfg.policy in ("fixed", "threshold_schedule", "sequential"):
-        return llada_schedule(dcfg.block_length, dcfg.steps_per_block)
-    if dcfg.policy == "dream":
-        return dream_schedule(dcfg.block_length, dcfg.steps_per_block, dcfg.dream_eps)
-    return None
+# ---------------------------------------------------------------------------------- ranks
 
 
 FLOAT32_MAX = 3.4028234663852886e38
@@ -266,61 +253,3 @@ def ranks(xp, conf: Array, valid: Array) -> Array:
     One stable sort on ``rank_keys``, then its inverse permutation."""
     order = xp.argsort(rank_keys(xp, conf, valid), axis=-1, stable=True)
     return xp.argsort(order, axis=-1, stable=True)
-
-
-def scheduled_count(xp, counts: Array, step: Array, remaining: Array) -> Array:
-    """How many positions the schedule commits at ``step`` [B] (all remaining at or past the last step)."""
-    last = counts.shape[0] - 1
-    k = counts[xp.clip(step, 0, last)]  # integer-array indexing (the standard's since 2024.12)
-    return xp.where(step >= last, remaining, k)
-
-
-def factor_count(xp, conf: Array, valid: Array, remaining: Array, factor: float) -> Array:
-    """Fast-dLLM get_transfer_index_dynamic: leading ranks k with c_(k) >= 1 - f/(k+2).
-
-    Upstream quirk kept: when the first failing rank is the last one, everything is committed.
-    """
-    n = conf.shape[-1]
-    sorted_conf = -xp.sort(rank_keys(xp, conf, valid), axis=-1)  # descending, invalid last
-    k = arange_like(xp, n, conf)
-    passes = (sorted_conf >= 1.0 - factor / (k + 2.0)) | (k == 0)
-    leading = leading_true(xp, passes & (k < remaining[:, None]))
-    return xp.where(leading >= remaining - 1, remaining, leading)
-
-
-def threshold_schedule_mask(xp, conf: Array, valid: Array, rank: Array, k: Array, threshold: float) -> Array:
-    """LLaDA2.0 ``generate``: the positions with c > threshold if at least k = min(k, remaining) of
-    them qualify, else the k most confident ones (so a step never commits fewer than the schedule)."""
-    k = xp.minimum(k, xp.sum(valid, axis=-1))
-    sure = valid & (conf > threshold)
-    return xp.where((xp.sum(sure, axis=-1) >= k)[:, None], sure, rank < k[:, None])
-
-
-def commit_mask(xp, conf: Array, valid: Array, step: Array, dcfg: Settings, counts: Array | None, values) -> Array:
-    """The policy's commit set S for rows [B]: conf/valid [B, N], step [B] (docs/algorithms.md "Policies")."""
-    rank = ranks(xp, conf, valid)
-    remaining = xp.sum(valid, axis=-1)
-    if dcfg.policy in ("fixed", "dream"):
-        chosen = rank < scheduled_count(xp, counts, step, remaining)[:, None]
-    elif dcfg.policy == "threshold_schedule":
-        k = scheduled_count(xp, counts, step, remaining)
-        chosen = threshold_schedule_mask(xp, conf, valid, rank, k, per_row(values.threshold))
-    elif dcfg.policy == "sequential":
-        # SDAR generate.py: the schedule's count of the leftmost masked positions (upstream takes the
-        # positions from the first masked one on, all masked under this policy's own steps).
-        leftmost = xp.cumulative_sum(xp.astype(valid, xp.int32), axis=-1) - 1
-        chosen = leftmost < scheduled_count(xp, counts, step, remaining)[:, None]
-    elif dcfg.policy == "threshold":
-        # Fast-dLLM get_transfer_index: the argmax position plus every position with c >= tau.
-        chosen = (rank == 0) | (conf >= per_row(values.threshold))
-    elif dcfg.policy == "factor":
-        chosen = rank < factor_count(xp, conf, valid, remaining, per_row(values.factor))[:, None]
-    else:
-        raise ValueError(f"no commit rule for policy {dcfg.policy!r}")
-    return chosen & valid
-
-
-def spatial_commit(xp, conf, token, canvas, valid, step, dcfg: Settings, counts, values):
-    """The policy step every decoder starts from: (commit mask S0 [B, N], canvas s0 [B, N])."""
-    chosen = commit_mask(xp, conf, valid, step, dcfg, counts, values)
-    return chosen, xp.where(chosen, token, canvas)

@@ -50,7 +50,7 @@ import torch
 
 from models import ModelConfig
 
-from ..core import rules
+from ..core import policies, rules
 from ..core.config import DecodeConfig
 from ..core.decoders import decoder_for, psd, rps  # the engine's decoders: their rules and statistics' shapes
 from ..core.errors import InputError
@@ -263,7 +263,7 @@ class Proposal:
 def propose(loop: Loop, pred: Prediction, canvas, valid, step) -> Proposal:
     """The policy's commit and the decoder's candidates built on it (``decoders.propose``)."""
     dcfg, counts = loop.dcfg, loop.counts
-    chosen, s0 = rules.spatial_commit(xp, pred.conf, pred.token, canvas, valid, step, dcfg, counts, dcfg)
+    chosen, s0 = policies.spatial_commit(xp, pred.conf, pred.token, canvas, valid, step, dcfg, counts, dcfg)
     if dcfg.decoder == "psd":
         candidates, levels, needed = psd.psd_candidates(
             xp, pred.conf, pred.token, s0, chosen, valid, step, dcfg, counts

@@ -8,7 +8,7 @@ import torch
 
 from models import ModelConfig
 
-from ..core import rules
+from ..core import policies
 from ..core.config import DecodeConfig
 from ..core.records import DecodeOutput
 from .cache import decode_cached
@@ -32,7 +32,7 @@ def generate(
     check_supported(mcfg, dcfg)
     device = prompt_ids.device
     batch, prompt_length = prompt_ids.shape
-    counts = rules.step_counts(dcfg)
+    counts = policies.step_counts(dcfg)
     loop = Loop(
         mcfg,
         dcfg,

@@ -17,7 +17,8 @@ from safetensors.numpy import load_file
 
 import psd_jax
 from psd_jax import DecodeConfig
-from psd_jax.core.rules import step_counts, window_lengths
+from psd_jax.core.policies import step_counts
+from psd_jax.core.rules import window_lengths
 
 from decode_driver import Driver, unpad
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from psd_jax import DecodeConfig
-from psd_jax.core import rules
+from psd_jax.core import policies, rules
 from psd_jax.core.decoders import psd, rps
 
 SEEDS = range(4)
@@ -70,7 +70,7 @@ def loop_commit(conf_row, valid_row, step: int, dcfg: DecodeConfig) -> set[int]:
     """docs/algorithms.md "Policies", for one row."""
     order = loop_order(conf_row, valid_row)
     r = len(order)
-    counts = rules.step_counts(dcfg)
+    counts = policies.step_counts(dcfg)
     if dcfg.policy in ("fixed", "dream", "threshold_schedule", "sequential"):
         last = len(counts) - 1
         k = r if step >= last else int(counts[step])
@@ -96,7 +96,7 @@ def loop_commit(conf_row, valid_row, step: int, dcfg: DecodeConfig) -> set[int]:
 
 def loop_draft_sizes(chosen_row, step: int, dcfg: DecodeConfig) -> list[int]:
     if dcfg.policy == "fixed":
-        counts = rules.step_counts(dcfg)
+        counts = policies.step_counts(dcfg)
         return [int(counts[step + j]) if step + j < len(counts) else 0 for j in range(1, dcfg.depth + 1)]
     rate = dcfg.draft_rate if dcfg.draft_rate is not None else max(1, int(sum(chosen_row)))
     return [rate] * dcfg.depth
@@ -167,7 +167,7 @@ POLICIES = {
 
 
 def _counts(xp, dcfg):
-    counts = rules.step_counts(dcfg)
+    counts = policies.step_counts(dcfg)
     return None if counts is None else xp.asarray(counts)
 
 
@@ -176,7 +176,7 @@ def _counts(xp, dcfg):
 def test_commit_mask_is_the_policy(xp, policy, seed):
     dcfg = POLICIES[policy]
     conf, valid, step = random_inputs(seed)
-    chosen = host(rules.commit_mask(xp, to(xp, conf), to(xp, valid), to(xp, step), dcfg, _counts(xp, dcfg), dcfg))
+    chosen = host(policies.commit_mask(xp, to(xp, conf), to(xp, valid), to(xp, step), dcfg, _counts(xp, dcfg), dcfg))
     for row in range(B):
         assert set(np.flatnonzero(chosen[row]).tolist()) == loop_commit(conf[row], valid[row], int(step[row]), dcfg)
 
@@ -193,9 +193,9 @@ def test_every_step_commits_whatever_the_scores(xp, policy):
     valid = rng.random((B, N)) < 0.5
     valid[0], valid[1:4, 5] = False, True
     step = np.array([0, 0, 1, 2, 9])
-    chosen = host(rules.commit_mask(xp, to(xp, conf), to(xp, valid), to(xp, step), dcfg, _counts(xp, dcfg), dcfg))
+    chosen = host(policies.commit_mask(xp, to(xp, conf), to(xp, valid), to(xp, step), dcfg, _counts(xp, dcfg), dcfg))
     assert not (chosen & ~valid).any()
-    counts, remaining = rules.step_counts(dcfg), valid.sum(-1)
+    counts, remaining = policies.step_counts(dcfg), valid.sum(-1)
     for row in range(1, B):
         if counts is None:
             assert chosen[row].sum() >= 1
@@ -208,6 +208,9 @@ def test_every_policy_has_a_commit_rule():
     from psd_jax.core.config import POLICIES as ALL
 
     assert {dcfg.policy for dcfg in POLICIES.values()} == set(ALL)
+    assert set(policies.POLICIES) == set(ALL)  # each a module of psd_jax.core.policies
+    with pytest.raises(ValueError, match="no commit rule for policy 'nearest'"):
+        policies.step_counts(SimpleNamespace(policy="nearest"))
 
 
 # --------------------------------------------------------------------------------------- PSD

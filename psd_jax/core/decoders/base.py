@@ -15,8 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from .. import rules
-from ..policies import count_table
+from .. import policies, rules
 from ..predict import Prediction
 from ..rules import forward_sizes
 from ..runtime import Program, RowValues
@@ -72,7 +71,16 @@ def spatial_commit(
 ):
     """The policy step shared by every decoder: (commit mask S0, canvas s0); ``values``: the rows'
     runtime values."""
-    return rules.spatial_commit(jnp, pred.conf, pred.token, canvas, valid, step, program, count_table(program), values)
+    return policies.spatial_commit(
+        jnp, pred.conf, pred.token, canvas, valid, step, program, count_table(program), values
+    )
+
+
+def count_table(program: Program) -> jax.Array | None:
+    """The scheduled policies' per-step counts as a constant of the compiled loop (``None`` for
+    confidence-driven ones)."""
+    counts = policies.step_counts(program)
+    return None if counts is None else jnp.asarray(counts)
 
 
 def zero_stats(decoder: Decoder, batch: int) -> dict[str, jax.Array]:

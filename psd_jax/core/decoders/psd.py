@@ -19,13 +19,12 @@ import jax.numpy as jnp
 from flax import struct
 
 from .. import rules
-from ..policies import count_table
+from ..policies import commit_mask
 from ..predict import Prediction
 from ..rules import (
     Array,
     Settings,
     arange_like,
-    commit_mask,
     device_of,
     leading_true,
     per_row,
@@ -33,7 +32,7 @@ from ..rules import (
     repeat_rows,
 )
 from ..runtime import Program
-from .base import Choice, Proposal
+from .base import Choice, Proposal, count_table
 
 # ------------------------------------------------------- the rules (array API: JAX and torch)
 
