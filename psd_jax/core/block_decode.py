@@ -1,9 +1,10 @@
 """One batch decoded block by block on a ``LoadedModel``: the session a server drives.
 
-``BlockDecode`` owns the batch's host-side rows (prompts, masks, runtime values) beside the
-compiled state, and each of its calls is one compiled program of the engine's block streaming
-(``engine.decode_start``, ``decode_blocks``, ``decode_join``, ``decode_regroup``, ``streamed``):
-one host round trip per block, none per step. ``serve/session.py`` is the interface the server's
+Each of ``BlockDecode``'s calls is one compiled program of the engine's block streaming
+(``engine.decode_start``, ``decode_blocks``, ``decode_join``, ``decode_regroup``, ``decode_stop``,
+``streamed``): one host round trip per block, none per step. The rows (their prompts' mask, canvas,
+runtime values, keys) live in the compiled state alone, which is the one owner of their order; the
+host keeps only the batch's shape and its first rows' count. ``serve/session.py`` is the interface the server's
 scheduler sees it through.
 """
 
@@ -21,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ..parallel.multihost import to_host
 from .config import DecodeConfig
-from .engine import decode_blocks, decode_join, decode_regroup, decode_start, finish, streamed
+from .engine import decode_blocks, decode_join, decode_regroup, decode_start, decode_stop, finish, streamed
 from .errors import InputError
 from .records import DecodeOutput, Generation
 from .runtime import Program, RowValues, row_keys
@@ -54,10 +55,8 @@ class BlockDecode:
 
     def __init__(self, lm: Any, program: Program, prompt_ids, prompt_mask, values: RowValues):
         self.lm, self.program = lm, program
-        # The host keeps the prompts (every call takes them); the rows' runtime values are the
-        # compiled state's from ``start`` on, in its row order (``decode_regroup`` moves them).
-        self._ids, self._mask, self._first_values = np.array(prompt_ids), np.array(prompt_mask), values
-        self.size, self.prompt_length = self._ids.shape
+        self._first = (np.asarray(prompt_ids, np.int32), np.asarray(prompt_mask, np.int32), values)  # ``start``'s
+        self.size, self.prompt_length = self._first[0].shape
         self.rows = 0  # rows holding a prompt at the start (``results``)
         self.compile_seconds = 0.0
         self.seconds = 0.0  # decode wall time so far (compilation excluded)
@@ -66,13 +65,15 @@ class BlockDecode:
 
     def _compiled(self, fn, name: str, args: tuple, shapes: tuple = ()):
         """``fn`` compiled for ``args`` (by the model's program cache), its time counted here."""
-        compiled, seconds = self.lm._compile_with(fn, (name, self._ids, *shapes), args, self.program)
+        rows = jax.ShapeDtypeStruct((self.size, self.prompt_length), jnp.int32)
+        compiled, seconds = self.lm._compile_with(fn, (name, rows, *shapes), args, self.program)
         self.compile_seconds += seconds
         return compiled
 
     def start(self, keys: np.ndarray, live: np.ndarray) -> None:
         """The first state: the first forward of the ``live`` rows (the others start done)."""
-        ids, mask, keys, values, live_rows = self.lm._on_devices(self._ids, self._mask, keys, self._first_values, live)
+        (ids, mask, values), self._first = self._first, None  # the state holds the rows from here on
+        ids, mask, keys, values, live_rows = self.lm._on_devices(ids, mask, keys, values, live)
         args = (self.lm.params, ids, mask, keys, values, live_rows)
         start = self._compiled(decode_start, "start", args)
         began = time.perf_counter()
@@ -86,14 +87,16 @@ class BlockDecode:
         and ``seeds``; they decode from the next ``advance`` on. No model call."""
         if not len(rows):
             return
+        new_ids = np.full((self.size, self.prompt_length), self.lm.config.pad_id, np.int32)
+        new_mask = np.zeros((self.size, self.prompt_length), np.int32)
         for row, ids, dcfg in zip(rows, prompts, settings):
             if Program.of(dcfg, self.program.gen_length) != self.program:
                 raise InputError(f"settings {dcfg.changed()} do not run in this batch's program")
             left = self.prompt_length - len(ids)
             if left < 0:
                 raise InputError(f"a prompt of {len(ids)} tokens does not fit this batch's {self.prompt_length}")
-            self._ids[row] = [self.lm.config.pad_id] * left + list(ids)
-            self._mask[row] = [0] * left + [1] * len(ids)
+            new_ids[row, left:] = ids
+            new_mask[row, left:] = 1
         picked = np.asarray(rows)
         # Values for every row; ``decode_join`` keeps the other rows' own.
         row_settings = [settings[0]] * self.size
@@ -104,7 +107,7 @@ class BlockDecode:
         keys[picked] = row_keys(seeds, [0] * len(rows))  # a joined row draws as generate's row 0
         join = np.zeros(self.size, bool)
         join[picked] = True
-        ids, mask, keys, values, join = self.lm._on_devices(self._ids, self._mask, keys, values, join)
+        ids, mask, keys, values, join = self.lm._on_devices(new_ids, new_mask, keys, values, join)
         args = (self.lm.params, ids, mask, self._state, join, keys, values)
         self._state = self._compiled(decode_join, "join", args)(*args)
         self.done = False
@@ -112,14 +115,19 @@ class BlockDecode:
     def advance(self) -> BlockProgress:
         """Run the loop until every row that is decoding has left its block or finished."""
         began = time.perf_counter()
-        mask = self.lm._on_devices(self._mask)[0]
         if not self.done:
-            blocks = self._compiled(decode_blocks, "blocks", (self.lm.params, mask, self._state))
-            self._state = blocks(self.lm.params, mask, self._state)
+            blocks = self._compiled(decode_blocks, "blocks", (self.lm.params, self._state))
+            self._state = blocks(self.lm.params, self._state)
         state = self._state
         num_blocks = state.values.num_blocks
         canvas, final = streamed(
-            state.canvas, state.block, state.done, mask, num_blocks, mcfg=self.lm.config, program=self.program
+            state.canvas,
+            state.block,
+            state.done,
+            state.prompt_mask,
+            num_blocks,
+            mcfg=self.lm.config,
+            program=self.program,
         )
         done, canvas, final, nfe, num_blocks = to_host((state.done, canvas, final, state.row_nfe, num_blocks))
         self.seconds += time.perf_counter() - began
@@ -132,8 +140,6 @@ class BlockDecode:
         empty row, done), so a running batch changes compiled size without touching its rows."""
         index_array = self.lm._replicated(np.asarray(index, np.int32))
         self._state = self.prepare_regroup(len(index))(self.lm.params, self._state, index_array)
-        picked = np.maximum(np.asarray(index), 0)
-        self._ids, self._mask = self._ids[picked], self._mask[picked]
         self.size = len(index)
         if all(i < 0 for i in index):
             self.done = True
@@ -155,19 +161,18 @@ class BlockDecode:
             return
         stopped = np.zeros(self.size, bool)
         stopped[list(rows)] = True
-        done = jnp.logical_or(self._state.done, self.lm._on_devices(stopped)[0])
-        self._state = self._state.replace(done=jax.device_put(done, self._state.done.sharding))
+        args = (self.lm.params, self._state, self.lm._on_devices(stopped)[0])
+        self._state = self._compiled(decode_stop, "stop", args)(*args)
 
     def results(self) -> list[Generation]:
         """One ``Generation`` per prompt given to ``start_blocks``, as ``generate`` returns them
         (call once every row is done)."""
         state = self._state
-        mask = self.lm._on_devices(self._mask)[0]
         canvas, _ = streamed(
             state.canvas,
             state.block,
             state.done,
-            mask,
+            state.prompt_mask,
             state.values.num_blocks,
             mcfg=self.lm.config,
             program=self.program,

@@ -85,6 +85,9 @@ class DecodeState:
     cache: tuple | None = None
     stale: jax.Array | None = None
     since_refresh: jax.Array | None = None  # [B] window calls since the row's last full forward
+    # A block-by-block decode's prompts' attention mask [B, P] (``decode_start`` on): the state is
+    # the one owner of its rows' order, so ``decode_regroup`` and ``decode_join`` move and write it.
+    prompt_mask: jax.Array | None = None
 
 
 ROW_FIELDS = (
@@ -100,6 +103,7 @@ ROW_FIELDS = (
     "stats",
     "stale",
     "since_refresh",
+    "prompt_mask",
 )
 
 
@@ -356,6 +360,7 @@ def _apply_choice(
         values=state.values,
         fresh=state.fresh,
         stats=jax.tree.map(jnp.add, state.stats, choice.stats),
+        prompt_mask=state.prompt_mask,
         **cached,
     )
 
@@ -610,14 +615,14 @@ def decode_start(
     model = nnx.merge(graphdef, params)
     loop, attention_mask = loop_and_mask(model, prompt_mask, mcfg, program, values)
     state = init_state(loop, prompt_ids, attention_mask, keys, values)
-    return constrain_state(state.replace(done=~live), mcfg)
+    return constrain_state(state.replace(done=~live, prompt_mask=prompt_mask), mcfg)
 
 
 @partial(jax.jit, static_argnames=("graphdef", "mcfg", "program"), donate_argnames=("state",))
-def decode_blocks(graphdef, params, prompt_mask, state: DecodeState, *, mcfg: ModelConfig, program: Program):
+def decode_blocks(graphdef, params, state: DecodeState, *, mcfg: ModelConfig, program: Program):
     """Advance ``state`` until every row that was decoding has left its block or finished."""
     model = nnx.merge(graphdef, params)
-    loop, attention_mask = loop_and_mask(model, prompt_mask, mcfg, program, state.values)
+    loop, attention_mask = loop_and_mask(model, state.prompt_mask, mcfg, program, state.values)
     return constrain_state(run_until_block_ends(loop, attention_mask, state), mcfg)
 
 
@@ -626,15 +631,17 @@ def decode_join(
     graphdef, params, prompt_ids, prompt_mask, state: DecodeState, join, keys, values, *, mcfg, program: Program
 ) -> DecodeState:
     """``state`` with the rows where ``join`` [B] is true started afresh on their new prompts
-    (``prompt_ids``/``prompt_mask`` [B, P]: the batch's, these rows' new), keys [B, 2] and values:
+    (``prompt_ids``/``prompt_mask`` [B, P]: these rows' new ones; the other rows' are not read), keys [B, 2] and values:
     their canvas, counters and statistics reset, and marked fresh (their first forward comes with
     the next call, stale with a cache, so the refresh fills their cache rows). No model call (the
     model arguments are those of every compiled decode program, unused); the other rows are
     unchanged. A joining row must be done (finished or padding)."""
+    prompt_mask = jnp.where(join[:, None], prompt_mask, state.prompt_mask)
     layout = layout_for(mcfg, program, prompt_mask)
     batch = prompt_ids.shape[0]
     zeros = jnp.zeros(batch, jnp.int32)
     fresh = {
+        "prompt_mask": prompt_mask,
         "canvas": layout.initial_canvas(prompt_ids, mcfg, program),
         "block": zeros,
         "step": zeros,
@@ -670,7 +677,7 @@ def decode_regroup(graphdef, params, state: DecodeState, index, *, mcfg: ModelCo
     model call (the model arguments are every compiled decode program's, unused)."""
     empty = index < 0
     rows = jnp.maximum(index, 0)
-    names = ("canvas", "pred", "block", "step", "row_nfe", "keys", "values", "fresh", "stats")
+    names = ("canvas", "pred", "block", "step", "row_nfe", "keys", "values", "fresh", "stats", "prompt_mask")
     moved = {name: jax.tree.map(lambda a: jnp.take(a, rows, axis=0), getattr(state, name)) for name in names}
     moved["done"] = jnp.take(state.done, rows) | empty
     if state.cache is not None:
@@ -678,6 +685,14 @@ def decode_regroup(graphdef, params, state: DecodeState, index, *, mcfg: ModelCo
         moved["stale"] = jnp.take(state.stale, rows) & ~empty
         moved["since_refresh"] = jnp.take(state.since_refresh, rows)
     return constrain_state(state.replace(**moved), mcfg)
+
+
+@partial(jax.jit, static_argnames=("graphdef", "mcfg", "program"), donate_argnames=("state",))
+def decode_stop(graphdef, params, state: DecodeState, stopped, *, mcfg: ModelConfig, program: Program) -> DecodeState:
+    """``state`` with the rows where ``stopped`` [B] is true frozen as finished rows are (their output
+    is no longer wanted, and they no longer hold the batch back). No model call (the model arguments
+    are every compiled decode program's, unused)."""
+    return constrain_state(state.replace(done=state.done | stopped), mcfg)
 
 
 @partial(jax.jit, static_argnames=("mcfg", "program"))
