@@ -283,35 +283,10 @@ def test_compare_backends_reports_every_decoder_with_equal_float32_tokens(tmp_pa
     import sys
 
     out = tmp_path / "compare.json"
-    args = [
-        "--no-default-model",
-        "--random-llada",
-        "--layers",
-        "1",
-        "--d-model",
-        "64",
-        "--heads",
-        "4",
-        "--vocab",
-        "256",
-        "--gen-length",
-        "16",
-        "--block-length",
-        "8",
-        "--prompt-length",
-        "8",
-        "--prompt-bucket",
-        "8",
-        "--prompts",
-        "1",
-        "--repeats",
-        "1",
-        "--no-compile",
-        "--threads",
-        "1",
-        "--out",
-        str(out),
-    ]
+    model = ["--no-default-model", "--random-llada", "--layers", "1", "--d-model", "64", "--heads", "4"]
+    model += ["--vocab", "256"]
+    shape = ["--gen-length", "16", "--block-length", "8", "--prompt-length", "8", "--prompt-bucket", "8"]
+    args = model + shape + ["--prompts", "1", "--repeats", "1", "--no-compile", "--threads", "1", "--out", str(out)]
     run = subprocess.run(
         [sys.executable, "-m", "scripts.figures.compare_backends", *args],
         cwd=ROOT,
