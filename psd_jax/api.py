@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +22,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from convert.hf import load_hf_model
 from convert.orbax_io import is_orbax_dir, load_checkpoint
-from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE, CheckpointError
 from models import DiffusionLM, ModelConfig, load_config
 from models.config import DTYPE_NAMES
 from models.quantize import check_quantize
@@ -32,215 +30,19 @@ from models.transformer import default_unroll_layers
 from .core import rules
 from .core.block_decode import BlockDecode
 from .core.calls import call_records
-from .core.config import DecodeConfig, DecodeConfigError, check_for_model, merged_fields, settings_from
+from .core.config import DecodeConfig
 from .core.engine import decode
 from .core.errors import InputError
 from .core.layouts import layout_type
-from .core.lengths import check_context
 from .core.records import DecodeOutput, Generation, generations
 from .core.runtime import Program, RowValues, row_keys
+from .model_dir import model_directory
 from .parallel.multihost import process_count, to_host
 from .parallel.sharding import batch_sharding, make_mesh, param_shardings
-from .recommended import named_settings
-from .tokenizer import TokenizerError, encode_prompt, load_tokenizer, resolve_special_ids
+from .prompts import PromptIO, check_seed, left_pad
+from .tokenizer import load_tokenizer, resolve_special_ids
 
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "default"
 DTYPES = {name: getattr(jnp, name) for name in DTYPE_NAMES}
-
-
-def default_model_path() -> Path:
-    if not (DEFAULT_MODEL_DIR / "config.json").is_file():
-        raise FileNotFoundError(
-            f"the shipped default model is missing ({DEFAULT_MODEL_DIR / 'config.json'}); "
-            "pass --model PATH to a model directory"
-        )
-    return DEFAULT_MODEL_DIR
-
-
-def model_directory(path: str | Path | None) -> Path:
-    """The directory ``load_model`` reads (``None``: the shipped model), checked without reading any
-    weights: it exists, has a ``config.json`` and has weights (safetensors or a converted
-    checkpoint). Front ends call this first, so a wrong path fails before any other work."""
-    path = Path(path) if path is not None else default_model_path()
-    if not path.is_dir():
-        raise FileNotFoundError(f"model directory {path} does not exist")
-    if not (path / "config.json").is_file():
-        raise CheckpointError(f"{path}: not a model directory (no config.json)")
-    if not (is_orbax_dir(path) or (path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file()):
-        raise CheckpointError(
-            f"{path}: no weights: neither a Hugging Face safetensors directory ({SINGLE_FILE} or {INDEX_FILE}) "
-            "nor a converted checkpoint"
-        )
-    return path
-
-
-DECODE_DEFAULTS_FILE = "decode_defaults.json"
-DECODE_DEFAULT_KEYS = ("gen_length", "block_length")
-
-
-def decode_defaults(path: str | Path) -> dict[str, int]:
-    """The generation/block length a model directory declares it was trained for (may be empty).
-
-    A small model trained on fixed-length answers (the shipped one: 48 tokens in blocks of 16)
-    decodes well only at that length, so its directory says so and the CLI and benchmark default
-    to it.
-    """
-    file = Path(path) / DECODE_DEFAULTS_FILE
-    if not file.is_file():
-        return {}
-    values = json.loads(file.read_text())
-    unknown = sorted(set(values) - set(DECODE_DEFAULT_KEYS))
-    if unknown:
-        raise ValueError(f"{file}: unknown keys {unknown}; allowed: {', '.join(DECODE_DEFAULT_KEYS)}")
-    return {key: int(value) for key, value in values.items()}
-
-
-def model_settings(
-    model_dir: str | Path | None, fields: dict[str, Any] | None = None, base: dict[str, Any] | None = None
-) -> DecodeConfig:
-    """The settings of a decode on ``model_dir``: ``fields`` (``DecodeConfig`` fields a user set)
-    over ``base`` (a named setting: ``recommended.named_settings``) over the directory's
-    ``decode_defaults.json`` over ``DecodeConfig``'s own defaults; so a block length in ``base``
-    (the one a tuner chose) wins over the directory's but not over a user's. A block length not
-    given falls back to min(32, gen_length). ``fields`` apply to ``base`` as
-    ``config.settings_from`` does: ``decoder="rps"`` over a PSD base drops the base's depth.
-
-    Every front end (CLI, benchmark, evaluation, server) builds its settings here."""
-    fields = {k: v for k, v in (fields or {}).items() if v is not None}
-    base = dict(base or {})
-    defaults = decode_defaults(model_dir) if model_dir is not None and Path(model_dir).is_dir() else {}
-    lengths = {
-        **defaults,
-        **{k: base.pop(k) for k in DECODE_DEFAULT_KEYS if k in base},
-        **{k: fields.pop(k) for k in DECODE_DEFAULT_KEYS if k in fields},
-    }
-    if "block_length" not in lengths:
-        gen_length = lengths.get("gen_length", DecodeConfig.gen_length)
-        if isinstance(gen_length, int) and gen_length > 0:
-            lengths["block_length"] = min(DecodeConfig.block_length, gen_length)
-    try:
-        return DecodeConfig(**merged_fields({**base, **lengths}, fields))
-    except TypeError as exc:  # an unknown field name
-        raise DecodeConfigError(f"unknown decoding setting: {exc}") from None
-
-
-def checked_settings(
-    model_dir: Path, fields: dict[str, Any] | None = None, name: str | None = None
-) -> tuple[DecodeConfig, ModelConfig]:
-    """A front end's start: its settings on ``model_dir`` (``model_settings``: ``fields`` over the
-    named setting ``name``), checked against the model's config before the weights load (a bad
-    length or option is one line, not minutes later); and that config."""
-    settings = model_settings(model_dir, fields, named_settings(name, model_dir))
-    mcfg = load_config(model_dir)
-    check_for_model(settings, mcfg)
-    return settings, mcfg
-
-
-SEED_LIMIT = 2**32  # jax.random.key takes an unsigned 32-bit seed without 64-bit mode
-
-
-def check_seed(seed: int) -> None:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < SEED_LIMIT:
-        raise InputError(f"seed must be an integer in [0, 2**32), got {seed!r}")
-
-
-def check_prompt_bucket(bucket: int | None) -> None:
-    if bucket is not None and (isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 1):
-        raise InputError(f"prompt_bucket must be a positive integer or None, got {bucket!r}")
-
-
-def left_pad(
-    ids: list[list[int]], cfg: ModelConfig, gen_length: int, bucket: int | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Prompts left-padded with the pad id to a bucketed length, and their attention mask [B, P]."""
-    length = check_context(max(len(p) for p in ids), bucket, gen_length, cfg.max_length)
-    prompt_ids = np.full((len(ids), length), cfg.pad_id, np.int32)
-    prompt_mask = np.zeros((len(ids), length), np.int32)
-    for row, p in enumerate(ids):
-        prompt_ids[row, length - len(p) :] = p
-        prompt_mask[row, length - len(p) :] = 1
-    return prompt_ids, prompt_mask
-
-
-def token_ids(prompt: Any, what: str) -> list[int]:
-    """A token-id prompt as a list of ints: integers only (``numpy`` integers too), never a float,
-    string or bool silently turned into an id (``int(1.9)`` would be 1)."""
-    if isinstance(prompt, (bytes, dict)) or not isinstance(prompt, Sequence | np.ndarray):
-        raise InputError(f"{what} must be text or a list of token ids, got {type(prompt).__name__}")
-    bad = [t for t in prompt if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer))]
-    if bad:
-        raise InputError(f"{what} has token ids that are not integers: {bad[:5]!r}")
-    return [int(t) for t in prompt]
-
-
-class PromptIO:
-    """Text <-> ids for a model with ``config``, ``tokenizer`` and ``path`` (shared by both backends)."""
-
-    config: ModelConfig
-    tokenizer: Any
-    path: Path
-
-    def settings(self, settings: DecodeConfig | None = None, overrides: dict[str, Any] | None = None) -> DecodeConfig:
-        """The settings ``generate`` decodes with: ``settings`` (default ``DecodeConfig()``) with
-        keyword ``overrides`` applied, checked against the model (RPS reads the top ``k_max`` of the
-        vocabulary); raises ``DecodeConfigError`` (front ends refuse bad requests before queueing)."""
-        if settings is not None and not isinstance(settings, DecodeConfig):
-            raise InputError(f"settings must be a DecodeConfig, got {type(settings).__name__}")
-        dcfg = settings_from(settings or DecodeConfig(), overrides or {})
-        check_for_model(dcfg, self.config)
-        return dcfg
-
-    def request(
-        self, prompts, settings, overrides: dict[str, Any], seed: int, chat: bool | None, prompt_bucket: int | None
-    ) -> tuple[DecodeConfig, list[list[int]]]:
-        """Every check of a ``generate`` call before any model work: (settings, prompt ids)."""
-        dcfg = self.settings(settings, overrides)
-        check_seed(seed)
-        check_prompt_bucket(prompt_bucket)
-        return dcfg, self.prompt_ids(prompts, chat)
-
-    @property
-    def has_chat_template(self) -> bool:
-        return bool(getattr(self.tokenizer, "chat_template", None))
-
-    def uses_chat(self, prompt: str | Sequence[int], chat: bool | None) -> bool:
-        """Whether ``prompt`` is wrapped in the chat template: ``chat=None`` (the default of every
-        front end) means yes exactly when the prompt is text and the tokenizer has a template;
-        token ids are never templated."""
-        if not isinstance(prompt, str):
-            return False
-        return self.has_chat_template if chat is None else bool(chat)
-
-    def encode(self, prompt: str, chat: bool | None = None) -> list[int]:
-        if self.tokenizer is None:
-            raise TokenizerError(f"{self.path}: this checkpoint has no tokenizer; pass token ids instead of text")
-        return encode_prompt(self.tokenizer, prompt, self.uses_chat(prompt, chat), str(self.path))
-
-    def decode_text(self, ids: Sequence[int]) -> str | None:
-        if self.tokenizer is None:
-            return None
-        stop = set(self.config.stop_ids)
-        cut = next((i for i, t in enumerate(ids) if t in stop), len(ids))
-        return self.tokenizer.decode(list(ids[:cut]), skip_special_tokens=False)
-
-    def prompt_ids(self, prompts: Sequence[str | Sequence[int]], chat: bool | None = None) -> list[list[int]]:
-        """The token ids ``generate`` decodes, checked (non-empty, in the vocabulary)."""
-        if isinstance(prompts, (str, bytes)):
-            raise InputError("prompts must be a list of prompts (text or token-id lists), not one string")
-        out = []
-        for i, prompt in enumerate(prompts):
-            ids = self.encode(prompt, chat) if isinstance(prompt, str) else token_ids(prompt, f"prompt {i}")
-            if not ids:
-                raise InputError(f"prompt {i} is empty")
-            bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
-            if bad:
-                raise InputError(
-                    f"prompt {i} has token ids outside the vocabulary [0, {self.config.vocab_size}): {bad[:5]}"
-                )
-            out.append(ids)
-        if not out:
-            raise InputError("no prompts given")
-        return out
 
 
 class LoadedModel(PromptIO):

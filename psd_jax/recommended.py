@@ -13,12 +13,12 @@ for (a file of only the top level serves every kind). ``settings`` are ``DecodeC
 applied over the directory's ``decode_defaults.json`` (they may set the block length the tuner
 searched). Without the file the library's own recommendation (``config.RECOMMENDED``) is used.
 Field names are checked when the file is read; values when the settings are made for a decode
-(``api.model_settings``), where the lengths are known. The device asked for is the one this process
+(``model_dir.model_settings``), where the lengths are known. The device asked for is the one this process
 decodes on (``jax.default_backend()``) unless given.
 
 Every front end resolves a settings name (``--settings NAME``, ``settings=NAME``, a request's
 ``"settings"``) with ``named_settings``: ``None`` is the plain defaults, ``recommended`` this
-setting; its fields are the base of ``api.model_settings`` (a user's flags over them, they over the
+setting; its fields are the base of ``model_dir.model_settings`` (a user's flags over them, they over the
 directory's ``decode_defaults.json``: a tuned block length wins over the directory's).
 """
 
@@ -140,7 +140,7 @@ def check_settings_name(name: str | None) -> None:
 
 def named_settings(name: str | None, model_dir: str | Path | None) -> dict[str, Any] | None:
     """The ``DecodeConfig`` fields of the setting ``name`` for ``model_dir``, to pass as
-    ``api.model_settings``'s ``base``: ``None`` for the plain defaults, the directory's
+    ``model_dir.model_settings``'s ``base``: ``None`` for the plain defaults, the directory's
     recommended setting for ``recommended``. The one resolver of a settings name, so that every
     front end accepts the same names and refuses the same way (``DecodeConfigError``)."""
     check_settings_name(name)

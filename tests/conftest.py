@@ -303,7 +303,7 @@ def model_with_recommendation(root: Path, source: Path, recommended: dict | str 
 @pytest.fixture(scope="session")
 def tuned_model_dir(tmp_path_factory) -> Path:
     """The shipped model's directory with ``TUNED`` as its recommended.json."""
-    from psd_jax.api import DEFAULT_MODEL_DIR
+    from psd_jax.model_dir import DEFAULT_MODEL_DIR
 
     return model_with_recommendation(tmp_path_factory.mktemp("tuned") / "default", DEFAULT_MODEL_DIR, TUNED)
 

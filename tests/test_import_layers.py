@@ -104,6 +104,8 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
         (
             "psd_jax",
             "psd_jax.api",
+            "psd_jax.model_dir",
+            "psd_jax.prompts",
             "psd_jax.tokenizer",
             "psd_jax.recommended",
             "psd_jax.names",

@@ -36,10 +36,11 @@ import numpy as np
 
 from models import load_config
 
-from ..api import LoadedModel, load_model, model_directory, model_settings
+from ..api import LoadedModel, load_model
 from ..core.config import CACHE_NAME_HELP, DecodeConfig, DecodeConfigError, cache_fields, check_for_model
 from ..core.errors import InputError
 from ..core.lengths import check_questions
+from ..model_dir import model_directory, model_settings
 from ..names import setting_fields
 from ..parallel import multihost
 from ..recommended import NAME as RECOMMENDED_NAME

@@ -3,7 +3,7 @@
 Every front end (``generate``, ``bench``, evaluation, serving) adds its decoding flags here, so a
 new field appears everywhere at once with the same name (``k_max`` -> ``--k-max``), the same help
 text (``config.FIELD_HELP``) and the same validation (``DecodeConfig`` itself). Flags default to
-unset; the settings are the set flags over the model directory's defaults (``api.model_settings``).
+unset; the settings are the set flags over the model directory's defaults (``model_dir.model_settings``).
 """
 
 from __future__ import annotations

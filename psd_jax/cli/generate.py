@@ -13,10 +13,12 @@ import json
 import sys
 from pathlib import Path
 
-from ..api import Generation, LoadedModel, check_seed, checked_settings, load_model, model_directory
+from ..api import Generation, LoadedModel, load_model
 from ..core.config import DecodeConfig
 from ..core.errors import InputError
+from ..model_dir import checked_settings, model_directory
 from ..parallel import multihost
+from ..prompts import check_seed
 from ..recommended import NAME, read_recommended
 from ..scoring import load_jsonl
 from .flags import (

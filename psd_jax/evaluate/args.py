@@ -4,7 +4,7 @@ The harness hands ``--model_args a=1,b=x`` over as keyword arguments, values alr
 ``bool``/``int``/``float`` where they look like one (or left as strings by the Python API).
 Decoding settings keep their ``DecodeConfig`` field names and kinds (``config.INT_FIELDS`` ...), so
 every setting ``python -m psd_jax.generate`` has is a model argument of the same name, and the
-settings are built by ``api.model_settings`` exactly as there, over the named setting
+settings are built by ``model_dir.model_settings`` exactly as there, over the named setting
 ``settings=recommended`` (``--settings recommended``) when one is given. Anything else must be one
 of ``EVAL_ARGS``; an unknown name is an error that names it.
 
@@ -24,7 +24,7 @@ from convert.safetensors_dir import CheckpointError
 from models import ConfigError, load_config
 from models.quantize import INT4_ON_A_MESH, QUANTIZE
 
-from ..api import DTYPES, model_directory, model_settings
+from ..api import DTYPES
 from ..core.config import (
     BOOL_FIELDS,
     CHOICES,
@@ -36,6 +36,7 @@ from ..core.config import (
     check_for_model,
 )
 from ..core.errors import InputError
+from ..model_dir import model_directory, model_settings
 from ..parallel.sharding import AXES
 from ..recommended import RECOMMENDED_FILE, named_settings
 

@@ -60,7 +60,7 @@ async def pieces(ticket: Ticket, lm: LoadedModel) -> AsyncIterator[Piece]:
             if not (last or text.stopped):
                 yield Piece(delta, ids)
                 continue
-            ticket.cancel()  # a stop string ends the answer early: free the row
+            ticket.answer_early()  # a stop string ends the answer before its row: free the row
             reason = "stop" if text.stopped or tokens < len(final_ids) else "length"
             yield Piece(delta, ids, reason, usage(len(request.prompt_ids), tokens, event.nfe))
             return

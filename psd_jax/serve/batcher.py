@@ -75,6 +75,7 @@ class Ticket:
         self.arrived = time.monotonic()
         self.cancelled = False
         self.timed_out = False  # set before ``cancelled``, so the worker never counts it as cancelled too
+        self.answered_early = False  # a stop string ended the answer: its row is freed, not counted as cancelled
         self.finished = False  # its last update is sent (set by the worker thread)
         self.timer: asyncio.TimerHandle | None = None  # its deadline (``request_timeout_s``)
         self.seed = request.seed if request.seed is not None else random.randrange(2**32) if request.sampled else 0
@@ -86,6 +87,12 @@ class Ticket:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+
+    def answer_early(self) -> None:
+        """The answer is complete before its row is (a stop string): free the row without counting
+        the request as cancelled. On the event loop."""
+        self.answered_early = True
+        self.cancel()
 
     def put(self, event: RowUpdate | Failed) -> None:
         """Called from the worker thread."""
@@ -288,8 +295,9 @@ class Batcher:
         return [t for t in tickets if not t.cancelled]
 
     def _count_cancelled(self, tickets: list[Ticket]) -> None:
-        """Cancelled requests leaving the queue or a row; one that timed out was counted at its deadline."""
-        cancelled = sum(not t.timed_out for t in tickets)
+        """Cancelled requests leaving the queue or a row; one that timed out was counted at its deadline,
+        and one that a stop string answered early was answered."""
+        cancelled = sum(not (t.timed_out or t.answered_early) for t in tickets)
         if cancelled:
             self.count("cancelled", cancelled)
 

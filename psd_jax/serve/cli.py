@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ..api import InputError, checked_settings, load_model, model_directory
+from ..api import InputError, load_model
 from ..cli.flags import (
     EXIT_BAD_INPUT,
     ArgumentParser,
@@ -33,6 +33,7 @@ from ..cli.flags import (
 )
 from ..core.config import MAX_BRANCHES, DecodeConfig, DecodeConfigError
 from ..core.lengths import check_context
+from ..model_dir import checked_settings, model_directory
 from ..parallel import multihost
 from ..parallel.sharding import MeshError
 from ..recommended import NAME, named_settings, read_recommended

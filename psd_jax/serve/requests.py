@@ -22,9 +22,10 @@ import dataclasses
 import re
 from typing import Any
 
-from ..api import InputError, LoadedModel, check_seed
+from ..api import InputError, LoadedModel
 from ..core.config import CONFIDENCE_ALIASES, DecodeConfig, DecodeConfigError
 from ..core.lengths import check_context, padded_length
+from ..prompts import check_seed
 from ..recommended import NAME, check_settings_name
 from ..tokenizer import TokenizerError
 from .errors import RequestError

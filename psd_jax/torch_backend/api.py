@@ -23,9 +23,10 @@ import torch
 from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE, CheckpointError
 from models import ModelConfig, load_config
 
-from ..api import PromptIO, default_model_path, left_pad
 from ..core.config import DecodeConfig
 from ..core.records import DecodeOutput, Generation, generations
+from ..model_dir import default_model_path
+from ..prompts import PromptIO, left_pad
 from ..tokenizer import load_tokenizer, resolve_special_ids
 from .decode import Predictor, check_supported
 from .model import TORCH_DTYPES, TorchDiffusionLM, load_hf_torch

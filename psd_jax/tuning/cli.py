@@ -22,7 +22,6 @@ from typing import Any
 
 from models import load_config
 
-from ..api import model_directory, model_settings
 from ..cli.flags import (
     EXIT_BAD_INPUT,
     ArgumentParser,
@@ -35,6 +34,7 @@ from ..core.config import DecodeConfig, DecodeConfigError, check_for_model
 from ..core.errors import InputError
 from ..core.lengths import check_questions
 from ..costs import CHIPS
+from ..model_dir import model_directory, model_settings
 from ..names import full_name, setting_fields
 from ..scoring import load_jsonl
 from . import log as tune_log

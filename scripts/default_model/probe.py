@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from psd_jax import DecodeConfig, load_model
-from psd_jax.api import model_settings
+from psd_jax.model_dir import model_settings
 from psd_jax.scoring import is_correct, load_jsonl
 from psd_jax.tokenizer import encode_prompt
 from scripts.default_model.tasks import STEP_LINE as LINE

@@ -46,7 +46,8 @@ from convert.export import export_hf
 from models import DiffusionLM, ModelConfig
 from models.transformer import default_unroll_layers
 from psd_jax import DecodeConfig
-from psd_jax.api import DECODE_DEFAULTS_FILE, LoadedModel
+from psd_jax.api import LoadedModel
+from psd_jax.model_dir import DECODE_DEFAULTS_FILE
 from psd_jax.parallel.sharding import make_mesh
 from psd_jax.scoring import is_correct, load_jsonl
 from psd_jax.tokenizer import encode_prompt

@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from psd_jax.api import load_model, model_directory, model_settings
+from psd_jax.api import load_model
 from psd_jax.cli.bench import BASELINE, markdown_table, run_matrix
 from psd_jax.core.config import DecodeConfig, cache_fields
+from psd_jax.model_dir import model_directory, model_settings
 from psd_jax.scoring import load_jsonl
 
 # (policy fields, cache names): the threshold the shipped model is tuned to, a faster one, and one

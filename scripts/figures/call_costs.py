@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 
 from psd_jax import load_model
-from psd_jax.api import model_settings
 from psd_jax.cli.bench import BASELINE, decoder_matrix
 from psd_jax.core.lengths import padded_length
 from psd_jax.costs import call_timers, predicted_seconds, record_key
+from psd_jax.model_dir import model_settings
 from psd_jax.scoring import load_jsonl
 
 DEFAULT_DECODERS = [

@@ -483,7 +483,7 @@ def table_title(label: str, res: dict, args) -> str:
 
 def models_to_run(args, tmp_dir: Path | None) -> list[tuple[str, Path, bool]]:
     """(label, directory, is random) of each model to compare; the random one is written on first use."""
-    from psd_jax.api import DEFAULT_MODEL_DIR
+    from psd_jax.model_dir import DEFAULT_MODEL_DIR
 
     models: list[tuple[str, Path, bool]] = []
     if args.model:

@@ -36,9 +36,9 @@ import jax  # noqa: E402
 from paths import GOLDENS  # noqa: E402
 
 from psd_jax import DecodeConfig  # noqa: E402
-from psd_jax.api import left_pad  # noqa: E402
 from psd_jax.core.engine import decode  # noqa: E402
 from psd_jax.core.runtime import Program, RowValues  # noqa: E402
+from psd_jax.prompts import left_pad  # noqa: E402
 from psd_jax.torch_backend import generate  # noqa: E402
 
 from torch_parity import assert_same_generations  # noqa: E402

@@ -17,12 +17,12 @@ from safetensors.numpy import load_file
 
 from models.transformer import default_positions
 from psd_jax import DecodeConfig, DecodeConfigError
-from psd_jax.api import model_settings
 from psd_jax.cli.flags import decode_fields
 from psd_jax.cli.generate import build_parser
 from psd_jax.core.config import cache_fields, settings_from
 from psd_jax.core.engine import decode, decode_python_loop
 from psd_jax.core.runtime import Program, RowValues
+from psd_jax.model_dir import model_settings
 
 FUNCTIONS = {"none": "generate", "prefix": "generate_with_prefix_cache", "dual": "generate_with_dual_cache"}
 PROMPTS = [[474, 488, 482, 450, 262, 258, 71, 195, 146, 187, 330, 492], [280, 242, 425, 15, 2, 138, 188]]

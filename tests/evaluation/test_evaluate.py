@@ -25,12 +25,12 @@ from lm_eval.utils import simple_parse_args_string  # noqa: E402
 from paths import ROOT, TEST_DATA
 
 from psd_jax import DecodeConfig, InputError, load_model  # noqa: E402
-from psd_jax.api import DEFAULT_MODEL_DIR, model_settings  # noqa: E402
 from psd_jax.cli.bench import decoder_matrix, run_setting  # noqa: E402
 from psd_jax.evaluate import cli  # noqa: E402
 from psd_jax.evaluate.args import EvalArgsError, parse_eval_args  # noqa: E402
 from psd_jax.evaluate.efficiency import efficiency_files  # noqa: E402
 from psd_jax.evaluate.loglikelihood import Estimator, LikelihoodScorer  # noqa: E402
+from psd_jax.model_dir import DEFAULT_MODEL_DIR, model_settings  # noqa: E402
 from psd_jax.scoring import load_jsonl  # noqa: E402
 
 HELD_OUT = DEFAULT_MODEL_DIR / "test.jsonl"

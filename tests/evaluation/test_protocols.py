@@ -32,7 +32,6 @@ from paths import ROOT, TEST_DATA
 
 from models import load_config  # noqa: E402
 from psd_jax import DecodeConfig  # noqa: E402
-from psd_jax.api import DEFAULT_MODEL_DIR  # noqa: E402
 from psd_jax.core.config import check_for_model  # noqa: E402
 from psd_jax.evaluate import cli  # noqa: E402
 from psd_jax.evaluate.args import parse_eval_args  # noqa: E402
@@ -40,6 +39,7 @@ from psd_jax.evaluate.gen_kwargs import parse_gen_kwargs, request_settings  # no
 from psd_jax.evaluate.harness import PsdJaxLM  # noqa: E402
 from psd_jax.evaluate.protocol_cli import listing, merged  # noqa: E402
 from psd_jax.evaluate.protocols import PACKAGE_TASKS, PROTOCOLS, TASKS_DIR, published  # noqa: E402
+from psd_jax.model_dir import DEFAULT_MODEL_DIR  # noqa: E402
 from scripts.figures.protocol_table import DOC, render, replaced  # noqa: E402
 
 HELD_OUT = ROOT / "models" / "default" / "test.jsonl"

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from psd_jax import DecodeConfig
-from psd_jax.api import InputError, load_model, model_settings
+from psd_jax.api import InputError, load_model
 from psd_jax.cli import bench
+from psd_jax.model_dir import model_settings
 from psd_jax.scoring import is_correct, load_jsonl
 
 

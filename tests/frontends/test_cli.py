@@ -11,12 +11,12 @@ import pytest
 from paths import GOLDENS
 
 from psd_jax import DecodeConfig, DecodeConfigError, InputError, load_model
-from psd_jax.api import default_model_path, model_settings
 from psd_jax.cli import bench
 from psd_jax.cli.flags import decode_fields, flag_name
 from psd_jax.cli.generate import build_parser
 from psd_jax.cli.generate import main as generate_main
 from psd_jax.core.config import FIELD_HELP, RECOMMENDED, USED_ONLY_WITH, settings_from
+from psd_jax.model_dir import default_model_path, model_settings
 from psd_jax.recommended import NAME, named_settings, read_recommended
 
 from conftest import TUNED, model_with_recommendation

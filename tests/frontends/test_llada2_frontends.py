@@ -11,8 +11,8 @@ import pytest
 from served import client, running
 
 from psd_jax import load_model
-from psd_jax.api import model_settings
 from psd_jax.cli import bench
+from psd_jax.model_dir import model_settings
 from psd_jax.scoring import is_correct, load_jsonl
 from psd_jax.serve import build_app
 

@@ -172,7 +172,7 @@ def front_end_references(word_model: str, out: str) -> dict:
     each served prompt decoded alone."""
     from pathlib import Path
 
-    from psd_jax.api import model_settings
+    from psd_jax.model_dir import model_settings
 
     from multihost_driver import PROMPT_BUCKET, SERVE_MESH, SERVE_PROMPTS, TEXT_REFERENCE, run_front_ends
 

@@ -14,9 +14,9 @@ from convert.hf import check_key_set
 from convert.keys import expected_keys
 from models import load_config
 from psd_jax import DecodeConfig, load_model
-from psd_jax.api import decode_defaults
 from psd_jax.cli.generate import DEMO_PROBLEMS, EXPLAIN_STATS, describe
 from psd_jax.cli.generate import main as generate_main
+from psd_jax.model_dir import decode_defaults
 from psd_jax.recommended import read_recommended
 from psd_jax.scoring import extract_answer, gold_answer, load_jsonl
 

@@ -27,10 +27,10 @@ from convert.safetensors_dir import SafetensorsDir
 from models import SDAR, ConfigError, SDARConfig, config_from_dict, load_config, param_shapes
 from models.quantize import is_projection, quantize_weight
 from psd_jax import DecodeConfig, load_model
-from psd_jax.api import left_pad
 from psd_jax.core.engine import batch_keys, loop_and_mask, run_while_loop
 from psd_jax.core.runtime import Program, RowValues
 from psd_jax.parallel.sharding import logical_axes, spec_for
+from psd_jax.prompts import left_pad
 
 TINY = GOLDENS / "sdar-tiny"
 REAL = HF_CONFIGS / "SDAR-8B-Chat"

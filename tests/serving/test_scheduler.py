@@ -235,6 +235,26 @@ def test_a_cancelled_request_frees_its_row_at_the_next_boundary():
     assert stats["cancelled"] == 1
 
 
+def test_a_request_answered_early_frees_its_row_and_is_not_counted_as_cancelled():
+    """A stop string ends an answer before its row is done: the row is stopped at the next boundary
+    as a cancelled one is, but the request was answered, so ``/health`` counts no cancellation."""
+
+    async def test(batcher, engine):
+        engine.gate = threading.Semaphore(1)
+        tickets = [batcher.submit(request(p)) for p in PROMPTS[:2]]
+        await asyncio.wait_for(tickets[1].events.get(), 30)
+        tickets[1].answer_early()
+        engine.gate.release(100)
+        kept = await answer(tickets[0])
+        return kept, engine.calls, batcher.stats()
+
+    kept, calls, stats = serve(test)
+    assert kept == (alone_ids(PROMPTS[0], 16), CALLS_PER_BLOCK * 4)
+    stops = [c for c in calls if c[0] == "stop"]
+    assert stops and stops[0][2] == (1,)
+    assert stats["cancelled"] == 0
+
+
 def test_a_failing_decode_fails_its_own_batch_only():
     """A decode that raises fails its batch's requests with the error; the server decodes the next
     request as usual and counts one failed batch."""

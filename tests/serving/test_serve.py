@@ -28,8 +28,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from served import TIMEOUT_S, client, health, running
 
 from psd_jax import DecodeConfig, load_model
-from psd_jax.api import BlockDecode, model_settings
+from psd_jax.api import BlockDecode
 from psd_jax.core.config import MAX_BRANCHES, RECOMMENDED
+from psd_jax.model_dir import model_settings
 from psd_jax.serve import auth, build_app
 from psd_jax.serve.cli import api_key_from
 from psd_jax.serve.cli import main as serve_main

@@ -10,8 +10,8 @@ import pytest
 
 from models import load_config
 from psd_jax import tune
-from psd_jax.api import DEFAULT_MODEL_DIR, model_settings
 from psd_jax.core.config import DecodeConfig
+from psd_jax.model_dir import DEFAULT_MODEL_DIR, model_settings
 from psd_jax.recommended import RECOMMENDED_FILE, read_recommended
 from psd_jax.tuning import log as tune_log
 from psd_jax.tuning.search import Outcome, split, successive_halving
