@@ -636,12 +636,11 @@ def decode_join(
     the next call, stale with a cache, so the refresh fills their cache rows). No model call (the
     model arguments are those of every compiled decode program, unused); the other rows are
     unchanged. A joining row must be done (finished or padding)."""
-    prompt_mask = jnp.where(join[:, None], prompt_mask, state.prompt_mask)
+    prompt_mask = jnp.where(join[:, None], prompt_mask, state.prompt_mask)  # the batch's from here on
     layout = layout_for(mcfg, program, prompt_mask)
     batch = prompt_ids.shape[0]
     zeros = jnp.zeros(batch, jnp.int32)
     fresh = {
-        "prompt_mask": prompt_mask,
         "canvas": layout.initial_canvas(prompt_ids, mcfg, program),
         "block": zeros,
         "step": zeros,
@@ -656,7 +655,7 @@ def decode_join(
         fresh["stale"] = jnp.ones(batch, bool)
         fresh["since_refresh"] = zeros
     current = {name: getattr(state, name) for name in fresh}
-    return constrain_state(state.replace(**where_rows(join, fresh, current)), mcfg)
+    return constrain_state(state.replace(prompt_mask=prompt_mask, **where_rows(join, fresh, current)), mcfg)
 
 
 def run_until_block_ends(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeState:

@@ -213,20 +213,26 @@ def test_static_batches_wait_for_their_rows_and_then_for_the_last_row():
     assert stats["batches"] == 2 and stats["block_calls"] == 8
 
 
-def test_a_cancelled_request_frees_its_row_at_the_next_boundary():
-    """A client gone mid-decode: its row is stopped before the next block call and counted once; the
-    other row decodes on as alone, and a later request takes the freed row."""
+def second_row_let_go(let_go):
+    """Two rows decoding; after its first block the second row's request is let go (``let_go(ticket)``)
+    and the rest decodes: (the first row's answer, the engine's calls, the batcher's stats)."""
 
     async def test(batcher, engine):
         engine.gate = threading.Semaphore(1)
         tickets = [batcher.submit(request(p)) for p in PROMPTS[:2]]
         await asyncio.wait_for(tickets[1].events.get(), 30)
-        tickets[1].cancel()
+        let_go(tickets[1])
         engine.gate.release(100)
         kept = await answer(tickets[0])
         return kept, engine.calls, batcher.stats()
 
-    kept, calls, stats = serve(test)
+    return serve(test)
+
+
+def test_a_cancelled_request_frees_its_row_at_the_next_boundary():
+    """A client gone mid-decode: its row is stopped before the next block call and counted once; the
+    other row decodes on as alone, and a later request takes the freed row."""
+    kept, calls, stats = second_row_let_go(lambda ticket: ticket.cancel())
     assert kept == (alone_ids(PROMPTS[0], 16), CALLS_PER_BLOCK * 4)
     stops = [c for c in calls if c[0] == "stop"]
     assert stops and stops[0][2] == (1,)
@@ -238,17 +244,7 @@ def test_a_cancelled_request_frees_its_row_at_the_next_boundary():
 def test_a_request_answered_early_frees_its_row_and_is_not_counted_as_cancelled():
     """A stop string ends an answer before its row is done: the row is stopped at the next boundary
     as a cancelled one is, but the request was answered, so ``/health`` counts no cancellation."""
-
-    async def test(batcher, engine):
-        engine.gate = threading.Semaphore(1)
-        tickets = [batcher.submit(request(p)) for p in PROMPTS[:2]]
-        await asyncio.wait_for(tickets[1].events.get(), 30)
-        tickets[1].answer_early()
-        engine.gate.release(100)
-        kept = await answer(tickets[0])
-        return kept, engine.calls, batcher.stats()
-
-    kept, calls, stats = serve(test)
+    kept, calls, stats = second_row_let_go(lambda ticket: ticket.answer_early())
     assert kept == (alone_ids(PROMPTS[0], 16), CALLS_PER_BLOCK * 4)
     stops = [c for c in calls if c[0] == "stop"]
     assert stops and stops[0][2] == (1,)

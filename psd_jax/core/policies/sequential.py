@@ -6,19 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-from ..rules import Array, Settings
-from ..schedules import llada_schedule
+from ..rules import Array
 from .base import scheduled_count
+from .fixed import Fixed
 
 
 @dataclass(frozen=True)
-class Sequential:
+class Sequential(Fixed):  # Fixed's count table (LLaDA's schedule)
     name: str = "sequential"
-
-    def counts(self, dcfg: Settings) -> np.ndarray:
-        return llada_schedule(dcfg.block_length, dcfg.steps_per_block)
 
     def commit(self, xp, conf: Array, valid: Array, rank: Array, step: Array, counts: Array, values) -> Array:
         leftmost = xp.cumulative_sum(xp.astype(valid, xp.int32), axis=-1) - 1

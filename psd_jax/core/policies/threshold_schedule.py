@@ -6,19 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-from ..rules import Array, Settings, per_row
-from ..schedules import llada_schedule
+from ..rules import Array, per_row
 from .base import scheduled_count
+from .fixed import Fixed
 
 
 @dataclass(frozen=True)
-class ThresholdSchedule:
+class ThresholdSchedule(Fixed):  # Fixed's count table (LLaDA's schedule)
     name: str = "threshold_schedule"
-
-    def counts(self, dcfg: Settings) -> np.ndarray:
-        return llada_schedule(dcfg.block_length, dcfg.steps_per_block)
 
     def commit(self, xp, conf: Array, valid: Array, rank: Array, step: Array, counts: Array, values) -> Array:
         remaining = xp.sum(valid, axis=-1)
