@@ -57,6 +57,7 @@ from .transformer import (
     matmul,
     rms_norm,
     rope_tables,
+    rounded_head,
     run_segments,
     set_unrolled,
     stacked_weights,
@@ -170,14 +171,6 @@ def apply_partial_rope(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Arra
     rotated = jnp.concatenate([-rot[..., half:], rot[..., :half]], axis=-1)
     c, s = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
     return jnp.concatenate([rot * c + rotated * s, rest], axis=-1)
-
-
-def rounded_head(x: jax.Array, final_norm: jax.Array, lm_head: jax.Array, eps: float) -> jax.Array:
-    """Float32 logits [B, N, V] of hidden states [B, N, D] (final RMSNorm, LM head), rounded to the
-    model dtype first, as upstream Hugging Face code returns ``lm_head(h).float()``."""
-    batch, length, d = x.shape
-    x = rms_norm(x.reshape(batch * length, d), final_norm, eps)
-    return matmul(x, lm_head).astype(jnp.float32).reshape(batch, length, -1)
 
 
 def block_causal(query_blocks: jax.Array, key_blocks: jax.Array) -> jax.Array:

@@ -33,7 +33,7 @@ import jax
 
 from . import llada2
 from .config import LLaDAMoEConfig, SDARConfig
-from .llada2 import GroupedLayers, apply_partial_rope, rounded_head
+from .llada2 import GroupedLayers, apply_partial_rope
 from .moe import routed_experts, softmax_route
 from .transformer import (
     LAYER_PARAMS,
@@ -41,6 +41,7 @@ from .transformer import (
     Layers,
     matmul,
     rms_norm,
+    rounded_head,
     run_segments,
     swiglu,
     swiglu_mlp,

@@ -8,7 +8,8 @@ their own and runs the layers as an unrolled loop instead (the CPU default, ``de
 
 Numerics follow upstream: RMSNorm normalises in float32, casts back, then multiplies the weight;
 RoPE (rotate-half) is applied in float32 with upstream's float32 inverse frequencies
-(``rope_inv_freq``); the MLP's SiLU is evaluated in float32 and rounded once; logits are float32.
+(``rope_inv_freq``); the MLP's SiLU is evaluated in float32 and rounded once; logits are the LM
+head's values in the model dtype, returned as float32 (upstream's ``lm_head(h).float()``).
 
 The functions here are the backend-neutral forms. Where XLA:CPU compiles one of them slowly, the
 function dispatches to its CPU form in ``models.cpu_kernels`` under ``if on_cpu():`` (the reasons
@@ -173,6 +174,14 @@ def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
     if on_cpu():
         return cpu_kernels.matmul(x, w)
     return x @ w
+
+
+def rounded_head(x: jax.Array, final_norm: jax.Array, lm_head: jax.Array, eps: float) -> jax.Array:
+    """Float32 logits [B, N, V] of hidden states [B, N, D] (final RMSNorm, LM head), rounded to the
+    model dtype first, as upstream Hugging Face code returns ``lm_head(h).float()``."""
+    batch, length, d = x.shape
+    x = rms_norm(x.reshape(batch * length, d), final_norm, eps)
+    return matmul(x, lm_head).astype(jnp.float32).reshape(batch, length, -1)
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None) -> jax.Array:
@@ -433,11 +442,7 @@ class DiffusionLM(nnx.Module):
         return logits.reshape(batch, m, out_length, -1)
 
     def _head(self, x: jax.Array) -> jax.Array:
-        """Float32 logits [B, N, V] of hidden states [B, N, D] (projected as rows, as the layers)."""
-        batch, length, d = x.shape
-        x = rms_norm(x.reshape(batch * length, d), self.final_norm[...], self.config.norm_eps)
-        logits = jnp.einsum("nd,dv->nv", x, self.head_weight(), preferred_element_type=jnp.float32)
-        return logits.reshape(batch, length, -1)
+        return rounded_head(x, self.final_norm[...], self.head_weight(), self.config.norm_eps)
 
     def _mlp(self, h: jax.Array, w: dict[str, jax.Array], batch: int) -> jax.Array:
         """The residual rows [B*N, D] after the layer's SwiGLU feed-forward. ``batch``: how many

@@ -80,6 +80,19 @@ def test_bfloat16_swiglu_rounds_once_as_torch():
     assert np.mean(got == want) > 0.999
 
 
+@pytest.mark.parametrize("name", ["llada-tiny", "dream-tiny"])
+def test_bfloat16_logits_are_the_heads_bfloat16_values(name):
+    """A bfloat16 model's logits are its LM head's bfloat16 products returned as float32, as upstream's
+    ``lm_head(h).float()`` (not the head's unrounded float32 sums): the confidences every decoder
+    ranks and thresholds are then read from the values upstream reads them from."""
+    model = load_hf_model(GOLDENS / name, dtype=jnp.bfloat16)
+    ids = jnp.arange(40, dtype=jnp.int32).reshape(2, 20) % model.config.vocab_size
+    logits = np.asarray(jax.jit(lambda t: model(t))(ids))
+    assert logits.dtype == np.float32
+    np.testing.assert_array_equal(logits, np.asarray(jnp.asarray(logits).astype(jnp.bfloat16).astype(jnp.float32)))
+    assert len(np.unique(logits)) > 1000  # real values, not a constant that any rounding keeps
+
+
 def test_rope_tables_match_their_definition():
     positions = jnp.array([[0, 1, 2, 7, 4095], [1, 1, 0, 1, 2]])
     sin, cos = rope_tables(positions, 8, 10000.0)
