@@ -1,4 +1,5 @@
-"""Running the app under uvicorn, with a graceful drain on SIGTERM/SIGINT.
+"""Running the app under uvicorn: as the process's server, with a graceful drain on SIGTERM/SIGINT
+(``serve``), or in a thread of a process that goes on with other work (``serving_in_thread``).
 
 uvicorn's own shutdown stops accepting connections and waits for the open ones. Before that, the
 batcher drains (``Batcher.begin_drain``): new requests get 503, running ones have
@@ -10,6 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
 
 import uvicorn
 from fastapi import FastAPI
@@ -17,6 +22,7 @@ from fastapi import FastAPI
 from .lockstep import LockstepModel, PeerLost
 
 SHUTDOWN_SLACK_S = 5.0  # after the drain, for the failed requests' responses to go out
+THREAD_STOP_S = 2.0  # a thread's server: for connections still open when its block ends
 
 
 class DrainingServer(uvicorn.Server):
@@ -63,3 +69,39 @@ def serve(
             with contextlib.suppress(PeerLost):
                 lockstep.close()
     return None if lockstep is None else lockstep.channel.lost
+
+
+@contextlib.contextmanager
+def serving_in_thread(app: FastAPI, *, start_timeout_s: float = 120.0) -> Iterator[str]:
+    """Serve ``app`` on a free 127.0.0.1 port in a daemon thread of this process and yield its base
+    URL (``http://127.0.0.1:PORT``) until the block ends, then stop it. For a process that is also
+    the client (a notebook, a test, a measurement); ``start_timeout_s`` covers the start-up's
+    compiles of the warm-up settings. A server that dies or does not start in time is an error; when
+    the block ends, connections still open get ``THREAD_STOP_S`` to finish."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=THREAD_STOP_S))
+    ended: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            server.run(sockets=[sock])
+        except BaseException as exc:  # a failed start-up exits (SystemExit): reported to the caller
+            ended.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while not server.started:
+            if not thread.is_alive():
+                why = repr(ended[0]) if ended else "no error"
+                raise RuntimeError(f"the server did not start: uvicorn ended with {why} (its log says why)")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start within {start_timeout_s:.0f} s")
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(THREAD_STOP_S + SHUTDOWN_SLACK_S)
+        sock.close()

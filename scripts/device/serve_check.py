@@ -2,7 +2,7 @@
 
 The model is ``scripts/device_check``'s (random bfloat16 weights made on the device, the layers a
 ``lax.scan``), served in this process by ``psd_jax.serve.build_app`` under uvicorn on a free
-127.0.0.1 port, and loaded by ``scripts/load_generator``'s closed loop (streamed requests, one
+127.0.0.1 port, and loaded by ``scripts/tools/load_generator``'s closed loop (streamed requests, one
 unmeasured round per level, then ``--requests`` measured ones) with token-id prompts of random ids
 and ``max_tokens`` mixed over 64/128/256. Rows, most important first:
 
@@ -22,11 +22,8 @@ block 16, fewer requests), which is what the test suite checks.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import socket
 import sys
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,28 +39,6 @@ SETTINGS = {
     "psd-threshold-0.9-d3/dual": {"policy": "threshold", "threshold": 0.9, "cache": "dual", "decoder": "psd"},
 }
 BATCHING = ("continuous", "static")
-
-
-@contextlib.contextmanager
-def serving(app):
-    """``app`` under uvicorn on a free 127.0.0.1 port, in a thread, until the block ends."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            if not thread.is_alive():
-                raise RuntimeError("the server did not start")
-            time.sleep(0.1)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
 
 
 def write(out: Path, rows: list[dict], meta: dict) -> None:
@@ -107,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     from psd_jax import DecodeConfig
     from psd_jax.serve import build_app
+    from psd_jax.serve.server import serving_in_thread
 
     prof = device_check.profile()
     tiny = prof is device_check.TINY
@@ -138,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                 max_wait_ms=5.0,
             )
             try:
-                with serving(app) as url:
+                with serving_in_thread(app, start_timeout_s=600) as url:
                     for row in selected:
                         if time.time() - began > args.deadline:
                             rows.append({**row, "skipped": "step deadline"})

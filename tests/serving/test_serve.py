@@ -727,6 +727,31 @@ def test_sigterm_drains_and_exits_0(tmp_path):
             proc.wait(10)
 
 
+def test_a_thread_server_answers_until_its_block_ends_and_a_failed_start_is_one_error():
+    """``serving_in_thread``: the app answers on the yielded URL, the port is closed after the block,
+    and an app whose start-up fails raises at once (no wait for the start timeout)."""
+    from fastapi import FastAPI
+
+    from psd_jax.serve.server import serving_in_thread
+
+    app = FastAPI()
+    app.get("/ping")(lambda: {"pong": True})
+    with serving_in_thread(app) as url:
+        assert httpx.get(f"{url}/ping", timeout=TIMEOUT_S).json() == {"pong": True}
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/ping", timeout=5)
+
+    @contextlib.asynccontextmanager
+    async def broken(_app):
+        raise RuntimeError("no model")
+        yield
+
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match="did not start"), serving_in_thread(FastAPI(lifespan=broken)):
+        pass
+    assert time.monotonic() - began < 60
+
+
 # ------------------------------------------------------------------ the recommended setting by name
 def test_serve_settings_recommended_sets_the_servers_defaults(monkeypatch, tuned_model_dir, tuned_lm):
     """``--settings recommended``: the directory's recommended.json under the flags given is the
