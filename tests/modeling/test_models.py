@@ -17,7 +17,7 @@ from safetensors.numpy import load_file, save_file
 from convert import CheckpointError, expected_keys, load_hf_model
 from convert.__main__ import main as convert_main
 from models import ConfigError, DiffusionLM, config_from_dict, param_shapes
-from models.cpu_kernels import cached_attention_per_head
+from models.cpu_kernels import JOINED_WINDOWS_MAX, cached_attention_per_head
 from models.transformer import (
     attention,
     cached_attention_grouped,
@@ -180,19 +180,24 @@ def test_attention_matches_jax_dot_product_attention(heads, kv_heads):
     np.testing.assert_allclose(attention(q, k, v, None), jax.nn.dot_product_attention(q, k, v), rtol=0, atol=2e-6)
 
 
+@pytest.mark.parametrize("m", [1, JOINED_WINDOWS_MAX, JOINED_WINDOWS_MAX + 1])
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (8, 2)])
-def test_cached_attention_per_head_matches_grouped(heads, kv_heads):
+def test_cached_attention_per_head_matches_grouped(heads, kv_heads, m):
     """The CPU per-head cache attention against the head-batched form, with masked cache keys,
-    masked window keys, several windows per row and grouped kv heads."""
+    masked window keys and grouped kv heads, in both of its forms (windows joined with the cache,
+    up to ``JOINED_WINDOWS_MAX`` windows per row, or apart)."""
     keys = jax.random.split(jax.random.key(3), 5)
-    b, m, w, n, hd = 2, 3, 4, 10, 16
+    b, w, n, hd = 2, 4, 10, 16
     q = jax.random.normal(keys[0], (b, m, w, heads, hd))
     k, v = (jax.random.normal(key, (b, m, w, kv_heads, hd)) for key in keys[1:3])
     cache_k, cache_v = (jax.random.normal(key, (b, n, kv_heads, hd)) for key in keys[3:5])
     cache_mask = jnp.arange(n)[None, :] < jnp.array([[10], [6]])
-    window_mask = jnp.array([[True, True, False, True], [True, True, True, True]])
-    args = (q, k, v, cache_k, cache_v, cache_mask, window_mask)
-    np.testing.assert_allclose(cached_attention_per_head(*args), cached_attention_grouped(*args), rtol=0, atol=2e-6)
+    every_query = jnp.array([[True, True, False, True], [True, True, True, True]])  # [B, W]
+    per_query = jnp.broadcast_to(jnp.tril(jnp.ones((w, w), bool)), (b, m, w, w))  # [B, M, W, W], block-causal
+    for window_mask in (every_query, per_query):
+        args = (q, k, v, cache_k, cache_v, cache_mask, window_mask)
+        want = cached_attention_grouped(*args)
+        np.testing.assert_allclose(cached_attention_per_head(*args), want, rtol=0, atol=2e-6)
 
 
 @pytest.mark.parametrize(
