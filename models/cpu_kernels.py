@@ -55,6 +55,7 @@ def cached_attention_per_head(
     cache_v: jax.Array,
     cache_mask: jax.Array,
     window_mask: jax.Array,
+    join: bool | None = None,
 ) -> jax.Array:
     """``transformer.cached_attention`` as products per head, values returned in float32 and rounded
     once (``attention_per_head``'s and ``matmul``'s reasons).
@@ -63,7 +64,8 @@ def cached_attention_per_head(
     (XLA:CPU otherwise copies each head's strided slice, and first the layer's slice of the stacked
     cache). With at most ``JOINED_WINDOWS_MAX`` windows per row they are joined with each window's
     own keys, [cached ; window], for one score and one value product per head; with more, the cached
-    and the window keys get a product each, so the windows share the row's cache uncopied."""
+    and the window keys get a product each, so the windows share the row's cache uncopied. ``join``
+    forces one form (``scripts/figures/cpu_cache_attention.py`` times both)."""
     batch, m, width, heads, hd = q.shape
     kv_heads, n = k.shape[3], cache_k.shape[1]
     group = heads // kv_heads
@@ -73,7 +75,7 @@ def cached_attention_per_head(
     outs = []
     for h in range(heads):
         qh, g = q[:, :, :, h], h // group
-        if m <= JOINED_WINDOWS_MAX:
+        if (m <= JOINED_WINDOWS_MAX) if join is None else join:
             keys, values = joined(cache_k[:, g], k[:, :, :, g]), joined(cache_v[:, g], v[:, :, :, g])
             scores = dot("bmwd,bmnd->bmwn", qh, keys) / (hd**0.5)
             probs = cache_window_probs(scores[..., :n], scores[..., n:], cache_mask, window_mask, v.dtype)
