@@ -72,10 +72,11 @@ def cached_attention_per_head(
     cache_k, cache_v = cache_k.transpose(0, 2, 1, 3), cache_v.transpose(0, 2, 1, 3)  # [B, KV, N, hd]
     joined = lambda cache, fresh: jnp.concatenate([jnp.broadcast_to(cache[:, None], (batch, m, n, hd)), fresh], axis=2)
     dot = lambda spec, a, b: jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+    join = m <= JOINED_WINDOWS_MAX if join is None else join
     outs = []
     for h in range(heads):
         qh, g = q[:, :, :, h], h // group
-        if (m <= JOINED_WINDOWS_MAX) if join is None else join:
+        if join:
             keys, values = joined(cache_k[:, g], k[:, :, :, g]), joined(cache_v[:, g], v[:, :, :, g])
             scores = dot("bmwd,bmnd->bmwn", qh, keys) / (hd**0.5)
             probs = cache_window_probs(scores[..., :n], scores[..., n:], cache_mask, window_mask, v.dtype)

@@ -476,8 +476,9 @@ def cached_attention(
 
     q [B, M, W, H, hd]; k, v [B, M, W, KV, hd]; cache_k, cache_v [B, N, KV, hd]; cache_mask
     [B, N]; window_mask: the window keys to attend, [B, W] for every query or [B, M, W, W] query by
-    key (``cpu_kernels.cache_window_probs``). The M windows of a row share its cache, which is never
-    copied. Returns [B, M, W, H, hd]. Softmax in float32; head h uses kv head h // (H / KV) (as GQA).
+    key (``cpu_kernels.cache_window_probs``). The M windows of a row share its cache (the GPU/TPU
+    form never copies it; the CPU form copies one kv head's at a time for a few windows). Returns
+    [B, M, W, H, hd]. Softmax in float32; head h uses kv head h // (H / KV) (as GQA).
     """
     if on_cpu():
         return cpu_kernels.cached_attention_per_head(q, k, v, cache_k, cache_v, cache_mask, window_mask)

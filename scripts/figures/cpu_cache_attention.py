@@ -29,6 +29,7 @@ import numpy as np
 from flax import nnx
 
 from models import DiffusionLM, cpu_kernels
+from psd_jax.cli.flags import positive_int
 from scripts.figures.compare_backends import add_random_model_flags, random_llada_config
 
 CACHE = 288
@@ -80,7 +81,7 @@ def measure(graphdef, params, args: tuple, calls: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m scripts.figures.cpu_cache_attention", description=__doc__)
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    p.add_argument("--calls", type=int, default=25, help="timed calls of each form per shape")
+    p.add_argument("--calls", type=positive_int, default=25, help="timed calls of each form per shape")
     add_random_model_flags(p)
     args = p.parse_args(argv)
     model = DiffusionLM(random_llada_config(args), dtype=jnp.dtype(args.dtype), unroll_layers=True)
