@@ -2,7 +2,8 @@
 weight is read (``model_directory``), the lengths it declares it was trained for
 (``decode_defaults``), and the settings every front end builds (``model_settings``: a user's fields
 over a named setting over those lengths; ``checked_settings``: and checked against the model's
-config before the weights load)."""
+config before the weights load; ``precheck_settings``: as far as they hold whatever the device, for a
+front end that starts a cluster first)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE, CheckpointError
 from models import ModelConfig, load_config
 
 from .core.config import DecodeConfig, DecodeConfigError, check_for_model, merged_fields
-from .recommended import named_settings
+from .recommended import named_settings, settings_on_any_device
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "default"
 
@@ -106,3 +107,25 @@ def checked_settings(
     mcfg = load_config(model_dir)
     check_for_model(settings, mcfg)
     return settings, mcfg
+
+
+def precheck_settings(
+    model_dir: Path, fields: dict[str, Any] | None = None, name: str | None = None
+) -> tuple[DecodeConfig, ModelConfig]:
+    """``checked_settings``' checks as far as they hold on every device, asking JAX nothing: what a
+    front end on several processes checks before the cluster starts (``jax.distributed`` must
+    start before anything reads the device kind a recommendation is chosen by). ``fields`` over
+    each base the setting ``name`` may give (``recommended.settings_on_any_device``); refused with
+    the first base's error when they fail over every one, since they then fail on this device too.
+    Returns the settings over the first base they hold over, and the model's config."""
+    mcfg = load_config(model_dir)
+    first: DecodeConfigError | None = None
+    for base in settings_on_any_device(name, model_dir):
+        try:
+            settings = model_settings(model_dir, fields, base)
+            check_for_model(settings, mcfg)
+            return settings, mcfg
+        except DecodeConfigError as exc:
+            first = first or exc
+    assert first is not None  # settings_on_any_device gives at least one base
+    raise first

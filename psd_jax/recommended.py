@@ -14,7 +14,9 @@ applied over the directory's ``decode_defaults.json`` (they may set the block le
 searched). Without the file the library's own recommendation (``config.RECOMMENDED``) is used.
 Field names are checked when the file is read; values when the settings are made for a decode
 (``model_dir.model_settings``), where the lengths are known. The device asked for is the one this process
-decodes on (``jax.default_backend()``) unless given.
+decodes on (``jax.default_backend()``) unless given; on several processes it is read only once the
+cluster has started (``jax.distributed.initialize`` must come before anything starts the backend),
+and before that ``settings_on_any_device`` checks every choice the file holds.
 
 Every front end resolves a settings name (``--settings NAME``, ``settings=NAME``, a request's
 ``"settings"``) with ``named_settings``: ``None`` is the plain defaults, ``recommended`` this
@@ -138,17 +140,43 @@ def check_settings_name(name: str | None) -> None:
         raise DecodeConfigError(f"unknown settings {name!r}; choose one of: {', '.join(SETTINGS_NAMES)}")
 
 
-def named_settings(name: str | None, model_dir: str | Path | None) -> dict[str, Any] | None:
+def named_settings(name: str | None, model_dir: str | Path | None, device: str | None = None) -> dict[str, Any] | None:
     """The ``DecodeConfig`` fields of the setting ``name`` for ``model_dir``, to pass as
     ``model_dir.model_settings``'s ``base``: ``None`` for the plain defaults, the directory's
-    recommended setting for ``recommended``. The one resolver of a settings name, so that every
-    front end accepts the same names and refuses the same way (``DecodeConfigError``)."""
+    recommended setting for ``device`` (default: this process's device kind) for ``recommended``.
+    The one resolver of a settings name, so that every front end accepts the same names and refuses
+    the same way (``DecodeConfigError``).
+
+    Reading this process's device kind starts JAX's backend: on several processes call it only
+    once the cluster has started (``parallel.multihost.start``); before, ``settings_on_any_device``
+    checks what needs no device."""
     check_settings_name(name)
     if name is None:
         return None
-    recommendation = read_recommended(model_dir)
+    recommendation = read_recommended(model_dir, device)
     _check_values(recommendation)
     return dict(recommendation.settings)
+
+
+def settings_on_any_device(name: str | None, model_dir: str | Path | None) -> list[dict[str, Any] | None]:
+    """Every base ``named_settings(name, model_dir, device)`` may give, whatever the device: the
+    directory's latest choice first, then each device kind's, each with its values checked. Asks
+    JAX nothing, so a front end checks its settings with it before a cluster starts (a named
+    setting refused on every device is refused before any process waits for the others)."""
+    check_settings_name(name)
+    if name is None:
+        return [None]
+    file = Path(model_dir) / RECOMMENDED_FILE if model_dir is not None else None
+    if file is None or not file.is_file():
+        return [dict(RECOMMENDED)]  # the library's, whatever the device
+    data = _read(file)
+    out: list[dict[str, Any] | None] = []
+    for device in [None, *sorted(data.get("devices", {}))]:
+        entry = data["settings"] if device is None else data["devices"][device]["settings"]
+        _check_values(Recommendation(entry, {}, str(file) if device is None else f"{file} (devices.{device})"))
+        if entry not in out:
+            out.append(dict(entry))
+    return out
 
 
 def _check_values(recommendation: Recommendation) -> None:

@@ -40,11 +40,11 @@ from ..api import LoadedModel, load_model
 from ..core.config import CACHE_NAME_HELP, DecodeConfig, DecodeConfigError, cache_fields, check_for_model
 from ..core.errors import InputError
 from ..core.lengths import check_questions
-from ..model_dir import model_directory, model_settings
+from ..model_dir import checked_settings, model_directory, model_settings, precheck_settings
 from ..names import setting_fields
 from ..parallel import multihost
 from ..recommended import NAME as RECOMMENDED_NAME
-from ..recommended import named_settings, read_recommended
+from ..recommended import read_recommended
 from ..scoring import is_correct, load_jsonl
 from .flags import (
     EXIT_BAD_INPUT,
@@ -172,13 +172,6 @@ def decoder_matrix(base: DecodeConfig, names: list[str] | None = None) -> dict[s
         block = f"/b{settings.block_length}" if "block_length" in fields else ""
         out[f"{split_name(name)[0]}/{settings.cache_name}{block}"] = settings
     return out
-
-
-def recommended_settings(model_dir: Path, flags: dict, gen_length: int) -> DecodeConfig:
-    """The model directory's recommended setting on the bench's ``gen_length``: its own block length
-    and cache (part of the recommendation, so the bench's default dual cache does not replace them),
-    under the ``--block-length`` and ``--cache`` given (``flags``)."""
-    return model_settings(model_dir, {**flags, "gen_length": gen_length}, named_settings(RECOMMENDED_NAME, model_dir))
 
 
 def run_setting(
@@ -415,18 +408,21 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         names = selected_names(args, known)
         matrix = decoder_matrix(base, [n for n in names if n != RECOMMENDED_NAME])
-        if RECOMMENDED_NAME in names:
-            matrix[RECOMMENDED_NAME] = recommended_settings(model_dir, decode_fields(args), base.gen_length)
         mcfg = load_config(model_dir)
         for settings in matrix.values():
             check_for_model(settings, mcfg)
+        recommended_fields = {**decode_fields(args), "gen_length": base.gen_length}
+        if RECOMMENDED_NAME in names:  # as far as it holds on any device
+            precheck_settings(model_dir, recommended_fields, RECOMMENDED_NAME)
         data = Path(args.data) if args.data else model_dir / "test.jsonl"
         if not data.is_file():
             raise InputError(f"no problem file {data}: pass --data FILE.jsonl")
         examples = load_jsonl(data)[: args.limit]
         if not examples:
             raise InputError(f"{data} holds no problems")
-        multihost.start(cluster)
+        multihost.start(cluster)  # before the device kind the recommendation is chosen for is read
+        if RECOMMENDED_NAME in names:
+            matrix[RECOMMENDED_NAME], _ = checked_settings(model_dir, recommended_fields, RECOMMENDED_NAME)
         lm = load_model(model_dir, **weight_options(args))
         check_questions(
             lm.prompt_ids([ex["question"] for ex in examples], args.chat),

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..api import Generation, LoadedModel, load_model
 from ..core.config import DecodeConfig
 from ..core.errors import InputError
-from ..model_dir import checked_settings, model_directory
+from ..model_dir import checked_settings, model_directory, precheck_settings
 from ..parallel import multihost
 from ..prompts import check_seed
 from ..recommended import NAME, read_recommended
@@ -231,11 +231,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         # The demo runs the recommended setting, with the flags given on top of it.
         name = NAME if examples else args.settings
+        precheck_settings(model_dir, fields, name)  # what holds on any device, before the cluster waits
+        multihost.start(cluster)  # before the device kind the recommendation is chosen for is read
         settings, _ = checked_settings(model_dir, fields, name)
         origin = None
         if examples:
             origin = read_recommended(model_dir).origin() + (", with the decoding flags given on top" if fields else "")
-        multihost.start(cluster)
         lm = load_model(model_dir, **weight_options(args))
         with multihost.quiet_unless_main():  # every process decodes; process 0 prints
             if examples:

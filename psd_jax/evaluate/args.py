@@ -36,7 +36,7 @@ from ..core.config import (
     check_for_model,
 )
 from ..core.errors import InputError
-from ..model_dir import model_directory, model_settings
+from ..model_dir import model_directory, model_settings, precheck_settings
 from ..parallel.sharding import AXES
 from ..recommended import RECOMMENDED_FILE, named_settings
 
@@ -212,10 +212,13 @@ def _model_checked(pretrained: Path, settings: DecodeConfig) -> None:
         raise EvalArgsError(f"{exc} (pretrained={pretrained})") from None
 
 
-def parse_eval_args(raw: dict[str, Any]) -> EvalArgs:
+def parse_eval_args(raw: dict[str, Any], any_device: bool = False) -> EvalArgs:
     """Check every model argument and build the decode settings against the model directory's
     config (only ``config.json`` is read, no weights): the pre-check before the harness starts and
-    the harness model's constructor both call this, so either path refuses the same arguments."""
+    the harness model's constructor both call this, so either path refuses the same arguments.
+    ``any_device``: ask JAX nothing (the pre-check before a cluster starts), so a named setting is
+    checked over every device kind's choice (``model_dir.precheck_settings``) and the settings are
+    those of the first it holds over; the model's constructor, after the start, reads this device's."""
     kwargs = dict(raw)
     mesh = fold_mesh(kwargs)
     unknown = sorted(k for k in kwargs if k not in EVAL_ARGS and k not in FIELD_HELP)
@@ -234,11 +237,14 @@ def parse_eval_args(raw: dict[str, Any]) -> EvalArgs:
     pretrained = _pretrained(kwargs.get("pretrained"))
     _quantize_checked(pretrained, quantize, mesh)
     fields = {k: decode_field(k, v) for k, v in kwargs.items() if k in FIELD_HELP}
-    name = kwargs.get("settings")
+    name = None if kwargs.get("settings") is None else str(kwargs["settings"])
     try:
-        settings = model_settings(pretrained, fields, named_settings(None if name is None else str(name), pretrained))
+        if any_device:
+            settings, _ = precheck_settings(pretrained, fields, name)
+        else:
+            settings = model_settings(pretrained, fields, named_settings(name, pretrained))
     except DecodeConfigError as exc:
-        raise EvalArgsError(str(exc)) from None
+        raise EvalArgsError(f"{exc} (pretrained={pretrained})" if any_device else str(exc)) from None
     _model_checked(pretrained, settings)
     seed = as_int("seed", kwargs.get("seed", 0))
     if seed is None or not 0 <= seed < 2**32:

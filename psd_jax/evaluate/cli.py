@@ -126,11 +126,12 @@ def _harness_missing(exc: ImportError) -> str:
     )
 
 
-def precheck(argv: list[str], harness_cli: type) -> None:
+def precheck(argv: list[str], harness_cli: type, any_device: bool = False) -> None:
     """Check a psd_jax run's model arguments and ``--gen_kwargs`` before the harness starts (it
     indexes every task first): the same parse the harness does (its own parser, ``harness_cli``),
     then ``parse_eval_args`` (the model directory and the settings against its config) and the
-    generation kwargs' mapping."""
+    generation kwargs' mapping. ``any_device``: before a cluster starts, asking JAX nothing
+    (``parse_eval_args``)."""
     from models import load_config
 
     from ..core.config import check_for_model
@@ -146,7 +147,7 @@ def precheck(argv: list[str], harness_cli: type) -> None:
     raw = dict(args.model_args or {})
     if getattr(args, "batch_size", None) is not None:
         raw["batch_size"] = args.batch_size
-    parsed = parse_eval_args(raw)
+    parsed = parse_eval_args(raw, any_device)
     if getattr(args, "gen_kwargs", None):
         gen = parse_gen_kwargs(args.gen_kwargs)
         settings = request_settings(parsed.settings, gen, parsed.decode_fields, "--gen_kwargs")
@@ -200,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     first = len(CREATED)
     saved, sys.argv = sys.argv, [f"{Path(sys.executable).name} -m psd_jax.evaluate", *argv]
     try:
-        precheck(argv, HarnessCLI)
-        multihost.start(cluster)
+        precheck(argv, HarnessCLI, any_device=cluster is not None)
+        multihost.start(cluster)  # before the model reads the device kind its recommendation is chosen for
         if not multihost.is_main():  # the same requests in the same order; process 0 reports
             sys.argv = [sys.argv[0], *without_reporting(argv)]
         with multihost.quiet_unless_main():

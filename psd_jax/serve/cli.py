@@ -33,10 +33,10 @@ from ..cli.flags import (
 )
 from ..core.config import MAX_BRANCHES, DecodeConfig, DecodeConfigError
 from ..core.lengths import check_context
-from ..model_dir import checked_settings, model_directory
+from ..model_dir import checked_settings, model_directory, precheck_settings
 from ..parallel import multihost
 from ..parallel.sharding import MeshError
-from ..recommended import NAME, named_settings, read_recommended
+from ..recommended import NAME, named_settings, read_recommended, settings_on_any_device
 from ..tokenizer import TokenizerError
 from .batcher import BATCHING
 from .limits import MAX_BODY_BYTES, LimitError, ServerLimits, overrides_from
@@ -305,17 +305,22 @@ class StartUp:
     api_key: str | None
     model_dir: Path
     defaults: DecodeConfig
-    recommended: DecodeConfig | None
+    recommended: dict[str, Any] | None  # a request's "settings": "recommended" (DecodeConfig fields)
     limits: ServerLimits
     lm: Any
 
 
 def start_up(args: argparse.Namespace, warmup: tuple[int, ...]) -> StartUp:
-    """Every check that needs no weights (settings, limits, cluster, API key), then the weights:
-    bad input fails before the long load."""
+    """Every check that needs no device and no weights (cluster flags, API key, the settings as far as
+    they hold on any device), then the cluster, then what depends on the device kind (the
+    recommended settings are chosen per kind) and the limits, then the weights: bad input fails
+    before the processes wait for one another and before the long load."""
     cluster = multihost.cluster_from(args)
     api_key = api_key_from(args.api_key, os.environ)
     model_dir = model_directory(args.model)
+    precheck_settings(model_dir, decode_fields(args), args.settings)  # what holds on any device
+    settings_on_any_device(NAME, model_dir)  # a request's "settings": "recommended", checked alike
+    multihost.start(cluster)  # before the device kind the recommendations are chosen for is read
     defaults, mcfg = checked_settings(model_dir, decode_fields(args), args.settings)
     recommended = named_settings(NAME, model_dir)  # what a request's "settings": "recommended" asks for
     limits = ServerLimits.for_model(
@@ -329,7 +334,6 @@ def start_up(args: argparse.Namespace, warmup: tuple[int, ...]) -> StartUp:
         max_body_bytes=args.max_body_bytes,
         overrides=args.allow_overrides,
     )
-    multihost.start(cluster)
     lm = load_model(model_dir, **weight_options(args))
     defaults = lm.settings(defaults)
     for length in warmup:

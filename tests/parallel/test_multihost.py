@@ -15,7 +15,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,7 +24,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from paths import HELPERS
+from paths import HELPERS, TEST_DATA
+from processes import free_port
 
 from psd_jax.parallel import multihost
 
@@ -35,12 +35,6 @@ from multihost_driver import CONVERTED, GENERATE, SERVE_PROMPTS, SERVED_NAME, TE
 DRIVER = HELPERS / "multihost_driver.py"
 HEARTBEAT_S = 10  # the serving processes wait half of it for each other's confirmation
 START_TIMEOUT_S = 600
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Cluster:
@@ -245,6 +239,100 @@ def test_front_ends_refuse_incomplete_cluster_flags_in_one_line(front_end, capsy
     assert main(["--coordinator", "127.0.0.1:1234"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "error: --coordinator needs --num-processes and --process-id too: give all three or none"
+
+
+class _Started(BaseException):
+    """Raised by the test's ``multihost.start``: the front end stops there (no model is loaded)."""
+
+
+CLUSTER = ["--coordinator", "127.0.0.1:1", "--num-processes", "2", "--process-id", "0"]
+TASKS = str(TEST_DATA / "tasks")
+STARTS = {  # front end, flags: every path that reads a recommended setting, with the cluster flags
+    "generate demo": ("generate", []),
+    "generate --settings": ("generate", ["--settings", "recommended", "--prompt", "What is 2 + 3?"]),
+    "bench recommended": ("bench", ["--decoders", "recommended", "--limit", "2"]),
+    "evaluate --settings": ("evaluate", ["--settings", "recommended", "--tasks", "heldout", "--include_path", TASKS]),
+    "serve": ("serve", []),
+    "serve --settings": ("serve", ["--settings", "recommended", "--threshold", "0.9"]),
+}
+
+
+def front_end_main(name: str):
+    from psd_jax import evaluate
+    from psd_jax.cli import bench, generate
+    from psd_jax.serve import cli
+
+    return {"generate": generate.main, "bench": bench.main, "evaluate": evaluate.main, "serve": cli.main}[name]
+
+
+def guard_device_reads(monkeypatch) -> list:
+    """The cluster's start recorded (and the front end stopped there), and every read of the device
+    kind or the devices before it an error: ``jax.distributed.initialize`` must come before
+    anything starts JAX's backend."""
+    import jax
+
+    import psd_jax.recommended
+
+    started: list = []
+
+    def start(cluster):
+        started.append(cluster)
+        raise _Started
+
+    def guarded(real):
+        def read(*args, **kwargs):
+            assert started, f"{real.__name__} was called before the cluster started"
+            return real(*args, **kwargs)
+
+        return read
+
+    monkeypatch.setattr(multihost, "start", start)
+    for module, name in [(psd_jax.recommended, "current_device_kind"), (jax, "default_backend"), (jax, "devices")]:
+        monkeypatch.setattr(module, name, guarded(getattr(module, name)))
+    return started
+
+
+@pytest.mark.parametrize("start", list(STARTS))
+def test_every_front_end_starts_the_cluster_before_it_reads_the_device(start, monkeypatch):
+    """On the shipped model, whose recommended setting is chosen per device kind."""
+    front_end, argv = STARTS[start]
+    started = guard_device_reads(monkeypatch)
+    with pytest.raises(_Started):
+        front_end_main(front_end)([*argv, *CLUSTER])
+    assert [(c.coordinator, c.num_processes, c.process_id) for c in started] == [("127.0.0.1:1", 2, 0)]
+
+
+@pytest.mark.parametrize(
+    "front_end, argv, message",
+    [
+        ("generate", ["--threshold", "2", "--prompt", "x"], "threshold must be in (0, 1]"),
+        ("generate", ["--settings", "recommended", "--depth", "2", "--prompt", "x"], "depth"),
+        ("serve", ["--settings", "recommended", "--gen-length", "4096"], "gen_length 4096"),
+        ("bench", ["--decoders", "recommended", "--gen-length", "4096"], "gen_length 4096"),
+        (
+            "evaluate",
+            [
+                "--settings",
+                "recommended",
+                "--tasks",
+                "heldout",
+                "--include_path",
+                TASKS,
+                "--model_args",
+                "gen_length=4096",
+            ],
+            "gen_length 4096",
+        ),
+    ],
+)
+def test_settings_refused_on_every_device_fail_before_the_cluster_starts(front_end, argv, message, monkeypatch, capsys):
+    """A setting that holds over none of the directory's recommendations is one error line before
+    any process waits for the others."""
+    started = guard_device_reads(monkeypatch)
+    assert front_end_main(front_end)([*argv, *CLUSTER]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err, err
+    assert started == []
 
 
 class _KeyValueStore:
