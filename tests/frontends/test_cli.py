@@ -456,6 +456,36 @@ def test_recommended_is_read_for_this_devices_kind_by_every_front_end(tmp_path):
     assert tpu.settings == gpu and tpu.origin().endswith("; no choice for tpu in it")
 
 
+def test_settings_are_checked_over_every_devices_choice_before_any_device_is_read(monkeypatch, tmp_path):
+    """Before a cluster starts, a front end checks its flags over every choice the file holds
+    (the latest first, then each kind's) without asking JAX which device it is on: flags that
+    hold over one choice pass, flags that hold over none are refused with the first's error."""
+    import psd_jax.recommended as recommended
+    from psd_jax.model_dir import precheck_settings
+    from psd_jax.recommended import settings_on_any_device
+
+    def no_device_reads():
+        raise AssertionError("the device kind was read before the cluster could start")
+
+    monkeypatch.setattr(recommended, "current_device_kind", no_device_reads)
+    cpu, gpu = {"policy": "threshold", "threshold": 0.98, "block_length": 16}, {"cache": "dual", "block_length": 8}
+    body = {"settings": cpu, "devices": {"cpu": {"settings": cpu}, "gpu": {"settings": gpu}}}
+    model = model_with_recommendation(tmp_path / "model", default_model_path(), json.dumps(body))
+    assert settings_on_any_device(NAME, model) == [cpu, gpu]
+    assert settings_on_any_device(None, model) == [None]
+    settings, mcfg = precheck_settings(model, {"gen_length": 24}, NAME)  # a whole number of 8-blocks only
+    assert settings == DecodeConfig(gen_length=24, **gpu) and mcfg.vocab_size > 0
+    with pytest.raises(DecodeConfigError, match="gen_length"):
+        precheck_settings(model, {"gen_length": 20}, NAME)
+    with pytest.raises(DecodeConfigError, match="settings"):
+        precheck_settings(model, {}, "fastest")
+    bad = model_with_recommendation(
+        tmp_path / "bad", default_model_path(), json.dumps({**body, "devices": {"gpu": {"settings": {"depth": 0}}}})
+    )
+    with pytest.raises(DecodeConfigError, match=r"devices\.gpu"):
+        settings_on_any_device(NAME, bad)
+
+
 def test_generate_settings_recommended_decodes_the_tuned_setting(capsys, tmp_path):
     fields = {"policy": "threshold", "threshold": 0.7, "block_length": 16}
     tiny = model_with_recommendation(tmp_path / "tiny", GOLDENS / "llada-tiny", fields)

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from models import load_config
+from processes import finish, start
+
 from psd_jax import tune
 from psd_jax.core.config import DecodeConfig
 from psd_jax.model_dir import DEFAULT_MODEL_DIR, model_settings
@@ -251,8 +253,9 @@ def args(model_dir, dev, out, *extra):
 
 @pytest.fixture(scope="module")
 def run(model_dir, dev, tmp_path_factory):
+    """The search as a user starts it: ``python -m psd_jax.tune`` on the shipped model's files."""
     out = tmp_path_factory.mktemp("tune")
-    assert tune.main(args(model_dir, dev, out, "--write")) == 0
+    finish(start("psd_jax.tune", args(model_dir, dev, out, "--write"), out, "tune", devices=1), timeout_s=600)
     return out, json.loads((out / "tune.json").read_text())
 
 
