@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterable, Iterator
+from collections.abc import AsyncIterable, Callable, Iterator
 from typing import Any, Protocol
 
 import numpy as np
@@ -73,10 +73,13 @@ def parse_json(raw: bytes) -> Any:
             f"the request body nests arrays and objects {depth} levels deep; this server reads at most {MAX_DEPTH}",
             code=LIMIT_CODE,
         )
+    refused: list[_Refused] = []
     try:
-        body = json.loads(text, parse_int=_integer, parse_constant=_constant)
+        body = json.loads(text, parse_int=_integer_in(refused), parse_constant=_constant_in(refused))
     except json.JSONDecodeError as exc:
         raise RequestError(f"the request body is not valid JSON: {exc}") from None
+    if refused:
+        check_numbers(body)
     if _may_hold_surrogates(text):
         check_unicode(body)
     return body
@@ -100,19 +103,45 @@ def nesting_depth(data: bytes) -> int:
     return int(max(np.cumsum(step, dtype=np.int32).max(), 0))
 
 
-def _integer(text: str) -> int:
-    digits = len(text.lstrip("-"))
-    if digits > MAX_INT_DIGITS:
-        raise RequestError(
-            f"the request body holds an integer of {digits} digits; this server reads integers of at most "
-            f"{MAX_INT_DIGITS} digits",
-            code=LIMIT_CODE,
+class _Refused:
+    """A number the parser met and this server refuses, left in the parsed body so that the error
+    can name where it stands (the parser's hooks see the number, not its field)."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        self.message, self.code = message, code
+
+
+def _integer_in(refused: list[_Refused]) -> Callable[[str], Any]:
+    def integer(text: str) -> Any:
+        digits = len(text.lstrip("-"))
+        if digits <= MAX_INT_DIGITS:
+            return int(text)
+        refused.append(
+            _Refused(
+                f"holds an integer of {digits} digits; this server reads integers of at most {MAX_INT_DIGITS} digits",
+                LIMIT_CODE,
+            )
         )
-    return int(text)
+        return refused[-1]
+
+    return integer
 
 
-def _constant(name: str) -> Any:
-    raise RequestError(f"the request body is not valid JSON: {name} is not a JSON number")
+def _constant_in(refused: list[_Refused]) -> Callable[[str], Any]:
+    def constant(name: str) -> Any:
+        refused.append(_Refused(f"holds {name}, which is not a JSON number"))
+        return refused[-1]
+
+    return constant
+
+
+def check_numbers(body: Any) -> None:
+    """A refused number is a 400 whose ``param`` names its field, as ``max_tokens`` or
+    ``prompt[0]``; one a later duplicate key replaced is not in the body, and not refused."""
+    for where, value, _ in _leaves(body, ""):
+        if isinstance(value, _Refused):
+            field = printable(where) if where else "the request body"
+            raise RequestError(f"{field} {value.message}", param=printable(where) or None, code=value.code)
 
 
 def _may_hold_surrogates(text: str) -> bool:
@@ -128,7 +157,9 @@ def _may_hold_surrogates(text: str) -> bool:
 def check_unicode(body: Any) -> None:
     """Every string of ``body``, keys and values, must be Unicode text (no lone surrogate): else a
     400 whose ``param`` names the field, as ``messages[0].content`` or ``stop[1]``."""
-    for where, text, is_key in _strings(body, ""):
+    for where, text, is_key in _leaves(body, ""):
+        if not isinstance(text, str):
+            continue
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
@@ -139,15 +170,16 @@ def check_unicode(body: Any) -> None:
             ) from None
 
 
-def _strings(value: Any, where: str) -> Iterator[tuple[str, str, bool]]:
-    """(path, string, whether it is a key) for every string in ``value``."""
-    if isinstance(value, str):
-        yield where, value, False
-    elif isinstance(value, dict):
+def _leaves(value: Any, where: str) -> Iterator[tuple[str, Any, bool]]:
+    """(path, value, whether it is a key) for every key and every value that is not an array or
+    an object in ``value``."""
+    if isinstance(value, dict):
         for key, item in value.items():
             path = f"{where}.{key}" if where else key
             yield path, key, True
-            yield from _strings(item, path)
+            yield from _leaves(item, path)
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            yield from _strings(item, f"{where}[{i}]")
+            yield from _leaves(item, f"{where}[{i}]")
+    else:
+        yield where, value, False

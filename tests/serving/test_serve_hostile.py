@@ -52,9 +52,9 @@ def deep(levels: int) -> bytes:
     return b'{"prompt": ' + b"[" * levels + b"]" * levels + b"}"
 
 
-# (route, raw body, the whole error body of its 400)
-HOSTILE = [
-    (
+# name: (route, raw body, the whole error body of its 400)
+HOSTILE = {
+    "deep": (
         "completions",
         deep(50_000),
         invalid(
@@ -62,35 +62,78 @@ HOSTILE = [
             code="limit_exceeded",
         ),
     ),
-    (
+    "long max_tokens": (
         "completions",
         b'{"prompt": "What is 2 + 3?", "max_tokens": ' + b"9" * 5000 + b"}",
         invalid(
-            "the request body holds an integer of 5000 digits; this server reads integers of at most 20 digits",
-            code="limit_exceeded",
+            "max_tokens holds an integer of 5000 digits; this server reads integers of at most 20 digits",
+            "max_tokens",
+            "limit_exceeded",
         ),
     ),
-    (
+    "long n": (
+        "completions",
+        b'{"prompt": "What is 2 + 3?", "n": -' + b"1" * 21 + b"}",
+        invalid(
+            "n holds an integer of 21 digits; this server reads integers of at most 20 digits", "n", "limit_exceeded"
+        ),
+    ),
+    "long token id": (
+        "completions",
+        b'{"prompt": [1, 2, ' + b"3" * 40 + b"]}",
+        invalid(
+            "prompt[2] holds an integer of 40 digits; this server reads integers of at most 20 digits",
+            "prompt[2]",
+            "limit_exceeded",
+        ),
+    ),
+    "long depth": (
+        "chat/completions",
+        b'{"messages": [{"role": "user", "content": "What is 2 + 3?"}], "decoder": "psd", "depth": '
+        + b"7" * 300
+        + b"}",
+        invalid(
+            "depth holds an integer of 300 digits; this server reads integers of at most 20 digits",
+            "depth",
+            "limit_exceeded",
+        ),
+    ),
+    "NaN temperature": (
+        "completions",
+        b'{"prompt": "What is 2 + 3?", "temperature": NaN}',
+        invalid("temperature holds NaN, which is not a JSON number", "temperature"),
+    ),
+    "Infinity top_p": (
+        "completions",
+        b'{"prompt": "What is 2 + 3?", "top_p": Infinity}',
+        invalid("top_p holds Infinity, which is not a JSON number", "top_p"),
+    ),
+    "-Infinity temperature": (
+        "chat/completions",
+        b'{"messages": [{"role": "user", "content": "hi"}], "temperature": -Infinity}',
+        invalid("temperature holds -Infinity, which is not a JSON number", "temperature"),
+    ),
+    "infinite max_tokens": (
         "completions",
         b'{"prompt": "What is 2 + 3?", "max_tokens": 1e999}',
         invalid("max_tokens must be a positive integer, got inf", "max_tokens"),
     ),
-    (
+    "infinite temperature": (
         "completions",
         b'{"prompt": "What is 2 + 3?", "temperature": 1e999}',
         invalid("temperature must be finite, got inf", "temperature", "invalid_settings"),
     ),
-    (
+    "huge temperature": (
         "completions",
         b'{"prompt": "What is 2 + 3?", "temperature": 1e+308}',
         invalid("temperature must be 0 (greedy) or in [0.0001, 100], got 1e+308", "temperature", "invalid_settings"),
     ),
-    (
+    "huge cfg_scale": (
         "completions",
         b'{"prompt": "What is 2 + 3?", "cfg_scale": 1e+308}',
         invalid("cfg_scale must be in [0, 100] (0: off), got 1e+308", "cfg_scale", "invalid_settings"),
     ),
-    (
+    "vicinity past the canvas": (
         "completions",
         b'{"prompt": "What is 2 + 3?", "cache": "dual", "vicinity": 100000}',
         invalid(
@@ -99,7 +142,7 @@ HOSTILE = [
             "invalid_settings",
         ),
     ),
-    (
+    "refresh_every without a cache": (
         "completions",
         b'{"prompt": "What is 2 + 3?", "refresh_every": 2}',
         invalid(
@@ -109,27 +152,27 @@ HOSTILE = [
             "invalid_settings",
         ),
     ),
-    (
+    "surrogate in prompt": (
         "completions",
         b'{"prompt": "What is \\ud800 2 + 3?"}',
         invalid("prompt is not valid Unicode: it holds a lone surrogate (\\ud800)", "prompt"),
     ),
-    (
+    "surrogate in stop": (
         "completions",
         b'{"prompt": "What is 2 + 3?", "stop": ["a", "\\udfff"]}',
         invalid("stop[1] is not valid Unicode: it holds a lone surrogate (\\udfff)", "stop[1]"),
     ),
-    (
+    "surrogate in a message": (
         "chat/completions",
         b'{"messages": [{"role": "user", "content": "What is \\ud800 2 + 3?"}]}',
         invalid("messages[0].content is not valid Unicode: it holds a lone surrogate (\\ud800)", "messages[0].content"),
     ),
-    (
+    "surrogate in a field name": (
         "completions",
         b'{"prompt": "What is 2 + 3?", "\\ud800": 1}',
         invalid("the field name '\\ud800' is not valid Unicode: it holds a lone surrogate (\\ud800)", "\\ud800"),
     ),
-]
+}
 
 
 @pytest.fixture(scope="module")
@@ -211,15 +254,15 @@ def until_counted(url: str, want: float, **labels) -> dict:
 
 
 # ------------------------------------------------------------------------------- the body's parse
-def check_hostile(url: str, index: int) -> None:
-    route, raw, body = HOSTILE[index]
+def check_hostile(url: str, name: str) -> None:
+    route, raw, body = HOSTILE[name]
     reply = post(url, route, raw)
     assert (reply.status_code, reply.json()) == (400, body), raw[:80]
 
 
 def test_a_body_nested_50000_deep_is_400_naming_the_limit(hostile, server_log, capfd):
     assert len(deep(50_000)) < 1 << 20, "under the body limit: the parser, not the size, must refuse it"
-    check_hostile(hostile, 0)
+    check_hostile(hostile, "deep")
     reply = post(hostile, "completions", deep(64))  # the object and 64 arrays
     assert (reply.status_code, reply.json()["error"]["message"]) == (
         400,
@@ -230,22 +273,30 @@ def test_a_body_nested_50000_deep_is_400_naming_the_limit(hostile, server_log, c
     assert_quiet(server_log, capfd)
 
 
-def test_an_integer_of_5000_digits_and_an_infinite_number_are_400(hostile, server_log, capfd):
-    for index in (1, 2, 3):
-        check_hostile(hostile, index)
+def test_numbers_past_the_parsers_bounds_are_400_naming_their_field(hostile, server_log, capfd):
+    """Integers of more than 20 digits and the non-numbers NaN and Infinity are refused as the
+    body is parsed, each naming its field (a token id by its index); an infinite float is read
+    and refused by its field's own check."""
+    for name in ("long max_tokens", "long n", "long token id", "long depth", "infinite max_tokens"):
+        check_hostile(hostile, name)
+    for name in ("NaN temperature", "Infinity top_p", "-Infinity temperature", "infinite temperature"):
+        check_hostile(hostile, name)
+    raw = b'{"prompt": "What is 2 + 3?", "max_tokens": NaN, "max_tokens": 16, "temperature": 0}'
+    reply = post(hostile, "completions", raw)  # a later duplicate key replaces the refused number
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 16
     assert_quiet(server_log, capfd)
 
 
 def test_a_lone_surrogate_in_a_string_is_400_naming_its_field(hostile, server_log, capfd):
-    for index in (6, 7, 8):
-        check_hostile(hostile, index)
+    for name in ("surrogate in prompt", "surrogate in stop", "surrogate in a message"):
+        check_hostile(hostile, name)
     raw = '{"prompt": "What is 2 + 3?", "stop": ["\U0001f600", "\\ud83d\\ude00"]}'.encode()
     assert post(hostile, "completions", raw).status_code == 200, "a surrogate pair is one valid character"
     assert_quiet(server_log, capfd)
 
 
 def test_a_lone_surrogate_in_a_field_name_is_400_with_the_name_escaped(hostile, server_log, capfd):
-    check_hostile(hostile, 9)
+    check_hostile(hostile, "surrogate in a field name")
     assert_quiet(server_log, capfd)
 
 
@@ -485,9 +536,9 @@ def test_the_server_survives_a_hostile_mix(hostile, lm, defaults, server_log, ca
     api = client(hostile)
     start = threading.Barrier(len(HOSTILE) + len(valid) + 2, timeout=TIMEOUT_S)
 
-    def hostile_one(index: int) -> tuple[int, dict]:
+    def hostile_one(name: str) -> tuple[int, dict]:
         start.wait()
-        route, raw, _ = HOSTILE[index]
+        route, raw, _ = HOSTILE[name]
         reply = post(hostile, route, raw)
         return reply.status_code, reply.json()
 
@@ -500,10 +551,10 @@ def test_the_server_survives_a_hostile_mix(hostile, lm, defaults, server_log, ca
         abandon_upload(hostile)
 
     with ThreadPoolExecutor(len(HOSTILE) + len(valid) + 2) as pool:
-        refused = [pool.submit(hostile_one, i) for i in range(len(HOSTILE))]
+        refused = [pool.submit(hostile_one, name) for name in HOSTILE]
         answered = [pool.submit(valid_one, q) for q in valid]
         left = [pool.submit(abandoned) for _ in range(2)]
-        assert [f.result(TIMEOUT_S) for f in refused] == [(400, body) for _, _, body in HOSTILE]
+        assert [f.result(TIMEOUT_S) for f in refused] == [(400, body) for _, _, body in HOSTILE.values()]
         assert [f.result(TIMEOUT_S) for f in answered] == wants
         [f.result(TIMEOUT_S) for f in left]
     until_counted(hostile, closed + 2, endpoint="/v1/completions", outcome="client_closed")
