@@ -59,6 +59,7 @@ class BlockDecode:
         self.size, self.prompt_length = self._first[0].shape
         self.rows = 0  # rows holding a prompt at the start (``results``)
         self.compile_seconds = 0.0
+        self.compiles = 0  # programs its calls compiled (the rest were in the model's cache)
         self.seconds = 0.0  # decode wall time so far (compilation excluded)
         self.done = False
         self._state = None
@@ -68,6 +69,7 @@ class BlockDecode:
         rows = jax.ShapeDtypeStruct((self.size, self.prompt_length), jnp.int32)
         compiled, seconds = self.lm._compile_with(fn, (name, rows, *shapes), args, self.program)
         self.compile_seconds += seconds
+        self.compiles += seconds > 0.0  # a cached program is returned with 0.0
         return compiled
 
     def start(self, keys: np.ndarray, live: np.ndarray) -> None:

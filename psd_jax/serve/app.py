@@ -109,6 +109,9 @@ def counted_by(metrics: ServerMetrics, api_key: str | None) -> Callable[[Request
             log.exception("%s %s failed", request.method, request.url.path)
             record.failed()
             return _error_response(InternalError())
+        except asyncio.CancelledError:  # the server cancelled the handler (a shutdown's deadline)
+            record.cancelled()
+            raise
 
     return counted
 
@@ -213,10 +216,13 @@ async def _stream(
         async for piece in pieces(ticket, served.lm):
             record.chunk()
             yield writer.chunk(piece, include_usage)
+        # Counted before the last events are handed to the server, as a whole answer is before its
+        # body: a client that has read [DONE] finds itself counted, and one that closes at once
+        # after it (before this generator resumes) is not counted as cancelled.
+        record.answered(piece.usage)
         if include_usage:
             yield writer.usage_chunk(piece.usage)
         yield DONE
-        record.answered(piece.usage)
     except RequestError as exc:
         record.refused(exc.status)
         yield event(exc.body())

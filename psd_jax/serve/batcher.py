@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -336,7 +337,7 @@ class Batcher:
             prompt_bucket=self.prompt_bucket,
             gen_length=batch.key[0].gen_length,
         )
-        self.count("compiles", int(run.compile_seconds > 0))
+        self.count("compiles", run.compiles)
         batch.run, batch.tickets, batch.joining = run, [*tickets, *[None] * (size - len(tickets))], []
         batch.sent = [0] * size
         self.count("batches")
@@ -360,14 +361,14 @@ class Batcher:
         if not tickets:
             return
         free = [r for r, t in enumerate(batch.tickets) if t is None][: len(tickets)]
-        before = batch.run.compile_seconds
-        batch.run.join(
+        self._counted(
+            batch.run,
+            "join",
             free,
             [t.request.prompt_ids for t in tickets],
             [t.request.settings for t in tickets],
             [t.seed for t in tickets],
         )
-        self.count("compiles", int(batch.run.compile_seconds > before))
         for row, ticket in zip(free, tickets):
             batch.tickets[row], batch.sent[row] = ticket, 0
         self.count("rows", len(tickets))
@@ -376,9 +377,7 @@ class Batcher:
         """Move the batch's live rows to a decode of ``size`` rows (first rows first)."""
         rows = [r for r, t in enumerate(batch.tickets) if t is not None]
         index = rows + [-1] * (size - len(rows))
-        before = batch.run.compile_seconds
-        batch.run.regroup(index)
-        self.count("compiles", int(batch.run.compile_seconds > before))
+        self._counted(batch.run, "regroup", index)
         batch.tickets = [batch.tickets[r] for r in rows] + [None] * (size - len(rows))
         batch.sent = [batch.sent[r] for r in rows] + [0] * (size - len(rows))
 
@@ -388,7 +387,16 @@ class Batcher:
         self._count_cancelled([batch.tickets[row] for row in gone])
         for row in gone:
             batch.tickets[row] = None
-        batch.run.stop(gone)
+        self._counted(batch.run, "stop", gone)
+
+    def _counted(self, session: BlockSession, method: str, *args: Any) -> Any:
+        """``session.method(*args)``, the programs it compiled counted (any call may compile: a
+        size, prompt bucket or settings the warm-up did not cover)."""
+        before = session.compiles
+        try:
+            return getattr(session, method)(*args)
+        finally:
+            self.count("compiles", session.compiles - before)
 
     def _block(self, batch: Running) -> None:
         """One block call and every row's progress to its request."""
@@ -399,7 +407,7 @@ class Batcher:
         rows = sum(t is not None for t in batch.tickets)
         if self.on_batch is not None:
             self.on_batch(rows, batch.run.size)
-        progress = batch.run.advance()
+        progress = self._counted(batch.run, "advance")
         self.count("block_calls")
         self.count("block_rows", rows)
         for row, ticket in enumerate(batch.tickets):
@@ -417,9 +425,10 @@ class Batcher:
 
     def warm_up(self, settings: DecodeConfig, prompt_lengths: Sequence[int]) -> int:
         """Compile ``settings``' programs for every batch size at each prompt length's bucket
-        (before serving): start, block call and, continuous, joining and regrouping between sizes.
-        Returns the number of programs compiled."""
-        before = self.lm.compiled_programs
+        (before serving): start, block call, stopping a row (a client that leaves, a stop string)
+        and, continuous, joining and regrouping between sizes. Returns the number of programs
+        compiled."""
+        sessions = []
         for length in prompt_lengths:
             prompt = [self.lm.config.pad_id] * length
             canvas = self.canvas_length(settings, padded_length(length, self.prompt_bucket))
@@ -431,13 +440,15 @@ class Batcher:
                 run.advance()
                 if self.batching == "continuous":
                     run.join([size - 1], [prompt], [settings], [0])
+                run.stop([0])
                 runs[size] = run
             if self.batching == "continuous":
                 for run in runs.values():
                     for other in self.sizes:
                         if other != run.size:
                             run.prepare_regroup(other)
-        compiled = self.lm.compiled_programs - before
+            sessions += runs.values()
+        compiled = sum(run.compiles for run in sessions)
         self.count("compiles", compiled)
         return compiled
 

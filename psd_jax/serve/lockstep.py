@@ -257,7 +257,7 @@ class LockstepRun:
     def __init__(self, model: LockstepModel, number: int, run: Any):
         self._model, self._number, self._run = model, number, run
 
-    def __getattr__(self, name: str) -> Any:  # size, done, program, compile_seconds, results, ...
+    def __getattr__(self, name: str) -> Any:  # size, done, program, compiles, results, ...
         attr = getattr(self._run, name)
         if name not in self.CALLS:
             return attr

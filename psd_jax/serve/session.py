@@ -35,7 +35,7 @@ class BlockSession(Protocol):
 
     size: int  # rows, the compiled batch size
     done: bool  # every row is done
-    compile_seconds: float  # compilation so far (grows when a call compiles)
+    compiles: int  # programs its calls compiled so far (any call may: a server counts them all)
 
     def advance(self) -> BlockProgress:
         """Decode until every row that is decoding has left its block or finished."""

@@ -43,14 +43,14 @@ class FakeSession:
 
     def __init__(self, engine: FakeEngine, size: int, canvas: int):
         self.engine, self.size, self.canvas = engine, size, canvas
-        self.compile_seconds = 0.0
+        self.compiles = 0
         self.rows: list[dict | None] = [None] * size
         self._compile(("start", size))
 
     def _compile(self, key: tuple) -> None:
         if key not in self.engine.programs:
             self.engine.programs.add(key)
-            self.compile_seconds += 1.0
+            self.compiles += 1
 
     @property
     def done(self) -> bool:
@@ -96,6 +96,7 @@ class FakeSession:
     def stop(self, rows) -> None:
         if rows:
             self.engine.calls.append(("stop", self.size, tuple(rows)))
+            self._compile(("stop", self.size))
         for row in rows:
             if self.rows[row] is not None:
                 self.rows[row]["done"] = True

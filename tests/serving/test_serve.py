@@ -159,8 +159,9 @@ def test_models_and_health(server):
     assert [m.id for m in models.data] == ["default"]
     state = health(server)
     assert state["status"] == "ok" and state["batching"] == "continuous"
-    # the defaults' programs, compiled at start-up: start, block call and join per size, the moves between sizes
-    assert state["compiles"] == state["compiled_programs"] == 3 * len(SIZES) + len(SIZES) * (len(SIZES) - 1)
+    # the defaults' programs, compiled at start-up: start, block call, join and stop per size, the
+    # moves between sizes
+    assert state["compiles"] == state["compiled_programs"] == 4 * len(SIZES) + len(SIZES) * (len(SIZES) - 1)
 
 
 def test_greedy_completions_and_chat_equal_generate(server, lm, defaults):

@@ -312,6 +312,96 @@ def test_an_abandoned_upload_is_counted_client_closed_without_a_traceback(hostil
     assert_quiet(server_log, capfd)
 
 
+def leave_after(url: str, stream: bool, wait: float | None) -> None:
+    """Send a whole request and close the connection: at once (``wait`` 0), after ``wait``
+    seconds, or (``None``) once the first bytes of the answer came."""
+    where = urlparse(url)
+    body = json.dumps({"prompt": PROMPT, "stream": stream}).encode()
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: {where.netloc}\r\nContent-Type: application/json\r\n"
+    head += f"Content-Length: {len(body)}\r\n\r\n"
+    with socket.create_connection((where.hostname, where.port), timeout=TIMEOUT_S) as sock:
+        sock.sendall(head.encode() + body)
+        if wait is None:
+            assert sock.recv(1), "the server closed the connection first"
+        elif wait:
+            time.sleep(wait)
+
+
+def read_to_done(url: str) -> int:
+    """A stream read to its ``[DONE]``; the connection closed right after. Returns its events."""
+    body = {"model": "default", "prompt": PROMPT, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=TIMEOUT_S) as reply:
+        events = [line for line in reply.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    return len(events)
+
+
+def test_clients_that_leave_at_any_stage_are_each_counted_once(hostile, server_log, capfd):
+    """Concurrent clients: whole answers, streams read to [DONE], streams and whole requests left
+    at once (queued), after a while (decoding) or after their first bytes, uploads left mid-body.
+    ``/metrics`` grows by exactly the requests sent, each under one outcome; a stream read to its
+    end is counted ``ok`` by the time its client has read [DONE]; the server compiles nothing."""
+    before, programs = metrics(hostile), {k: health(hostile)[k] for k in ("compiled_programs", "compiles")}
+    asks = [("whole", None)] * 8 + [("to the end", None)] * 8 + [("mid-body", None)] * 2
+    asks += [
+        (("leave stream" if stream else "leave whole"), wait) for stream in (True, False) for wait in (0, 0.05, None)
+    ]
+    asks *= 2
+    start = threading.Barrier(len(asks), timeout=TIMEOUT_S)
+
+    def one(kind: str, wait: float | None) -> int:
+        start.wait()
+        if kind == "whole":
+            return post(hostile, "completions", json.dumps({"prompt": PROMPT}).encode()).status_code
+        if kind == "to the end":
+            return read_to_done(hostile)
+        if kind == "mid-body":
+            return abandon_upload(hostile)
+        return leave_after(hostile, kind == "leave stream", wait)
+
+    with ThreadPoolExecutor(len(asks)) as pool:
+        done = list(pool.map(lambda ask: one(*ask), asks))
+    read_all = sum(kind == "to the end" for kind, _ in asks)
+    answered = sample(metrics(hostile), REQUESTS, endpoint="/v1/completions", outcome="ok")
+    ok_before = sample(before, REQUESTS, endpoint="/v1/completions", outcome="ok")
+    assert answered - ok_before >= read_all + done.count(200), "a client that read its whole answer is counted"
+    deadline = time.monotonic() + TIMEOUT_S
+    while requests_total(after := metrics(hostile)) < requests_total(before) + len(asks):
+        assert time.monotonic() < deadline, outcomes_grown(before, after)
+        time.sleep(0.05)
+    time.sleep(2 * psd_jax.serve.app.DISCONNECT_POLL_S)  # nothing is counted twice, however late
+    grown = {k: v for k, v in outcomes_grown(before, metrics(hostile)).items() if v}
+    left = sum(kind.startswith("leave") for kind, _ in asks)
+    assert set(grown) <= {("/v1/completions", o) for o in ("ok", "cancelled", "client_closed")}, grown
+    assert grown[("/v1/completions", "client_closed")] == sum(kind == "mid-body" for kind, _ in asks)
+    assert grown[("/v1/completions", "ok")] + grown.get(("/v1/completions", "cancelled"), 0) == len(asks) - 4
+    assert grown[("/v1/completions", "ok")] >= len(asks) - 4 - left
+    wait_for(hostile, running=0, queued=0)
+    assert {k: health(hostile)[k] for k in programs} == programs
+    assert_quiet(server_log, capfd)
+
+
+def test_a_stop_string_and_a_client_that_leaves_mid_answer_run_warm_programs(hostile, lm, defaults):  # noqa: F811
+    """A row stopped early (a stop string found in an early block, a client gone mid-stream) uses
+    the warm-up's programs: ``compiled_programs`` and ``compiles`` do not move."""
+    question, want = next(
+        (q, w)
+        for q in QUESTIONS
+        for (w,) in [lm.generate([q], defaults, prompt_bucket=BUCKET)]
+        if w.tokens > 2 * defaults.block_length and w.text[5:8].strip()
+    )
+    stop = want.text[5:8]
+    programs = {k: health(hostile)[k] for k in ("compiled_programs", "compiles")}  # generate's own counted
+    got = client(hostile).completions.create(model="default", prompt=question, stop=[stop]).choices[0]
+    assert (got.text, got.finish_reason) == (want.text[: want.text.find(stop)], "stop")
+    cancelled = health(hostile)["cancelled"]
+    body = {"model": "default", "prompt": question, "stream": True}
+    with httpx.stream("POST", f"{hostile}/v1/completions", json=body, timeout=TIMEOUT_S) as reply:
+        assert next(line for line in reply.iter_lines() if line.startswith("data: "))
+    wait_for(hostile, running=0, queued=0)
+    assert {k: health(hostile)[k] for k in programs} == programs, health(hostile)["cancelled"] - cancelled
+
+
 # --------------------------------------------------------------------------------- a server's bug
 def test_a_bug_in_a_handler_is_a_json_500_logged_once_and_counted_failed(hostile, server_log, monkeypatch):
     def broken(*args, **kwargs):
@@ -529,10 +619,12 @@ def refusing(lm, defaults):  # noqa: F811
 # -------------------------------------------------------------------------------- all at once
 def test_the_server_survives_a_hostile_mix(hostile, lm, defaults, server_log, capfd):  # noqa: F811
     """Every hostile request above, and abandoned uploads, concurrently with valid requests: each
-    gets its own answer, and afterwards a request is answered as ``generate`` does."""
+    gets its own answer, nothing is compiled, and afterwards a request is answered as ``generate``
+    does."""
     valid = QUESTIONS[6:10]
     wants = [lm.generate([question], defaults, prompt_bucket=BUCKET)[0].text for question in valid]
     closed = sample(metrics(hostile), REQUESTS, endpoint="/v1/completions", outcome="client_closed")
+    programs = {k: health(hostile)[k] for k in ("compiled_programs", "compiles")}
     api = client(hostile)
     start = threading.Barrier(len(HOSTILE) + len(valid) + 2, timeout=TIMEOUT_S)
 
@@ -562,4 +654,5 @@ def test_the_server_survives_a_hostile_mix(hostile, lm, defaults, server_log, ca
     assert api.completions.create(model="default", prompt=QUESTIONS[0]).choices[0].text == want.text
     state = health(hostile)
     assert (state["running"], state["queued"]) == (0, 0)
+    assert {k: state[k] for k in programs} == programs, "a refused or warm request compiles nothing"
     assert_quiet(server_log, capfd)

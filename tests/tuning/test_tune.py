@@ -7,10 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-
-from models import load_config
 from processes import finish, start
 
+from models import load_config
 from psd_jax import tune
 from psd_jax.core.config import DecodeConfig
 from psd_jax.model_dir import DEFAULT_MODEL_DIR, model_settings
