@@ -10,7 +10,7 @@ import pytest
 from psd_jax import DecodeConfig
 from psd_jax.api import InputError, load_model
 from psd_jax.cli import bench
-from psd_jax.model_dir import model_settings
+from psd_jax.model_dir import checked_settings, model_settings
 from psd_jax.scoring import is_correct, load_jsonl
 
 
@@ -182,6 +182,7 @@ def test_bench_recommended_runs_the_directorys_setting_with_its_own_cache(
     results = tuned_lm.generate([e["question"] for e in examples], tuned, chat=True)
     assert row["nfe_per_prompt"] == sum(r.nfe for r in results) / 8 and row["tokens"] == sum(r.tokens for r in results)
     assert row["correct_by_problem"] == "".join(str(int(is_correct(r.text, e))) for r, e in zip(results, examples))
-    # Flags given on the command line still override it.
-    settings = bench.recommended_settings(tuned_model_dir, {"block_length": 16, "cache": "dual"}, 48)
+    # Flags given on the command line still override it (bench's settings, made as every front end's).
+    fields = {"block_length": 16, "cache": "dual", "gen_length": 48}
+    settings, _ = checked_settings(tuned_model_dir, fields, "recommended")
     assert settings == tuned.replace(block_length=16, cache="dual")
