@@ -1,0 +1,325 @@
+"""DiffusionGemma (upstream ``DiffusionGemmaForBlockDiffusion``, transformers ``models/diffusion_gemma``)
+as a Flax NNX module: one text stack run in two modes on the same weights.
+
+- **Encoder** (``encode``): causal over the prompt, later over each finished canvas, attending to
+  what was encoded before; it writes the key/value cache and returns the final-norm hidden states
+  (the encoder has no logits).
+- **Denoiser** (``denoise``): the canvas attends bidirectionally to the cached prefix and the whole
+  canvas; it reads the cache and never writes it, and returns soft-capped logits.
+
+A layer (Gemma 4's): ``h = x + post_attention_norm(attn(input_norm(x)))``; a dense GeLU-gated MLP
+and a routed mixture of experts side by side on ``h`` (the router reads the un-normed ``h``: a
+scale-free RMSNorm times ``router_scale`` and ``d_model**-0.5``, float32 softmax over every expert,
+top-k renormalised to sum 1, times the expert's ``expert_scale``); ``out = (h + post_ff_norm(dense
++ moe)) * layer_scalar``, the scalar the one weight the two modes do not share. Attention: q/k
+RMSNorms per head, RoPE after them, values RMS-normed without a weight, score scale 1 (no
+1/sqrt(d)), GQA. Sliding layers (``head_dim``, ``n_kv_heads``, RoPE on every dim) see keys
+``q - window < k <= q`` when encoding and the last ``window - 1`` cached positions when denoising
+(no window inside the canvas); full layers (``global_head_dim``, ``n_global_kv_heads``,
+"proportional" RoPE on the first ``global_partial_rotary`` of the dims' frequencies, the rest
+unrotated) see every cached position, and their value is the raw key projection (no ``wv``).
+
+The denoiser's input is self-conditioned on the previous step's processed logits:
+``rmsnorm(embed(canvas) + mlp(pre_norm(softmax(sc) @ embed * sqrt(D))))`` with a scale-free outer
+norm (a row without logits feeds zeros, so its input is ``rmsnorm(embed(canvas))``). Logits are
+the tied head's, cast to float32, then ``softcap * tanh(x / softcap)``.
+
+The cache here is every encoded position of every layer (``Cache``: keys, values, the positions
+they were encoded at, and which are real), and a sliding layer's masks select its window from it;
+upstream keeps only a sliding layer's last ``window - 1`` positions, which are exactly the ones
+those masks let through. Positions are absolute (``arange`` over the left-padded row): padding does
+not shift them, and pad keys are masked everywhere.
+
+Parameters: top-level ``embed``, ``final_norm`` and the self-conditioning MLP (``sc_*``); per layer
+kind, a group stacked on a leading axis, ``sliding_<name>`` and ``full_<name>`` (``layer_types``
+says which layer is which). Float32 numerics as upstream: norms in float32, RoPE tables in float32,
+router softmax in float32, logits in float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from .diffusion_gemma_config import GROUPS, DiffusionGemmaConfig
+from .moe import routed_experts
+
+ATTENTION = ("input_norm", "wq", "wk", "wv", "q_norm", "k_norm", "wo", "post_attention_norm")
+DENSE = ("pre_ff_norm", "w_gate", "w_up", "w_down", "post_ff_norm_1")
+ROUTED = ("router", "router_scale", "expert_scale", "pre_ff_norm_2", "expert_gate", "expert_up", "expert_down",
+          "post_ff_norm_2")  # fmt: skip
+LAYER = (*ATTENTION, *DENSE, *ROUTED, "post_ff_norm", "encoder_scalar", "denoiser_scalar")
+SELF_CONDITIONING = ("sc_pre_norm", "sc_gate", "sc_up", "sc_down")
+
+
+def layer_shapes(cfg: DiffusionGemmaConfig, group: str) -> dict[str, tuple[int, ...]]:
+    """One layer's parameters in ``group`` ("sliding": with ``wv``; "full": value = key projection)."""
+    d, f, e, fm = cfg.d_model, cfg.mlp_hidden, cfg.n_experts, cfg.moe_hidden
+    kv, hd = cfg.kv_shape(group)
+    shapes = {
+        "input_norm": (d,),
+        "wq": (d, cfg.n_heads * hd),
+        "wk": (d, kv * hd),
+        "wv": (d, kv * hd),
+        "q_norm": (hd,),
+        "k_norm": (hd,),
+        "wo": (cfg.n_heads * hd, d),
+        "post_attention_norm": (d,),
+        "pre_ff_norm": (d,),
+        "w_gate": (d, f),
+        "w_up": (d, f),
+        "w_down": (f, d),
+        "post_ff_norm_1": (d,),
+        "router": (d, e),
+        "router_scale": (d,),
+        "expert_scale": (e,),
+        "pre_ff_norm_2": (d,),
+        "expert_gate": (e, d, fm),
+        "expert_up": (e, d, fm),
+        "expert_down": (e, fm, d),
+        "post_ff_norm_2": (d,),
+        "post_ff_norm": (d,),
+        "encoder_scalar": (),
+        "denoiser_scalar": (),
+    }
+    if group == "full":
+        del shapes["wv"]
+    return shapes
+
+
+def param_shapes(cfg: DiffusionGemmaConfig) -> dict[str, tuple[int, ...]]:
+    """Shape of every parameter by name: the top level, then ``<group>_<name>`` [layers of group, ...]."""
+    d, f = cfg.d_model, cfg.mlp_hidden
+    shapes = {
+        "embed": (cfg.vocab_size, d),
+        "final_norm": (d,),
+        "sc_pre_norm": (d,),
+        "sc_gate": (d, f),
+        "sc_up": (d, f),
+        "sc_down": (f, d),
+    }
+    for group in ("sliding", "full"):
+        n = len(cfg.group_layers(group))
+        if n:
+            shapes.update({f"{group}_{name}": (n, *s) for name, s in layer_shapes(cfg, group).items()})
+    return shapes
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Cache:
+    """What the encoder wrote: per layer keys and values [B, L, KV, hd] (after k-norm and RoPE; values
+    v-normed), the position each slot was encoded at [B, L], and whether it holds a real token."""
+
+    keys: tuple[jax.Array, ...]
+    values: tuple[jax.Array, ...]
+    positions: jax.Array
+    valid: jax.Array
+
+    def append(self, other: Cache) -> Cache:
+        """This cache followed by ``other``'s slots (an encoder call on top of this one)."""
+        cat = lambda a, b: jnp.concatenate([a, b], axis=1)  # noqa: E731
+        return Cache(
+            tuple(map(cat, self.keys, other.keys)),
+            tuple(map(cat, self.values, other.values)),
+            cat(self.positions, other.positions),
+            cat(self.valid, other.valid),
+        )
+
+
+def rms_norm(x: jax.Array, weight: jax.Array | None, eps: float) -> jax.Array:
+    """Upstream's ``DiffusionGemmaRMSNorm``: ``x * (mean(x^2) + eps)^-0.5`` in float32, times the
+    weight (not 1 + weight) when it has one, in x's dtype."""
+    x32 = x.astype(jnp.float32)
+    out = x32 * jax.lax.pow(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps, -0.5)
+    if weight is not None:
+        out = out * weight.astype(jnp.float32)
+    return out.astype(x.dtype)
+
+
+def gelu_glu(gate: jax.Array, up: jax.Array) -> jax.Array:
+    """``gelu_pytorch_tanh(gate) * up``."""
+    return jax.nn.gelu(gate, approximate=True) * up
+
+
+def inv_freq(cfg: DiffusionGemmaConfig, group: str) -> np.ndarray:
+    """RoPE inverse frequencies [hd / 2] in float32: every dim's for sliding layers; for full layers
+    ("proportional") the first ``partial * hd / 2`` of ``theta^(-2i / hd)``, zeros after them."""
+    _, hd = cfg.kv_shape(group)
+    theta, partial = (cfg.rope_theta, 1.0) if group == "sliding" else (cfg.global_rope_theta, cfg.global_partial_rotary)
+    rotated = int(partial * hd // 2)
+    freqs = np.zeros(hd // 2, np.float32)
+    freqs[:rotated] = 1.0 / (theta ** (np.arange(0, 2 * rotated, 2, dtype=np.float32) / hd))
+    return freqs
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, freqs: np.ndarray) -> jax.Array:
+    """Rotate-half RoPE of x [B, N, heads, hd] at ``positions`` [B, N] (pairs i, i + hd/2)."""
+    angles = positions[..., None].astype(jnp.float32) * jnp.asarray(freqs)
+    emb = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Scale-1 softmax attention of q [B, N, H, hd] over k, v [B, M, KV, hd] under ``mask`` [B, N, M]
+    (float32 scores); a query with no visible key (a pad row) gets zeros."""
+    batch, n, heads, hd = q.shape
+    kv = k.shape[2]
+    qg = q.reshape(batch, n, kv, heads // kv, hd)
+    scores = jnp.einsum("bnkgd,bmkd->bkgnm", qg, k, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask[:, None, None], scores, -jnp.inf)
+    weights = jax.nn.softmax(scores, axis=-1, where=mask[:, None, None])
+    weights = jnp.where(mask[:, None, None], weights, 0.0).astype(v.dtype)
+    out = jnp.einsum("bkgnm,bmkd->bnkgd", weights, v)
+    return out.reshape(batch, n, heads * hd)
+
+
+class DiffusionGemma(nnx.Module):
+    """Parameters by ``param_shapes`` name, and the two modes (module docstring)."""
+
+    param_table = staticmethod(param_shapes)
+
+    def __init__(self, config: DiffusionGemmaConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None):
+        self.config, self.dtype = config, jnp.dtype(dtype)
+        rngs = rngs or nnx.Rngs(0)
+        for name, shape in param_shapes(config).items():
+            if name.endswith(("norm", "_scale", "_scalar")):
+                value = jnp.ones(shape, self.dtype)
+            else:
+                value = (0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(self.dtype)
+            setattr(self, name, nnx.Param(value))
+
+    @classmethod
+    def from_params(cls, config: DiffusionGemmaConfig, params: dict, *, dtype=jnp.float32) -> DiffusionGemma:
+        """The module holding ``params`` (``param_shapes`` names; e.g. ``convert.diffusion_gemma.read_params``)."""
+        model = nnx.eval_shape(lambda: cls(config, dtype=dtype))
+        missing = set(param_shapes(config)) - set(params)
+        if missing:
+            raise ValueError(f"parameters missing: {', '.join(sorted(missing))}")
+        for name, value in params.items():
+            getattr(model, name).set_value(jnp.asarray(value, dtype))
+        return model
+
+    # ------------------------------------------------------------------------------- the modes
+    def encode(self, ids: jax.Array, positions: jax.Array, valid: jax.Array, cache: Cache | None = None):
+        """Causal encoding of ``ids`` [B, N] at ``positions`` [B, N] (``valid``: real tokens) after
+        ``cache`` (what was encoded before, or None): final-norm hidden states [B, N, D] and the
+        cache of these N slots alone (``cache.append`` joins them)."""
+        cfg = self.config
+        x = self._embed(ids)
+        new_k, new_v = [], []
+        for i in range(cfg.n_layers):
+            group, w = self._layer(i)
+            keys_pos, keys_valid = positions, valid
+            if cache is not None:
+                keys_pos = jnp.concatenate([cache.positions, positions], axis=1)
+                keys_valid = jnp.concatenate([cache.valid, valid], axis=1)
+            distance = positions[:, :, None] - keys_pos[:, None, :]
+            mask = keys_valid[:, None, :] & (distance >= 0)
+            if group == "sliding":
+                mask = mask & (distance < cfg.sliding_window)
+            past = None if cache is None else (cache.keys[i], cache.values[i])
+            x, (k, v) = self._block(x, w, group, positions, mask, past, w["encoder_scalar"])
+            new_k.append(k)
+            new_v.append(v)
+        hidden = rms_norm(x, self.final_norm[...], cfg.norm_eps)
+        return hidden, Cache(tuple(new_k), tuple(new_v), positions, valid)
+
+    def denoise(
+        self, canvas: jax.Array, positions: jax.Array, cache: Cache, sc_logits: jax.Array | None = None
+    ) -> jax.Array:
+        """Float32 soft-capped logits [B, C, V] of ``canvas`` [B, C] at ``positions`` [B, C], attending
+        to ``cache`` and the whole canvas; ``sc_logits`` [B, C, V] the previous step's processed
+        logits (None: the first step of a canvas, no self-conditioning)."""
+        cfg = self.config
+        x = self._sc_input(canvas, sc_logits)
+        batch, length = canvas.shape
+        canvas_mask = jnp.ones((batch, length, length), bool)
+        window_start = positions[:, :1] - (cfg.sliding_window - 1)  # a sliding layer's oldest cached position
+        for i in range(cfg.n_layers):
+            group, w = self._layer(i)
+            cached = cache.valid
+            if group == "sliding":
+                cached = cached & (cache.positions >= window_start)
+            mask = jnp.concatenate(
+                [jnp.broadcast_to(cached[:, None, :], (batch, length, cached.shape[1])), canvas_mask], 2
+            )
+            x, _ = self._block(x, w, group, positions, mask, (cache.keys[i], cache.values[i]), w["denoiser_scalar"])
+        return self._logits(rms_norm(x, self.final_norm[...], cfg.norm_eps))
+
+    # ------------------------------------------------------------------------------- pieces
+    def _layer(self, index: int) -> tuple[str, dict[str, jax.Array]]:
+        """Layer ``index``'s group and weights (its slice of the group's stacked parameters)."""
+        cfg = self.config
+        group = GROUPS[cfg.layer_types[index]]
+        at = cfg.group_layers(group).index(index)
+        names = layer_shapes(cfg, group)
+        return group, {name: getattr(self, f"{group}_{name}")[at] for name in names}
+
+    def _embed(self, ids: jax.Array) -> jax.Array:
+        scale = jnp.asarray(self.config.embed_scale, jnp.float32).astype(self.dtype)
+        return self.embed[...][ids] * scale
+
+    def _sc_input(self, canvas: jax.Array, sc_logits: jax.Array | None) -> jax.Array:
+        cfg = self.config
+        e = self._embed(canvas)
+        if sc_logits is None:
+            soft = jnp.zeros_like(e)
+        else:
+            probs = jax.nn.softmax(sc_logits.astype(jnp.float32), axis=-1).astype(self.dtype)
+            scale = jnp.asarray(cfg.embed_scale, jnp.float32).astype(self.dtype)
+            soft = jnp.einsum("bcv,vd->bcd", probs, self.embed[...]) * scale
+        n = rms_norm(soft, self.sc_pre_norm[...], cfg.norm_eps)
+        signal = gelu_glu(n @ self.sc_gate[...], n @ self.sc_up[...]) @ self.sc_down[...]
+        return rms_norm(e + signal, None, cfg.norm_eps)
+
+    def _block(self, x, w, group, positions, mask, past, scalar):
+        """One layer on x [B, N, D]; ``past`` the cached (keys, values) this layer attends before its
+        own, or None. Returns the layer's output and its own (keys, values)."""
+        cfg = self.config
+        batch, n, d = x.shape
+        kv, hd = cfg.kv_shape(group)
+        freqs = inv_freq(cfg, group)
+        y = rms_norm(x, w["input_norm"], cfg.norm_eps)
+        q = (y @ w["wq"]).reshape(batch, n, cfg.n_heads, hd)
+        raw_k = (y @ w["wk"]).reshape(batch, n, kv, hd)
+        raw_v = (y @ w["wv"]).reshape(batch, n, kv, hd) if "wv" in w else raw_k
+        q = apply_rope(rms_norm(q, w["q_norm"], cfg.norm_eps), positions, freqs)
+        k = apply_rope(rms_norm(raw_k, w["k_norm"], cfg.norm_eps), positions, freqs)
+        v = rms_norm(raw_v, None, cfg.norm_eps)
+        keys, values = (k, v) if past is None else (jnp.concatenate([past[0], k], 1), jnp.concatenate([past[1], v], 1))
+        attn = attend(q, keys, values, mask) @ w["wo"]
+        h = x + rms_norm(attn, w["post_attention_norm"], cfg.norm_eps)
+        rows = h.reshape(batch * n, d)
+        dense_in = rms_norm(rows, w["pre_ff_norm"], cfg.norm_eps)
+        dense = gelu_glu(dense_in @ w["w_gate"], dense_in @ w["w_up"]) @ w["w_down"]
+        dense = rms_norm(dense, w["post_ff_norm_1"], cfg.norm_eps)
+        chosen, weights = self._route(rows, w)
+        experts_in = rms_norm(rows, w["pre_ff_norm_2"], cfg.norm_eps)
+        moe = routed_experts(experts_in, chosen, weights, w["expert_gate"], w["expert_up"], w["expert_down"],
+                             gelu_glu, batch=batch)  # fmt: skip
+        moe = rms_norm(moe, w["post_ff_norm_2"], cfg.norm_eps)
+        out = (rows + rms_norm(dense + moe, w["post_ff_norm"], cfg.norm_eps)) * scalar
+        return out.reshape(batch, n, d), (k, v)
+
+    def _route(self, rows: jax.Array, w: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        """Chosen experts [T, k] and their weights [T, k] (float32) for rows [T, D] (un-normed)."""
+        cfg = self.config
+        scaled = rms_norm(rows, None, cfg.norm_eps) * w["router_scale"] * jnp.asarray(cfg.d_model**-0.5, rows.dtype)
+        scores = jnp.dot(scaled, w["router"], preferred_element_type=jnp.float32, precision=jax.lax.Precision.HIGHEST)
+        probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1)
+        top, chosen = jax.lax.top_k(probs, cfg.n_experts_per_tok)
+        top = top / top.sum(axis=-1, keepdims=True)
+        return chosen.astype(jnp.int32), top * w["expert_scale"].astype(jnp.float32)[chosen]
+
+    def _logits(self, hidden: jax.Array) -> jax.Array:
+        logits = jnp.einsum("bnd,vd->bnv", hidden, self.embed[...]).astype(jnp.float32)
+        cap = self.config.final_softcap
+        return cap * jnp.tanh(logits / cap) if cap else logits

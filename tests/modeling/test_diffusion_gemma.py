@@ -1,0 +1,125 @@
+"""DiffusionGemma (transformers' ``DiffusionGemmaForBlockDiffusion``) against the upstream goldens:
+the encoder's hidden states and cache and the denoiser's logits with and without
+self-conditioning, on a left-padded batch and alone, through the converter; the full-size config's
+key table and parameter counts; a checkpoint that is not the config's refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from paths import GOLDENS, HF_CONFIGS
+from safetensors.numpy import load_file
+
+from convert.diffusion_gemma import expected_keys, from_mapping, read_params
+from convert.safetensors_dir import CheckpointError
+from models import ConfigError
+from models.diffusion_gemma import DiffusionGemma
+from models.diffusion_gemma_config import DiffusionGemmaConfig, load_diffusion_gemma_config
+
+TINY = GOLDENS / "diffusion-gemma-tiny"
+FULL = HF_CONFIGS / "DiffusionGemma-26B-A4B"
+LOGIT_ATOL = 1e-4  # float32 against upstream's float32 (float32 vs float64 logits differ by <= 3.2e-5)
+STATE_ATOL = 1e-5  # hidden states and cache (float32 vs float64: <= 1.7e-6)
+
+
+@pytest.fixture(scope="module")
+def model() -> DiffusionGemma:
+    cfg = load_diffusion_gemma_config(TINY)
+    return DiffusionGemma.from_params(cfg, read_params(TINY, cfg))
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict[str, np.ndarray]:
+    return load_file(GOLDENS / "diffusion_gemma_cases.safetensors")
+
+
+def case(cases: dict, name: str) -> dict[str, np.ndarray]:
+    prefix = f"diffusion-gemma-tiny.{name}."
+    return {k[len(prefix) :]: v for k, v in cases.items() if k.startswith(prefix)}
+
+
+@pytest.mark.parametrize("name", ["forward_batch", "forward_single"])
+def test_encoder_cache_and_denoiser_logits_equal_upstream(model, cases, name):
+    """One encoder call on the (left-padded) prompts, then the denoiser's first step (no
+    self-conditioning) and a later one (with a step's processed logits) on the same cache. The
+    sliding layers' cache is compared over upstream's last window - 1 positions, which are all the
+    denoiser's masks let a sliding layer see."""
+    c = case(cases, name)
+    ids, valid = jnp.asarray(c["input_ids"]), jnp.asarray(c["attention_mask"]).astype(bool)
+    positions = jnp.broadcast_to(jnp.asarray(c["position_ids"]), ids.shape)
+    hidden, cache = model.encode(ids, positions, valid)
+    real = np.asarray(valid)
+    np.testing.assert_allclose(np.asarray(hidden)[real], c["encoder_last_hidden_state"][real], atol=STATE_ATOL)
+    for layer in range(model.config.n_layers):
+        for ours, field in ((cache.keys[layer], "keys"), (cache.values[layer], "values")):
+            want = c[f"kv{layer}_{field}"]  # [B, KV, kept positions, hd]
+            kept = want.shape[2]
+            got = np.asarray(ours).transpose(0, 2, 1, 3)[:, :, -kept:]
+            mask = np.broadcast_to(real[:, None, -kept:, None], want.shape)
+            np.testing.assert_allclose(got[mask], want[mask], atol=STATE_ATOL, err_msg=f"layer {layer} {field}")
+    assert [c[f"kv{i}_keys"].shape[2] for i in range(3)] == [15, 15, ids.shape[1]]  # window - 1; every position
+    canvas = jnp.asarray(c["canvas"])
+    at = jnp.broadcast_to(jnp.asarray(c["decoder_position_ids"]), canvas.shape)
+    np.testing.assert_allclose(np.asarray(model.denoise(canvas, at, cache)), c["logits_nosc"], atol=LOGIT_ATOL)
+    sc = jnp.asarray(c["self_conditioning_logits"])
+    np.testing.assert_allclose(np.asarray(model.denoise(canvas, at, cache, sc)), c["logits_sc"], atol=LOGIT_ATOL)
+
+
+def test_full_size_key_table_and_parameter_counts_equal_upstream():
+    """The 26B-A4B config: every text tensor ``save_pretrained`` writes, by name and shape, is the
+    converter's table; the parameter counts are upstream's (tied weights once, self-conditioning in)."""
+    cfg = load_diffusion_gemma_config(FULL)
+    names = json.loads((FULL / "weight_names.json").read_text())
+    written = {
+        w["name"]: tuple(w["shape"])
+        for w in names
+        if "tied_to" not in w
+        and not w["name"].startswith(("model.encoder.vision_tower.", "model.encoder.embed_vision."))
+    }
+    assert expected_keys(cfg) == written
+    counts = json.loads((FULL / "param_count.json").read_text())
+    assert cfg.param_count() == counts["parameters_text"] == 25_250_986_752
+    assert cfg.active_param_count() == counts["active_text_parameters_per_token"]
+    assert (cfg.layer_types.count("full_attention"), cfg.sliding_window, cfg.canvas_length) == (5, 1024, 256)
+    assert cfg.eos_ids == (1, 106)
+
+
+def test_a_checkpoint_not_of_the_config_is_refused_by_name():
+    cfg = load_diffusion_gemma_config(TINY)
+    tensors = load_file(TINY / "model.safetensors")
+    name = "model.decoder.layers.1.mlp.up_proj.weight"
+    with pytest.raises(CheckpointError, match=rf"the checkpoint has no {name}"):
+        from_mapping({k: v for k, v in tensors.items() if k != name}, cfg)
+    with pytest.raises(
+        CheckpointError,
+        match=r"model.decoder.layers.0.experts.gate_up_proj has shape \(8, 40, 64\); this config needs \(8, 48, 64\)",
+    ):
+        from_mapping({**tensors, "model.decoder.layers.0.experts.gate_up_proj": np.zeros((8, 40, 64), np.float32)}, cfg)
+    tied = "model.encoder.language_model.norm.weight"
+    with pytest.raises(CheckpointError, match=rf"{tied} differs from model.decoder.norm.weight"):
+        from_mapping({**tensors, tied: tensors["model.decoder.norm.weight"] + 1}, cfg)
+    untied = {
+        **tensors,
+        tied: tensors["model.decoder.norm.weight"],
+        "lm_head.weight": tensors["model.decoder.embed_tokens.weight"],
+    }
+    ours = from_mapping(untied, cfg)  # the tied copies written out are accepted when equal
+    assert np.array_equal(ours["final_norm"], tensors["model.decoder.norm.weight"])
+    with pytest.raises(CheckpointError, match="does not know: model.decoder.layers.3.input_layernorm.weight"):
+        from_mapping({**tensors, "model.decoder.layers.3.input_layernorm.weight": np.ones(64, np.float32)}, cfg)
+    assert not any(k.startswith("model.encoder.vision_tower.") for k in expected_keys(cfg))
+
+
+def test_config_errors_name_the_field():
+    raw = json.loads((TINY / "config.json").read_text())
+    with pytest.raises(ConfigError, match="text_config.layer_types has 2 entries for num_hidden_layers 3"):
+        DiffusionGemmaConfig.from_dict(
+            {**raw, "text_config": {**raw["text_config"], "layer_types": ["sliding_attention"] * 2}}
+        )
+    with pytest.raises(ConfigError, match="num_attention_heads 4 is not divisible by num_key_value_heads 3"):
+        DiffusionGemmaConfig.from_dict({**raw, "text_config": {**raw["text_config"], "num_key_value_heads": 3}})
+    with pytest.raises(ConfigError, match="canvas_length is missing"):
+        DiffusionGemmaConfig.from_dict({k: v for k, v in raw.items() if k != "canvas_length"})
