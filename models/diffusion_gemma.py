@@ -233,13 +233,19 @@ class DiffusionGemma(nnx.Module):
         return hidden, Cache(tuple(new_k), tuple(new_v), positions, valid)
 
     def denoise(
-        self, canvas: jax.Array, positions: jax.Array, cache: Cache, sc_logits: jax.Array | None = None
+        self,
+        canvas: jax.Array,
+        positions: jax.Array,
+        cache: Cache,
+        sc_logits: jax.Array | None = None,
+        sc_on: jax.Array | None = None,
     ) -> jax.Array:
         """Float32 soft-capped logits [B, C, V] of ``canvas`` [B, C] at ``positions`` [B, C], attending
         to ``cache`` and the whole canvas; ``sc_logits`` [B, C, V] the previous step's processed
-        logits (None: the first step of a canvas, no self-conditioning)."""
+        logits (None: the first step of a canvas, no self-conditioning), ``sc_on`` [B] the rows they
+        condition (the others as without them: upstream's ``self_conditioning_mask``)."""
         cfg = self.config
-        x = self._sc_input(canvas, sc_logits)
+        x = self._sc_input(canvas, sc_logits, sc_on)
         batch, length = canvas.shape
         canvas_mask = jnp.ones((batch, length, length), bool)
         window_start = positions[:, :1] - (cfg.sliding_window - 1)  # a sliding layer's oldest cached position
@@ -267,7 +273,7 @@ class DiffusionGemma(nnx.Module):
         scale = jnp.asarray(self.config.embed_scale, jnp.float32).astype(self.dtype)
         return self.embed[...][ids] * scale
 
-    def _sc_input(self, canvas: jax.Array, sc_logits: jax.Array | None) -> jax.Array:
+    def _sc_input(self, canvas: jax.Array, sc_logits: jax.Array | None, sc_on: jax.Array | None) -> jax.Array:
         cfg = self.config
         e = self._embed(canvas)
         if sc_logits is None:
@@ -276,6 +282,8 @@ class DiffusionGemma(nnx.Module):
             probs = jax.nn.softmax(sc_logits.astype(jnp.float32), axis=-1).astype(self.dtype)
             scale = jnp.asarray(cfg.embed_scale, jnp.float32).astype(self.dtype)
             soft = jnp.einsum("bcv,vd->bcd", probs, self.embed[...]) * scale
+            if sc_on is not None:
+                soft = jnp.where(sc_on[:, None, None], soft, 0.0)
         n = rms_norm(soft, self.sc_pre_norm[...], cfg.norm_eps)
         signal = gelu_glu(n @ self.sc_gate[...], n @ self.sc_up[...]) @ self.sc_down[...]
         return rms_norm(e + signal, None, cfg.norm_eps)

@@ -171,9 +171,16 @@ class DiffusionGemmaConfig:
 
 
 def load_diffusion_gemma_config(model_dir: str | Path) -> DiffusionGemmaConfig:
+    """``config.json``, with the end-of-sequence ids of ``generation_config.json`` when it names them
+    (upstream's ``generate`` stops on those: the released file lists 1 and 106, <end_of_turn>,
+    where config.json's text_config has only 1)."""
     path = Path(model_dir) / "config.json"
     try:
-        return DiffusionGemmaConfig.from_dict(json.loads(path.read_text()), str(path))
+        raw = json.loads(path.read_text())
+        generation = Path(model_dir) / "generation_config.json"
+        if generation.is_file() and "eos_token_id" in (gen := json.loads(generation.read_text())):
+            raw = {**raw, "eos_token_id": gen["eos_token_id"]}
+        return DiffusionGemmaConfig.from_dict(raw, str(path))
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read it ({exc})") from exc
 

@@ -1,0 +1,311 @@
+"""DiffusionGemma's sampler (transformers' ``DiffusionGemmaGenerationMixin.generate`` with its
+``EntropyBoundSampler``), as one compiled loop: canvases in an outer ``lax.while_loop``, denoising
+steps in an inner one, static shapes throughout, rows finishing apart.
+
+Per canvas: encode what came before (the prompt, then each finished canvas, into a cache laid out
+for every canvas the decode may run), draw a canvas of uniformly random ids, then for
+``n = N .. 1``: denoise (self-conditioned on the previous step's processed logits), divide by the
+temperature ``t_min + (t_max - t_min) * n / N``, sample every position, accept the lowest-entropy
+positions whose entropies before them sum to at most ``entropy_bound``, re-noise the others; with
+adaptive stopping a row stops once its argmax canvas equals that of its previous
+``stability_threshold`` steps and its mean entropy is below ``confidence_threshold`` (a stopped row
+keeps its argmax, canvas and logits). The canvas ends when every row has stopped or after N steps;
+its output is the last argmax. A canvas holding an end-of-sequence id ends its row: the ids after
+the first one become pad, and the row's later canvases are all pad (still computed in the batch,
+as upstream does, but not counted in its ``decoder_passes``). The decode ends when every row has
+ended or after ``ceil(gen_length / canvas_length)`` canvases.
+
+Random draws come from ``Draws``: the engine's own (``Draws.from_seed``: a PRNG key per row) or an
+upstream run's, recorded (``Draws.replay``: the ``randint`` of each canvas start, the
+``multinomial`` and the re-noising ``randint`` of each step, in upstream's order), so that a run of
+transformers' ``generate`` is reproduced bit for bit. Nothing is greedy: upstream has no greedy mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models.diffusion_gemma import Cache, DiffusionGemma
+
+
+@dataclasses.dataclass(frozen=True)
+class EntropyBoundSettings:
+    """Upstream ``generate``'s arguments of the same names; ``gen_length`` is ``max_new_tokens``
+    (rounded up to whole canvases). ``stability_threshold`` or ``confidence_threshold`` None: no
+    adaptive stopping (every canvas runs its N steps)."""
+
+    gen_length: int = 256
+    max_denoising_steps: int = 48
+    entropy_bound: float = 0.1
+    t_min: float = 0.4
+    t_max: float = 0.8
+    stability_threshold: int | None = 1
+    confidence_threshold: float | None = 0.005
+
+    def canvases(self, canvas_length: int) -> int:
+        return math.ceil(self.gen_length / canvas_length)
+
+    @property
+    def adaptive(self) -> bool:
+        return self.stability_threshold is not None and self.confidence_threshold is not None
+
+    def temperatures(self) -> np.ndarray:
+        """T at each n = 0 .. N (index n), computed as upstream does in float32."""
+        n = np.arange(self.max_denoising_steps + 1, dtype=np.float32)
+        ratio = n / np.float32(self.max_denoising_steps)
+        return np.float32(self.t_min) + np.float32(self.t_max - self.t_min) * ratio
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Draws:
+    """Where the random ids come from. ``key`` [B, 2] (the engine's: one PRNG key per row, so a row
+    draws the same whatever batch it is in) or the recorded ``init`` [K, B, C], ``sample`` and
+    ``renoise`` [S, B, C] (S = every step the decode may run)."""
+
+    key: jax.Array | None = None
+    init: jax.Array | None = None
+    sample: jax.Array | None = None
+    renoise: jax.Array | None = None
+
+    @classmethod
+    def from_seed(cls, seeds: list[int]) -> Draws:
+        return cls(key=jnp.stack([jax.random.key_data(jax.random.key(s)) for s in seeds]))
+
+    @classmethod
+    def replay(cls, init: np.ndarray, sample: np.ndarray, renoise: np.ndarray) -> Draws:
+        return cls(init=jnp.asarray(init, jnp.int32), sample=jnp.asarray(sample, jnp.int32),
+                   renoise=jnp.asarray(renoise, jnp.int32))  # fmt: skip
+
+    def _keys(self, *path: jax.Array) -> jax.Array:
+        def one(key):
+            k = jax.random.wrap_key_data(key)
+            for p in path:
+                k = jax.random.fold_in(k, p)
+            return k
+
+        return jax.vmap(one)(self.key)
+
+    def initial(self, canvas: jax.Array, shape: tuple[int, int], vocab: int) -> jax.Array:
+        if self.init is not None:
+            return self.init[canvas]
+        keys = self._keys(canvas, jnp.int32(-1))
+        return jax.vmap(lambda k: jax.random.randint(k, shape[1:], 0, vocab, jnp.int32))(keys)
+
+    def sampled(self, step: jax.Array, canvas: jax.Array, logits: jax.Array) -> jax.Array:
+        if self.sample is not None:
+            return self.sample[step]
+        keys = self._keys(canvas, step, jnp.int32(0))
+        return jax.vmap(lambda k, z: jax.random.categorical(k, z, axis=-1).astype(jnp.int32))(keys, logits)
+
+    def renoised(self, step: jax.Array, canvas: jax.Array, shape: tuple[int, int], vocab: int) -> jax.Array:
+        if self.renoise is not None:
+            return self.renoise[step]
+        keys = self._keys(canvas, step, jnp.int32(1))
+        return jax.vmap(lambda k: jax.random.randint(k, shape[1:], 0, vocab, jnp.int32))(keys)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decoded:
+    """One decode: per row, the canvases' ids [B, K * C] (pad after the end), the denoiser calls
+    while it decoded (``decoder_passes``: upstream's, per row), and the run's totals."""
+
+    output_ids: np.ndarray
+    decoder_passes: np.ndarray
+    nfe: int  # denoiser calls of the batch
+    canvases: int  # encoder calls after the prompt's, plus one: canvases run
+    trace: dict[str, np.ndarray] | None = None
+
+
+def entropy(z: jax.Array) -> jax.Array:
+    """Entropy of softmax(z) over the last axis, in float32 (torch ``Categorical(logits=z).entropy()``)."""
+    logp = z - jax.nn.logsumexp(z, axis=-1, keepdims=True)
+    return -(jnp.exp(logp) * logp).sum(-1)
+
+
+def accepted(h: jax.Array, bound: float) -> jax.Array:
+    """Positions whose lower-entropy positions' entropies sum to at most ``bound`` (the lowest is
+    always accepted), per row of h [B, C]."""
+    order = jnp.argsort(h, axis=-1, stable=True)
+    sorted_h = jnp.take_along_axis(h, order, axis=-1)
+    keep = jnp.cumsum(sorted_h, axis=-1) - sorted_h <= bound
+    return jnp.zeros_like(keep).at[jnp.arange(h.shape[0])[:, None], order].set(keep)
+
+
+def decode(
+    model: DiffusionGemma,
+    prompt_ids: jax.Array,
+    prompt_valid: jax.Array,
+    settings: EntropyBoundSettings,
+    draws: Draws,
+    *,
+    trace: bool = False,
+) -> Decoded:
+    """Decode left-padded prompts [B, P] (``prompt_valid``: the real tokens) with ``settings``; one
+    compiled program per (shapes, settings)."""
+    graphdef, params = nnx.split(model)
+    ids, valid = jnp.asarray(prompt_ids, jnp.int32), jnp.asarray(prompt_valid, bool)
+    out = _decode(graphdef, params, ids, valid, draws, settings, trace)
+    out = jax.device_get(out)
+    return Decoded(
+        output_ids=np.asarray(out["canvas_ids"]),
+        decoder_passes=np.asarray(out["passes"]),
+        nfe=int(out["nfe"]),
+        canvases=int(out["canvases"]),
+        trace={k[6:]: np.asarray(v) for k, v in out.items() if k.startswith("trace_")} if trace else None,
+    )
+
+
+@jax.jit(static_argnames=("graphdef", "settings", "trace"))
+def _decode(graphdef, params, prompt_ids, prompt_valid, draws: Draws, settings: EntropyBoundSettings, trace: bool) -> dict[str, Any]:
+    model = nnx.merge(graphdef, params)
+    cfg = model.config
+    batch, prompt_length = prompt_ids.shape
+    C, N, V = cfg.canvas_length, settings.max_denoising_steps, cfg.vocab_size
+    K = settings.canvases(C)
+    steps_max = K * N
+    temperatures = jnp.asarray(settings.temperatures())
+    eos = jnp.asarray(cfg.eos_ids, jnp.int32)
+    history_len = max(settings.stability_threshold or 0, 1)
+
+    positions = jnp.broadcast_to(jnp.arange(prompt_length, dtype=jnp.int32), (batch, prompt_length))
+    _, prompt_cache = model.encode(prompt_ids, positions, prompt_valid)
+    # Every canvas's slots after the prompt's, written as canvases finish (not yet valid until then).
+    slots = K * C
+    canvas_pos = prompt_length + jnp.arange(slots, dtype=jnp.int32)
+    empty = Cache(
+        tuple(jnp.zeros((batch, slots, *k.shape[2:]), k.dtype) for k in prompt_cache.keys),
+        tuple(jnp.zeros((batch, slots, *v.shape[2:]), v.dtype) for v in prompt_cache.values),
+        jnp.broadcast_to(canvas_pos, (batch, slots)),
+        jnp.zeros((batch, slots), bool),
+    )
+    cache = prompt_cache.append(empty)
+
+    def denoise_canvas(k, cache, ended, nfe, passes, step, records):
+        """One canvas's denoising loop: its argmax canvas, and the counters after it."""
+        at = prompt_length + k * C + jnp.arange(C, dtype=jnp.int32)
+        at = jnp.broadcast_to(at, (batch, C))
+        x0 = draws.initial(k, (batch, C), V)
+
+        def cond(s):
+            return (s["n"] > 0) & ~jnp.all(s["stopped"])
+
+        def body(s):
+            n = s["n"]
+            passes_now = s["passes"] + (~(s["stopped"] | ended)).astype(jnp.int32)
+            on = jnp.broadcast_to(s["has_sc"], (batch,))  # no self-conditioning at a canvas's first step
+            logits = model.denoise(s["x"], at, cache, s["sc"], sc_on=on)
+            z = logits / temperatures[n]
+            h = entropy(z)
+            y = draws.sampled(s["step"], k, z)
+            a = jnp.argmax(z, axis=-1).astype(jnp.int32)
+            keep = accepted(h, settings.entropy_bound)
+            r = draws.renoised(s["step"], k, (batch, C), V)
+            x_next = jnp.where(keep, y, r)
+            stopped = s["stopped"]
+            history = s["history"]
+            if settings.adaptive:
+                frozen = stopped[:, None]
+                a = jnp.where(frozen, s["a"], a)
+                x_next = jnp.where(frozen, s["x"], x_next)
+                z = jnp.where(frozen[..., None], s["sc"], z)
+                h_kept = entropy(z)
+                if settings.stability_threshold:
+                    stable = jnp.all(history == a[None], axis=(0, 2))
+                    history = jnp.concatenate([history[1:], a[None]], axis=0)
+                else:
+                    stable = jnp.ones((batch,), bool)
+                confident = h_kept.mean(-1) < settings.confidence_threshold
+                stopped = stopped | (stable & confident)
+            new = dict(s, n=n - 1, x=x_next, a=a, sc=z, has_sc=jnp.ones((), bool), stopped=stopped,
+                       history=history, passes=passes_now, step=s["step"] + 1, nfe=s["nfe"] + 1)  # fmt: skip
+            if trace:
+                rec = new["records"]
+                i = s["step"]
+                new["records"] = {
+                    "canvas_in": rec["canvas_in"].at[i].set(s["x"]),
+                    "argmax": rec["argmax"].at[i].set(a),
+                    "accepted": rec["accepted"].at[i].set(keep),
+                    "entropy": rec["entropy"].at[i].set(h),
+                    "finished": rec["finished"].at[i].set(stopped),
+                    "cur_step": rec["cur_step"].at[i].set(n),
+                    "canvas_index": rec["canvas_index"].at[i].set(k),
+                    "temperature": rec["temperature"].at[i].set(temperatures[n]),
+                }
+            return new
+
+        state = {
+            "n": jnp.int32(N),
+            "x": x0,
+            "a": x0,
+            "sc": jnp.zeros((batch, C, V), jnp.float32),
+            "has_sc": jnp.zeros((), bool),
+            "stopped": jnp.zeros((batch,), bool),
+            "history": jnp.full((history_len, batch, C), -1, jnp.int32),
+            "passes": passes,
+            "step": step,
+            "nfe": nfe,
+            "records": records,
+        }
+        state = jax.lax.while_loop(cond, body, state)
+        return state["a"], state["nfe"], state["passes"], state["step"], state["records"]
+
+    def canvas_cond(c):
+        return (c["k"] < K) & ~jnp.all(c["ended"])
+
+    def canvas_body(c):
+        k = c["k"]
+        a, nfe, passes, step, records = denoise_canvas(k, c["cache"], c["ended"], c["nfe"], c["passes"], c["step"], c["records"])
+        is_eos = jnp.isin(a, eos)
+        seen = jnp.cumsum(is_eos, axis=-1)
+        after_eos = (seen > 0) & ~((seen == 1) & is_eos)
+        out = jnp.where(c["ended"][:, None] | after_eos, cfg.pad_id, a)
+        ended = c["ended"] | is_eos.any(-1)
+        ids = jax.lax.dynamic_update_slice(c["ids"], out, (0, k * C))
+        # The finished canvas (pads included, as upstream encodes it) becomes the next canvas's context.
+        at = prompt_length + k * C + jnp.arange(C, dtype=jnp.int32)
+        at = jnp.broadcast_to(at, (batch, C))
+        cache = c["cache"]
+        _, new = model.encode(out, at, jnp.ones((batch, C), bool), cache)
+        offset = prompt_length + k * C
+        cache = Cache(
+            tuple(jax.lax.dynamic_update_slice_in_dim(old, n, offset, 1) for old, n in zip(cache.keys, new.keys)),
+            tuple(jax.lax.dynamic_update_slice_in_dim(old, n, offset, 1) for old, n in zip(cache.values, new.values)),
+            cache.positions,
+            jax.lax.dynamic_update_slice_in_dim(cache.valid, jnp.ones((batch, C), bool), offset, 1),
+        )
+        return dict(c, k=k + 1, ids=ids, ended=ended, cache=cache, nfe=nfe, passes=passes, step=step, records=records)
+
+    records = {}
+    if trace:
+        records = {
+            "canvas_in": jnp.zeros((steps_max, batch, C), jnp.int32),
+            "argmax": jnp.zeros((steps_max, batch, C), jnp.int32),
+            "accepted": jnp.zeros((steps_max, batch, C), bool),
+            "entropy": jnp.zeros((steps_max, batch, C), jnp.float32),
+            "finished": jnp.zeros((steps_max, batch), bool),
+            "cur_step": jnp.zeros((steps_max,), jnp.int32),
+            "canvas_index": jnp.zeros((steps_max,), jnp.int32),
+            "temperature": jnp.zeros((steps_max,), jnp.float32),
+        }
+    carry = {
+        "k": jnp.int32(0),
+        "ids": jnp.full((batch, K * C), cfg.pad_id, jnp.int32),
+        "ended": jnp.zeros((batch,), bool),
+        "cache": cache,
+        "nfe": jnp.int32(0),
+        "passes": jnp.zeros((batch,), jnp.int32),
+        "step": jnp.int32(0),
+        "records": records,
+    }
+    carry = jax.lax.while_loop(canvas_cond, canvas_body, carry)
+    out = {"canvas_ids": carry["ids"], "passes": carry["passes"], "nfe": carry["nfe"], "canvases": carry["k"]}
+    out.update({f"trace_{name}": v for name, v in carry["records"].items()})
+    return out
