@@ -99,16 +99,20 @@ class Draws:
         keys = self._keys(canvas, jnp.int32(-1))
         return jax.vmap(lambda k: jax.random.randint(k, shape[1:], 0, vocab, jnp.int32))(keys)
 
-    def sampled(self, step: jax.Array, canvas: jax.Array, logits: jax.Array) -> jax.Array:
+    def sampled(self, step: jax.Array, canvas: jax.Array, n: jax.Array, logits: jax.Array) -> jax.Array:
+        """The sampled canvas of the batch's ``step``-th step (recorded), or of step ``n`` of
+        canvas ``canvas`` (drawn: keyed by the row's place in its own decode, not the batch's)."""
         if self.sample is not None:
             return self.sample[step]
-        keys = self._keys(canvas, step, jnp.int32(0))
+        keys = self._keys(canvas, n, jnp.int32(0))
         return jax.vmap(lambda k, z: jax.random.categorical(k, z, axis=-1).astype(jnp.int32))(keys, logits)
 
-    def renoised(self, step: jax.Array, canvas: jax.Array, shape: tuple[int, int], vocab: int) -> jax.Array:
+    def renoised(
+        self, step: jax.Array, canvas: jax.Array, n: jax.Array, shape: tuple[int, int], vocab: int
+    ) -> jax.Array:
         if self.renoise is not None:
             return self.renoise[step]
-        keys = self._keys(canvas, step, jnp.int32(1))
+        keys = self._keys(canvas, n, jnp.int32(1))
         return jax.vmap(lambda k: jax.random.randint(k, shape[1:], 0, vocab, jnp.int32))(keys)
 
 
@@ -164,7 +168,9 @@ def decode(
 
 
 @jax.jit(static_argnames=("graphdef", "settings", "trace"))
-def _decode(graphdef, params, prompt_ids, prompt_valid, draws: Draws, settings: EntropyBoundSettings, trace: bool) -> dict[str, Any]:
+def _decode(
+    graphdef, params, prompt_ids, prompt_valid, draws: Draws, settings: EntropyBoundSettings, trace: bool
+) -> dict[str, Any]:
     model = nnx.merge(graphdef, params)
     cfg = model.config
     batch, prompt_length = prompt_ids.shape
@@ -204,10 +210,10 @@ def _decode(graphdef, params, prompt_ids, prompt_valid, draws: Draws, settings: 
             logits = model.denoise(s["x"], at, cache, s["sc"], sc_on=on)
             z = logits / temperatures[n]
             h = entropy(z)
-            y = draws.sampled(s["step"], k, z)
+            y = draws.sampled(s["step"], k, n, z)
             a = jnp.argmax(z, axis=-1).astype(jnp.int32)
             keep = accepted(h, settings.entropy_bound)
-            r = draws.renoised(s["step"], k, (batch, C), V)
+            r = draws.renoised(s["step"], k, n, (batch, C), V)
             x_next = jnp.where(keep, y, r)
             stopped = s["stopped"]
             history = s["history"]
@@ -262,7 +268,9 @@ def _decode(graphdef, params, prompt_ids, prompt_valid, draws: Draws, settings: 
 
     def canvas_body(c):
         k = c["k"]
-        a, nfe, passes, step, records = denoise_canvas(k, c["cache"], c["ended"], c["nfe"], c["passes"], c["step"], c["records"])
+        a, nfe, passes, step, records = denoise_canvas(
+            k, c["cache"], c["ended"], c["nfe"], c["passes"], c["step"], c["records"]
+        )
         is_eos = jnp.isin(a, eos)
         seen = jnp.cumsum(is_eos, axis=-1)
         after_eos = (seen > 0) & ~((seen == 1) & is_eos)
