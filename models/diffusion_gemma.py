@@ -39,6 +39,7 @@ router softmax in float32, logits in float32.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -107,6 +108,18 @@ def param_shapes(cfg: DiffusionGemmaConfig) -> dict[str, tuple[int, ...]]:
         if n:
             shapes.update({f"{group}_{name}": (n, *s) for name, s in layer_shapes(cfg, group).items()})
     return shapes
+
+
+def param_count(cfg: DiffusionGemmaConfig) -> int:
+    """Text parameters as upstream counts them once (the tied LM head and encoder weights not
+    again, the ``layer_scalar`` buffers not at all), self-conditioning included."""
+    return sum(math.prod(s) for name, s in param_shapes(cfg).items() if not name.endswith("_scalar"))
+
+
+def active_param_count(cfg: DiffusionGemmaConfig) -> int:
+    """Parameters one token reads: every text parameter but the routed experts it does not choose."""
+    routed = 3 * cfg.d_model * cfg.moe_hidden * cfg.n_layers
+    return param_count(cfg) - routed * (cfg.n_experts - cfg.n_experts_per_tok)
 
 
 @jax.tree_util.register_dataclass

@@ -74,19 +74,6 @@ class DiffusionGemmaConfig:
             (self.n_kv_heads, self.head_dim) if group == "sliding" else (self.n_global_kv_heads, self.global_head_dim)
         )
 
-    def param_count(self) -> int:
-        """Text parameters as upstream counts them once (the tied LM head and encoder weights not
-        again; ``layer_scalar`` buffers not at all), self-conditioning included."""
-        from .diffusion_gemma import param_shapes
-
-        shapes = param_shapes(self)
-        return sum(_size(s) for name, s in shapes.items() if not name.endswith("_scalar"))
-
-    def active_param_count(self) -> int:
-        """Parameters one token reads: every text parameter but the routed experts not chosen."""
-        routed = 3 * self.d_model * self.moe_hidden * self.n_layers
-        return self.param_count() - routed * (self.n_experts - self.n_experts_per_tok)
-
     @classmethod
     def from_dict(cls, cfg: dict[str, Any], source: str = "config") -> DiffusionGemmaConfig:
         """Parse upstream's config dict (``model_type`` "diffusion_gemma"); errors name the field."""
@@ -183,10 +170,3 @@ def load_diffusion_gemma_config(model_dir: str | Path) -> DiffusionGemmaConfig:
         return DiffusionGemmaConfig.from_dict(raw, str(path))
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read it ({exc})") from exc
-
-
-def _size(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n

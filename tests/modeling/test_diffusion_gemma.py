@@ -16,7 +16,7 @@ from safetensors.numpy import load_file
 from convert.diffusion_gemma import expected_keys, from_mapping, read_params
 from convert.safetensors_dir import CheckpointError
 from models import ConfigError
-from models.diffusion_gemma import DiffusionGemma
+from models.diffusion_gemma import DiffusionGemma, active_param_count, param_count
 from models.diffusion_gemma_config import DiffusionGemmaConfig, load_diffusion_gemma_config
 
 TINY = GOLDENS / "diffusion-gemma-tiny"
@@ -81,8 +81,8 @@ def test_full_size_key_table_and_parameter_counts_equal_upstream():
     }
     assert expected_keys(cfg) == written
     counts = json.loads((FULL / "param_count.json").read_text())
-    assert cfg.param_count() == counts["parameters_text"] == 25_250_986_752
-    assert cfg.active_param_count() == counts["active_text_parameters_per_token"]
+    assert param_count(cfg) == counts["parameters_text"] == 25_250_986_752
+    assert active_param_count(cfg) == counts["active_text_parameters_per_token"]
     assert (cfg.layer_types.count("full_attention"), cfg.sliding_window, cfg.canvas_length) == (5, 1024, 256)
     assert cfg.eos_ids == (1, 106)
 
