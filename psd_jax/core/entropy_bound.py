@@ -34,6 +34,9 @@ from flax import nnx
 
 from models.diffusion_gemma import Cache, DiffusionGemma
 
+from .config import DecodeConfigError
+from .errors import InputError
+
 
 @dataclasses.dataclass(frozen=True)
 class EntropyBoundSettings:
@@ -48,6 +51,34 @@ class EntropyBoundSettings:
     t_max: float = 0.8
     stability_threshold: int | None = 1
     confidence_threshold: float | None = 0.005
+
+    def __post_init__(self) -> None:
+        """Values upstream's ``generate`` could not run, refused by name (``DecodeConfigError``)."""
+        for name in ("gen_length", "max_denoising_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise DecodeConfigError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("entropy_bound", "t_min", "t_max"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise DecodeConfigError(f"{name} must be a finite number, got {value!r}")
+        if self.entropy_bound < 0:
+            raise DecodeConfigError(f"entropy_bound must be >= 0, got {self.entropy_bound}")
+        if not 0 < self.t_min <= self.t_max:
+            raise DecodeConfigError(
+                f"the temperatures must satisfy 0 < t_min <= t_max, got t_min={self.t_min}, t_max={self.t_max}"
+            )
+        stability, confidence = self.stability_threshold, self.confidence_threshold
+        if (stability is None) != (confidence is None):
+            raise DecodeConfigError(
+                "adaptive stopping needs both stability_threshold and confidence_threshold (or neither)"
+            )
+        if stability is not None and (isinstance(stability, bool) or not isinstance(stability, int) or stability < 0):
+            raise DecodeConfigError(f"stability_threshold must be an integer >= 0, got {stability!r}")
+        if confidence is not None and (
+            isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not math.isfinite(confidence)
+        ):
+            raise DecodeConfigError(f"confidence_threshold must be a finite number, got {confidence!r}")
 
     def canvases(self, canvas_length: int) -> int:
         return math.ceil(self.gen_length / canvas_length)
@@ -154,10 +185,31 @@ def decode(
 ) -> Decoded:
     """Decode left-padded prompts [B, P] (``prompt_valid``: the real tokens) with ``settings``; one
     compiled program per (shapes, settings)."""
+    cfg = model.config
+    ids = np.asarray(prompt_ids)
+    if ids.ndim != 2 or ids.shape[1] == 0 or np.asarray(prompt_valid).shape != ids.shape:
+        raise InputError(f"prompt_ids must be [batch, length] with a prompt_valid mask of that shape, got {ids.shape}")
+    if ((ids < 0) | (ids >= cfg.vocab_size)).any():
+        raise InputError(f"prompt ids must be in [0, {cfg.vocab_size}) (the vocabulary)")
+    end = ids.shape[1] + settings.canvases(cfg.canvas_length) * cfg.canvas_length
+    if end > cfg.max_length:
+        raise InputError(
+            f"the prompt ({ids.shape[1]}) and its canvases ({end - ids.shape[1]}) exceed the model's context of {cfg.max_length}"
+        )
+    recorded = None
+    if draws.key is None:
+        draws, recorded = _padded_replay(
+            draws, ids.shape[0], settings.canvases(cfg.canvas_length), settings.max_denoising_steps, cfg.canvas_length
+        )
     graphdef, params = nnx.split(model)
     ids, valid = jnp.asarray(prompt_ids, jnp.int32), jnp.asarray(prompt_valid, bool)
     out = _decode(graphdef, params, ids, valid, draws, settings, trace)
     out = jax.device_get(out)
+    if recorded is not None and (int(out["canvases"]) > recorded[0] or int(out["nfe"]) > recorded[1]):
+        raise InputError(
+            f"the decode ran {int(out['canvases'])} canvases and {int(out['nfe'])} steps; the recorded draws hold "
+            f"{recorded[0]} and {recorded[1]}: it left the recorded run (other weights, prompt or settings)"
+        )
     return Decoded(
         output_ids=np.asarray(out["canvas_ids"]),
         decoder_passes=np.asarray(out["passes"]),
@@ -317,3 +369,27 @@ def _decode(
     out = {"canvas_ids": carry["ids"], "passes": carry["passes"], "nfe": carry["nfe"], "canvases": carry["k"]}
     out.update({f"trace_{name}": v for name, v in carry["records"].items()})
     return out
+
+
+def _padded_replay(draws: Draws, batch: int, canvases: int, steps: int, canvas: int) -> tuple[Draws, tuple[int, int]]:
+    """Recorded draws checked against the decode's shapes and zero-filled to every canvas and step
+    it may run (a recorded run holds only the steps it ran), with how many canvases and steps were
+    recorded: ``decode`` refuses a run that went past them (it read draws nobody recorded)."""
+    parts = {"init": draws.init, "sample": draws.sample, "renoise": draws.renoise}
+    for name, value in parts.items():
+        if value is None or value.ndim != 3 or value.shape[1:] != (batch, canvas):
+            shape = None if value is None else tuple(value.shape)
+            raise InputError(f"recorded draws '{name}' must be [n, batch {batch}, canvas {canvas}], got {shape}")
+    if draws.sample.shape[0] != draws.renoise.shape[0]:
+        raise InputError(
+            f"recorded draws hold {draws.sample.shape[0]} sampled and {draws.renoise.shape[0]} re-noised steps"
+        )
+    if draws.init.shape[0] > canvases or draws.sample.shape[0] > canvases * steps:
+        raise InputError(f"recorded draws hold more canvases or steps than these settings run ({canvases} x {steps})")
+
+    def fill(value: jax.Array, length: int) -> jax.Array:
+        return jnp.concatenate([value, jnp.zeros((length - value.shape[0], batch, canvas), jnp.int32)])
+
+    padded = Draws(init=fill(draws.init, canvases), sample=fill(draws.sample, canvases * steps),
+                   renoise=fill(draws.renoise, canvases * steps))  # fmt: skip
+    return padded, (draws.init.shape[0], draws.sample.shape[0])

@@ -6,15 +6,21 @@ row the same ids whatever batch it is decoded in."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import numpy as np
 import pytest
+from flax import nnx
 from paths import GOLDENS
 from safetensors.numpy import load_file
 
 from convert.diffusion_gemma import read_params
 from models.diffusion_gemma import DiffusionGemma
 from models.diffusion_gemma_config import load_diffusion_gemma_config
+from psd_jax.core.config import DecodeConfigError
 from psd_jax.core.entropy_bound import Draws, EntropyBoundSettings, decode
+from psd_jax.core.errors import InputError
 
 TINY = GOLDENS / "diffusion-gemma-tiny"
 CASES = [f"{s}_{p}" for s in ("default", "eb1_s32_stop", "eb2_s8_nostop") for p in ("p0", "p1", "p2", "batch_p0p2")]
@@ -50,19 +56,11 @@ def settings_of(c: dict) -> EntropyBoundSettings:
     )
 
 
-def padded(draws: np.ndarray, length: int) -> np.ndarray:
-    """Recorded draws, zero-filled to every step the decode may run (the rest are never read)."""
-    fill = np.zeros((length - draws.shape[0], *draws.shape[1:]), draws.dtype)
-    return np.concatenate([draws, fill])
-
-
 @pytest.mark.parametrize("name", CASES)
 def test_replayed_draws_decode_exactly_as_upstream(model, goldens, name):
     c = golden_case(goldens, name)
     settings = settings_of(c)
-    canvases = settings.canvases(model.config.canvas_length)
-    steps = canvases * settings.max_denoising_steps
-    draws = Draws.replay(padded(c["init_canvas"], canvases), padded(c["sample"], steps), padded(c["renoise"], steps))
+    draws = Draws.replay(c["init_canvas"], c["sample"], c["renoise"])  # only what upstream drew
     out = decode(model, c["prompt"], c["attention_mask"].astype(bool), settings, draws, trace=True)
     prompt_length = c["prompt"].shape[1]
     want = c["output"][:, prompt_length:]
@@ -95,3 +93,48 @@ def test_own_draws_give_a_row_its_ids_whatever_its_batch(model, goldens):
     assert np.array_equal(again.output_ids, alone.output_ids) and again.nfe == alone.nfe
     assert 0 < alone.nfe <= settings.canvases(32) * settings.max_denoising_steps
     assert ((alone.output_ids >= 0) & (alone.output_ids < model.config.vocab_size)).all()
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"gen_length": 0}, "gen_length must be a positive integer, got 0"),
+        ({"max_denoising_steps": True}, "max_denoising_steps must be a positive integer, got True"),
+        ({"entropy_bound": float("nan")}, "entropy_bound must be a finite number, got nan"),
+        ({"entropy_bound": -0.5}, "entropy_bound must be >= 0, got -0.5"),
+        ({"t_min": 0.9, "t_max": 0.8}, "0 < t_min <= t_max, got t_min=0.9, t_max=0.8"),
+        ({"t_min": 0.0}, "0 < t_min <= t_max"),
+        ({"stability_threshold": None}, "needs both stability_threshold and confidence_threshold"),
+        ({"stability_threshold": -1}, "stability_threshold must be an integer >= 0, got -1"),
+        ({"confidence_threshold": float("inf")}, "confidence_threshold must be a finite number, got inf"),
+    ],
+)
+def test_settings_upstream_could_not_run_are_refused_by_name(fields, message):
+    with pytest.raises(DecodeConfigError, match=re.escape(message)):
+        EntropyBoundSettings(**fields)
+
+
+def test_prompts_outside_the_vocabulary_or_the_context_are_refused(model):
+    settings, draws = EntropyBoundSettings(gen_length=32), Draws.from_seed([0])
+    with pytest.raises(InputError, match=r"prompt ids must be in \[0, 512\)"):
+        decode(model, np.array([[2, 512]]), np.ones((1, 2), bool), settings, draws)
+    with pytest.raises(InputError, match="a prompt_valid mask of that shape"):
+        decode(model, np.array([[2, 5]]), np.ones((1, 3), bool), settings, draws)
+    long = dataclasses.replace(model.config, max_length=40)
+    short = DiffusionGemma.from_params(long, {k: v[...] for k, v in nnx.state(model, nnx.Param).items()})
+    with pytest.raises(InputError, match="exceed the model's context of 40"):
+        decode(short, np.array([[2, 5, 6, 7, 8, 9, 10, 11, 12]]), np.ones((1, 9), bool), settings, draws)
+
+
+def test_replayed_draws_that_run_out_or_do_not_fit_are_refused(model, goldens):
+    """A decode that leaves the recorded run (here: more steps a canvas than were recorded) would
+    read draws nobody recorded: refused, as are draws of another batch or canvas shape."""
+    c = golden_case(goldens, "eb1_s32_stop_p0")
+    prompt, valid = c["prompt"], c["attention_mask"].astype(bool)
+    draws = Draws.replay(c["init_canvas"], c["sample"], c["renoise"])
+    other = dataclasses.replace(settings_of(c), stability_threshold=None, confidence_threshold=None)
+    longer = dataclasses.replace(other, max_denoising_steps=40)  # 40 steps a canvas; 32 were recorded
+    with pytest.raises(InputError, match=r"steps; the recorded draws hold 1 and 32: it left the recorded run"):
+        decode(model, prompt, valid, longer, draws)
+    with pytest.raises(InputError, match=r"'init' must be \[n, batch 2, canvas 32\], got \(1, 1, 32\)"):
+        decode(model, np.concatenate([prompt, prompt]), np.concatenate([valid, valid]), other, draws)
