@@ -11,36 +11,25 @@ import re
 
 import numpy as np
 import pytest
+from diffusion_gemma_goldens import golden_case, tiny_model
 from flax import nnx
-from paths import GOLDENS
-from safetensors.numpy import load_file
 
-from convert.diffusion_gemma import read_params
 from models.diffusion_gemma import DiffusionGemma
-from models.diffusion_gemma_config import load_diffusion_gemma_config
 from psd_jax.core.config import DecodeConfigError
 from psd_jax.core.entropy_bound import Draws, EntropyBoundSettings, decode
 from psd_jax.core.errors import InputError
 
-TINY = GOLDENS / "diffusion-gemma-tiny"
 CASES = [f"{s}_{p}" for s in ("default", "eb1_s32_stop", "eb2_s8_nostop") for p in ("p0", "p1", "p2", "batch_p0p2")]
 ENTROPY_ATOL = 1e-4  # float32 entropies against upstream's (float32 vs float64 differ by <= 7.6e-5)
 
 
 @pytest.fixture(scope="module")
 def model() -> DiffusionGemma:
-    cfg = load_diffusion_gemma_config(TINY)
-    return DiffusionGemma.from_params(cfg, read_params(TINY, cfg))
+    return tiny_model()
 
 
-@pytest.fixture(scope="module")
-def goldens() -> dict[str, np.ndarray]:
-    return load_file(GOLDENS / "diffusion_gemma_cases.safetensors")
-
-
-def golden_case(goldens: dict, name: str) -> dict[str, np.ndarray]:
-    prefix = f"diffusion-gemma-tiny.generate_{name}."
-    return {k[len(prefix) :]: v for k, v in goldens.items() if k.startswith(prefix)}
+def generate_case(name: str) -> dict[str, np.ndarray]:
+    return golden_case(f"generate_{name}")
 
 
 def settings_of(c: dict) -> EntropyBoundSettings:
@@ -57,8 +46,8 @@ def settings_of(c: dict) -> EntropyBoundSettings:
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_replayed_draws_decode_exactly_as_upstream(model, goldens, name):
-    c = golden_case(goldens, name)
+def test_replayed_draws_decode_exactly_as_upstream(model, name):
+    c = generate_case(name)
     settings = settings_of(c)
     draws = Draws.replay(c["init_canvas"], c["sample"], c["renoise"])  # only what upstream drew
     out = decode(model, c["prompt"], c["attention_mask"].astype(bool), settings, draws, trace=True)
@@ -78,10 +67,10 @@ def test_replayed_draws_decode_exactly_as_upstream(model, goldens, name):
     np.testing.assert_allclose(tokens / out.decoder_passes, c["tokens_per_forward"], rtol=1e-6)
 
 
-def test_own_draws_give_a_row_its_ids_whatever_its_batch(model, goldens):
+def test_own_draws_give_a_row_its_ids_whatever_its_batch(model):
     """Each row draws from its own seed's key: a prompt decodes to the same ids alone and beside
     another row, a seed repeats its decode, and another seed gives another one."""
-    c = golden_case(goldens, "eb1_s32_stop_p2")
+    c = generate_case("eb1_s32_stop_p2")
     settings = settings_of(c)
     prompt, valid = c["prompt"], c["attention_mask"].astype(bool)
     alone = decode(model, prompt, valid, settings, Draws.from_seed([7]))
@@ -126,10 +115,10 @@ def test_prompts_outside_the_vocabulary_or_the_context_are_refused(model):
         decode(short, np.array([[2, 5, 6, 7, 8, 9, 10, 11, 12]]), np.ones((1, 9), bool), settings, draws)
 
 
-def test_replayed_draws_that_run_out_or_do_not_fit_are_refused(model, goldens):
+def test_replayed_draws_that_run_out_or_do_not_fit_are_refused(model):
     """A decode that leaves the recorded run (here: more steps a canvas than were recorded) would
     read draws nobody recorded: refused, as are draws of another batch or canvas shape."""
-    c = golden_case(goldens, "eb1_s32_stop_p0")
+    c = generate_case("eb1_s32_stop_p0")
     prompt, valid = c["prompt"], c["attention_mask"].astype(bool)
     draws = Draws.replay(c["init_canvas"], c["sample"], c["renoise"])
     other = dataclasses.replace(settings_of(c), stability_threshold=None, confidence_threshold=None)

@@ -12,17 +12,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from diffusion_gemma_goldens import TINY, golden_case, tiny_model
 from flax import nnx
-from paths import GOLDENS, HF_CONFIGS
+from paths import HF_CONFIGS
 from safetensors.numpy import load_file
 
-from convert.diffusion_gemma import expected_keys, from_mapping, read_params
+from convert.diffusion_gemma import expected_keys, from_mapping
 from convert.safetensors_dir import CheckpointError
 from models import ConfigError
 from models.diffusion_gemma import DiffusionGemma, active_param_count, param_count
 from models.diffusion_gemma_config import DiffusionGemmaConfig, load_diffusion_gemma_config
 
-TINY = GOLDENS / "diffusion-gemma-tiny"
 FULL = HF_CONFIGS / "DiffusionGemma-26B-A4B"
 LOGIT_ATOL = 1e-4  # float32 against upstream's float32 (float32 vs float64 logits differ by <= 3.2e-5)
 STATE_ATOL = 1e-5  # hidden states and cache (float32 vs float64: <= 1.7e-6)
@@ -30,27 +30,16 @@ STATE_ATOL = 1e-5  # hidden states and cache (float32 vs float64: <= 1.7e-6)
 
 @pytest.fixture(scope="module")
 def model() -> DiffusionGemma:
-    cfg = load_diffusion_gemma_config(TINY)
-    return DiffusionGemma.from_params(cfg, read_params(TINY, cfg))
-
-
-@pytest.fixture(scope="module")
-def cases() -> dict[str, np.ndarray]:
-    return load_file(GOLDENS / "diffusion_gemma_cases.safetensors")
-
-
-def case(cases: dict, name: str) -> dict[str, np.ndarray]:
-    prefix = f"diffusion-gemma-tiny.{name}."
-    return {k[len(prefix) :]: v for k, v in cases.items() if k.startswith(prefix)}
+    return tiny_model()
 
 
 @pytest.mark.parametrize("name", ["forward_batch", "forward_single"])
-def test_encoder_cache_and_denoiser_logits_equal_upstream(model, cases, name):
+def test_encoder_cache_and_denoiser_logits_equal_upstream(model, name):
     """One encoder call on the (left-padded) prompts, then the denoiser's first step (no
     self-conditioning) and a later one (with a step's processed logits) on the same cache. The
     sliding layers' cache is compared over upstream's last window - 1 positions, which are all the
     denoiser's masks let a sliding layer see."""
-    c = case(cases, name)
+    c = golden_case(name)
     ids, valid = jnp.asarray(c["input_ids"]), jnp.asarray(c["attention_mask"]).astype(bool)
     positions = jnp.broadcast_to(jnp.asarray(c["position_ids"]), ids.shape)
     hidden, cache = model.encode(ids, positions, valid)
