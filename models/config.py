@@ -189,9 +189,7 @@ def is_lladamoe(cfg: dict) -> bool:
     )
 
 
-def config_from_dict(
-    cfg: dict, source: str = "config", special_ids: dict[str, int] | None = None
-) -> ModelConfig | LLaDA2Config | LLaDAMoEConfig | SDARConfig:
+def config_from_dict(cfg: dict, source: str = "config", special_ids: dict[str, int] | None = None) -> Any:
     """Parse a Hugging Face config dict of a supported family; errors name the offending field.
 
     ``special_ids`` (``mask_token_id``/``eos_token_id``/``pad_token_id``) fill in what the config.json
@@ -207,10 +205,14 @@ def config_from_dict(
         return llada2_config(cfg, source, special_ids or {})
     elif model_type == "sdar":
         return sdar_config(cfg, source, special_ids or {})
+    elif model_type == "diffusion_gemma":
+        from .diffusion_gemma_config import DiffusionGemmaConfig  # it imports this module
+
+        return DiffusionGemmaConfig.from_dict(cfg, source)
     else:
         raise ConfigError(
             f"{source}: unknown model_type {model_type!r}; supported: 'llada' (LLaDA and LLaDA-MoE), "
-            "'Dream' (Dream), 'llada2_moe' (LLaDA2.0) and 'sdar' (SDAR)"
+            "'Dream' (Dream), 'llada2_moe' (LLaDA2.0), 'sdar' (SDAR) and 'diffusion_gemma' (DiffusionGemma)"
         )
     if out.d_model % out.n_heads:
         raise ConfigError(f"{source}: d_model {out.d_model} is not divisible by n_heads {out.n_heads}")
@@ -234,9 +236,11 @@ def _check_heads_and_ids(
             raise ConfigError(f"{source}: {name} {value} is outside the vocabulary ({out.vocab_size})")
 
 
-def load_config(model_dir: str | Path) -> ModelConfig | LLaDA2Config | LLaDAMoEConfig | SDARConfig:
+def load_config(model_dir: str | Path) -> Any:
     """Read ``model_dir/config.json`` (and, for LLaDA2.0, LLaDA-MoE and SDAR, the special ids from its
-    side files; for SDAR also the stop list)."""
+    side files; for SDAR also the stop list): a ``ModelConfig``, ``LLaDA2Config``, ``LLaDAMoEConfig``,
+    ``SDARConfig``, or for DiffusionGemma a ``DiffusionGemmaConfig`` (with generation_config.json's
+    end-of-sequence ids)."""
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ConfigError(f"{path}: no config.json in model directory {model_dir}")
@@ -244,6 +248,10 @@ def load_config(model_dir: str | Path) -> ModelConfig | LLaDA2Config | LLaDAMoEC
         cfg = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not valid JSON ({exc})") from exc
+    if cfg.get("model_type") == "diffusion_gemma":
+        from .diffusion_gemma_config import load_diffusion_gemma_config  # it imports this module
+
+        return load_diffusion_gemma_config(model_dir)
     side_ids = cfg.get("model_type") in ("llada2_moe", "sdar") or (
         cfg.get("model_type") == "llada" and is_lladamoe(cfg)
     )

@@ -30,7 +30,7 @@ from models.transformer import default_unroll_layers
 from .core import rules
 from .core.block_decode import BlockDecode
 from .core.calls import call_records
-from .core.config import DecodeConfig
+from .core.config import ENTROPY_BOUND_FAMILY, DecodeConfig
 from .core.engine import decode
 from .core.errors import InputError
 from .core.layouts import layout_type
@@ -238,13 +238,27 @@ class LoadedModel(PromptIO):
         )
 
 
+def _load_entropy_bound_model(path: Path, dtype: str, mesh, quantize: str | None):
+    """DiffusionGemma (``diffusion_gemma_api``): one device, weights in ``dtype``. Meshes, several
+    processes and quantization are refused by name rather than ignored."""
+    from .diffusion_gemma_api import load_diffusion_gemma
+
+    if mesh is not None or process_count() > 1:
+        raise InputError(
+            "DiffusionGemma runs on one device in one process: --mesh and several processes are not supported for it yet"
+        )
+    if quantize is not None:
+        raise InputError(f"quantize {quantize!r}: DiffusionGemma's weights load unquantized (not supported for it yet)")
+    return load_diffusion_gemma(path, DTYPES[dtype], load_tokenizer)
+
+
 def load_model(
     path: str | Path | None = None,
     dtype: str = "float32",
     mesh: Mesh | str | None = None,
     unroll_layers: bool | None = None,
     quantize: str | None = None,
-) -> LoadedModel:
+) -> LoadedModel | Any:
     """Load a Hugging Face directory or a converted (Orbax) checkpoint; ``None`` = the shipped model.
 
     ``quantize="int8"`` or ``"int4"`` stores the layers' projection weights as integers with
@@ -252,6 +266,8 @@ def load_model(
 
     With ``mesh`` (a ``jax.sharding.Mesh`` or a spec like ``"data=2,model=4"``) each parameter is
     placed straight into its shards as it is read, so no device ever holds the whole model.
+    A DiffusionGemma directory gives a ``diffusion_gemma_api.LoadedDiffusionGemma`` (its
+    entropy-bound sampler, one device, no quantization).
     ``unroll_layers=True`` keeps each layer's weights in arrays of their own and unrolls the layer
     loop, ``False`` runs them with ``lax.scan`` over stacked weights; ``None`` picks the backend's
     layout (``models.transformer.default_unroll_layers``: unrolled on CPU only).
@@ -260,6 +276,8 @@ def load_model(
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     check_quantize(quantize, on_mesh=mesh is not None or process_count() > 1)
     path = model_directory(path)
+    if load_config(path).family == ENTROPY_BOUND_FAMILY:
+        return _load_entropy_bound_model(path, dtype, mesh, quantize)
     if isinstance(mesh, str) or (mesh is None and process_count() > 1):
         mesh = make_mesh(mesh)  # several processes: by default one mesh over all of their devices
     shardings = None

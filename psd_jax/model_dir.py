@@ -15,7 +15,8 @@ from convert.orbax_io import is_orbax_dir
 from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE, CheckpointError
 from models import ModelConfig, load_config
 
-from .core.config import DecodeConfig, DecodeConfigError, check_for_model, merged_fields
+from .core.config import ENTROPY_BOUND_FAMILY, DecodeConfig, DecodeConfigError, check_for_model, merged_fields
+from .core.errors import InputError
 from .recommended import named_settings, settings_on_any_device
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "default"
@@ -81,6 +82,10 @@ def model_settings(
     Every front end (CLI, benchmark, evaluation, server) builds its settings here."""
     fields = {k: v for k, v in (fields or {}).items() if v is not None}
     base = dict(base or {})
+    canvas = _canvas_length(model_dir)
+    if canvas is not None:  # DiffusionGemma: its release's generation settings, in whole canvases
+        base = canvas_fields({**release_settings(model_dir), **base}, canvas)
+        fields = canvas_fields(fields, canvas) if "gen_length" in fields else fields
     defaults = decode_defaults(model_dir) if model_dir is not None and Path(model_dir).is_dir() else {}
     lengths = {
         **defaults,
@@ -95,6 +100,69 @@ def model_settings(
         return DecodeConfig(**merged_fields({**base, **lengths}, fields))
     except TypeError as exc:  # an unknown field name
         raise DecodeConfigError(f"unknown decoding setting: {exc}") from None
+
+
+GENERATION_CONFIG_FILE = "generation_config.json"
+# generation_config.json's keys -> DecodeConfig fields (DiffusionGemma's sampler: upstream's names).
+RELEASE_KEYS = {
+    "max_new_tokens": "gen_length",
+    "max_denoising_steps": "max_denoising_steps",
+    "t_min": "t_min",
+    "t_max": "t_max",
+    "stability_threshold": "stability_threshold",
+    "confidence_threshold": "confidence_threshold",
+}
+
+
+def _canvas_length(model_dir: str | Path | None) -> int | None:
+    """The canvas of a DiffusionGemma directory (its block), else None."""
+    if model_dir is None or not Path(model_dir, "config.json").is_file():
+        return None
+    mcfg = load_config(model_dir)
+    return mcfg.canvas_length if mcfg.family == ENTROPY_BOUND_FAMILY else None
+
+
+def release_settings(model_dir: str | Path) -> dict[str, Any]:
+    """The sampler settings a DiffusionGemma release ships in ``generation_config.json`` (upstream's
+    ``generate`` defaults), as ``DecodeConfig`` fields; adaptive stopping switched off there (null)
+    is ``confidence_threshold`` 0. Empty without the file."""
+    file = Path(model_dir) / GENERATION_CONFIG_FILE
+    if not file.is_file():
+        return {}
+    try:
+        raw = json.loads(file.read_text())
+    except json.JSONDecodeError as exc:
+        raise DecodeConfigError(f"{file}: not JSON ({exc})") from None
+    out = {field: raw[key] for key, field in RELEASE_KEYS.items() if key in raw}
+    bound = (raw.get("sampler_config") or {}).get("entropy_bound")
+    if bound is not None:
+        out["entropy_bound"] = bound
+    if out.get("stability_threshold", 0) is None or out.get("confidence_threshold", 0) is None:
+        out.update(stability_threshold=0, confidence_threshold=0.0)
+    return out
+
+
+def canvas_fields(fields: dict[str, Any], canvas: int) -> dict[str, Any]:
+    """``fields`` in whole canvases, as upstream's ``generate`` runs ``max_new_tokens``: the
+    generation length rounded up to a multiple of ``canvas``, and the canvas as the block (a block
+    length given stays, for ``check_for_model`` to refuse if it is not the canvas)."""
+    out = dict(fields)
+    length = out.get("gen_length")
+    if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+        out["gen_length"] = -(-length // canvas) * canvas
+    out.setdefault("block_length", canvas)
+    return out
+
+
+def refuse_entropy_bound(model_dir: Path, command: str) -> None:
+    """``InputError`` naming ``command`` if ``model_dir`` holds DiffusionGemma, which decodes through
+    ``python -m psd_jax.generate`` and ``load_model(...).generate`` only so far: a front end that
+    has no path for its sampler says so before any other work, instead of failing inside it."""
+    if load_config(model_dir).family == ENTROPY_BOUND_FAMILY:
+        raise InputError(
+            f"{command} does not run DiffusionGemma yet: decode it with python -m psd_jax.generate or "
+            "psd_jax.load_model(...).generate"
+        )
 
 
 def checked_settings(

@@ -31,9 +31,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .core.config import PER_BLOCK_STEPS, RECOMMENDED, DecodeConfig, DecodeConfigError
+from .core.config import ENTROPY_BOUND_FAMILY, PER_BLOCK_STEPS, RECOMMENDED, DecodeConfig, DecodeConfigError
 
 RECOMMENDED_FILE = "recommended.json"
+GENERATION_CONFIG_SOURCE = "the model's generation_config.json"  # DiffusionGemma's, without a tuned file
 NAME = "recommended"  # the name every front end accepts for it
 SETTINGS_NAMES = (NAME,)  # every named setting (``--settings``)
 LIBRARY_SOURCE = "psd_jax.core.config.RECOMMENDED"
@@ -50,12 +51,14 @@ class Recommendation:
     @property
     def tuned(self) -> bool:
         """Read from the directory's file (not the library default)."""
-        return self.source != LIBRARY_SOURCE
+        return self.source not in (LIBRARY_SOURCE, GENERATION_CONFIG_SOURCE)
 
     def origin(self) -> str:
         """Where the setting came from and the device it was chosen for, for a front end's output."""
         if not self.tuned:
-            return f"the library default ({LIBRARY_SOURCE}; no {RECOMMENDED_FILE} in the model directory)"
+            return f"the {'release' if self.source == GENERATION_CONFIG_SOURCE else 'library'} default " + (
+                f"({self.source}; no {RECOMMENDED_FILE} in the model directory)"
+            )
         how = self.provenance.get("device")
         chosen = f" for {self.device}" + (f" ({how})" if how else "") if self.device else ""
         other = (
@@ -76,7 +79,7 @@ def read_recommended(model_dir: str | Path | None, device: str | None = None) ->
     one, else its latest choice, else the library's ``RECOMMENDED``."""
     file = Path(model_dir) / RECOMMENDED_FILE if model_dir is not None else None
     if file is None or not file.is_file():
-        return Recommendation(dict(RECOMMENDED), {}, LIBRARY_SOURCE)
+        return _untuned(model_dir)
     data = _read(file)
     device = device or current_device_kind()
     entry = data.get("devices", {}).get(device)
@@ -84,6 +87,18 @@ def read_recommended(model_dir: str | Path | None, device: str | None = None) ->
         return Recommendation(entry["settings"], dict(entry.get("provenance") or {}), str(file), device, device)
     provenance = dict(data.get("provenance") or {})
     return Recommendation(data["settings"], provenance, str(file), provenance.get("device_kind"), device)
+
+
+def _untuned(model_dir: str | Path | None) -> Recommendation:
+    """The recommendation of a directory without a tuned file: the library's ``RECOMMENDED`` for a
+    mask-token family; for DiffusionGemma, whose sampler has none of its fields, the settings its
+    release ships (``generation_config.json``, which ``model_dir.model_settings`` reads as defaults)."""
+    from models import load_config  # here: the recommendation stays importable without the models
+
+    has_config = model_dir is not None and Path(model_dir, "config.json").is_file()
+    if has_config and load_config(model_dir).family == ENTROPY_BOUND_FAMILY:
+        return Recommendation({}, {}, GENERATION_CONFIG_SOURCE)
+    return Recommendation(dict(RECOMMENDED), {}, LIBRARY_SOURCE)
 
 
 def _read(file: Path) -> dict[str, Any]:
@@ -168,7 +183,7 @@ def settings_on_any_device(name: str | None, model_dir: str | Path | None) -> li
         return [None]
     file = Path(model_dir) / RECOMMENDED_FILE if model_dir is not None else None
     if file is None or not file.is_file():
-        return [dict(RECOMMENDED)]  # the library's, whatever the device
+        return [dict(_untuned(model_dir).settings)]  # whatever the device
     data = _read(file)
     out: list[dict[str, Any] | None] = []
     for device in [None, *sorted(data.get("devices", {}))]:

@@ -40,7 +40,13 @@ from ..api import LoadedModel, load_model
 from ..core.config import CACHE_NAME_HELP, DecodeConfig, DecodeConfigError, cache_fields, check_for_model
 from ..core.errors import InputError
 from ..core.lengths import check_questions
-from ..model_dir import checked_settings, model_directory, model_settings, precheck_settings
+from ..model_dir import (
+    checked_settings,
+    model_directory,
+    model_settings,
+    precheck_settings,
+    refuse_entropy_bound,
+)
 from ..names import setting_fields
 from ..parallel import multihost
 from ..recommended import NAME as RECOMMENDED_NAME
@@ -401,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster = multihost.cluster_from(args)
         model_dir = model_directory(args.model)
+        refuse_entropy_bound(model_dir, "python -m psd_jax.bench")
         base = model_settings(model_dir, {**BENCH_DEFAULTS, **decode_fields(args)})
         known = [*matrix_names(), RECOMMENDED_NAME]
         if args.list:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from ..api import Generation, LoadedModel, load_model
-from ..core.config import DecodeConfig
+from ..core.config import ENTROPY_BOUND_FAMILY, DecodeConfig
 from ..core.errors import InputError
 from ..model_dir import checked_settings, model_directory, precheck_settings
 from ..parallel import multihost
@@ -33,6 +33,7 @@ from .flags import (
 )
 
 HELD_OUT_FILE = "test.jsonl"
+PROMPT_BUCKET = 32
 DEMO_PROBLEMS = 8  # held-out questions the first run answers (one batch per decoder)
 EXPLAIN_STATS = (
     "tokens/s of a warm decode (compilation apart); speedup = tokens/s over one token per step without a cache "
@@ -64,7 +65,19 @@ def build_parser() -> ArgumentParser:
     add_settings_flag(p)
     add_decode_flags(p)
     add_weight_flags(p)
-    p.add_argument("--prompt-bucket", type=positive_int, default=32, help="pad prompt lengths up to a multiple of this")
+    p.add_argument(
+        "--prompt-bucket",
+        type=positive_int,
+        help=f"pad prompt lengths up to a multiple of this (default: {PROMPT_BUCKET}; with --replay-draws, "
+        "the longest prompt's length, as upstream pads)",
+    )
+    p.add_argument(
+        "--replay-draws",
+        metavar="FILE:PREFIX",
+        help="DiffusionGemma: decode with an upstream run's recorded random draws instead of the engine's own, "
+        "to reproduce it bit for bit: the safetensors FILE's PREFIX.init_canvas [canvases, batch, canvas], "
+        "PREFIX.sample and PREFIX.renoise [steps, batch, canvas] (docs/diffusion-gemma.md)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per prompt")
     multihost.add_flags(p)
     return p
@@ -208,12 +221,33 @@ def _tokens_per_second(results: list[Generation]) -> float:
 def print_results(prompts: list, results: list[Generation], as_json: bool) -> None:
     for prompt, r in zip(prompts, results):
         if as_json:
-            print(json.dumps(r.to_json()))
+            row = r.to_json()
+            if "decoder_passes" in r.stats:  # DiffusionGemma: upstream's count, beside nfe
+                row["decoder_passes"] = r.stats["decoder_passes"]
+            print(json.dumps(row))
             continue
         if isinstance(prompt, str):
             print(f"> {prompt}")
         print(r.text if r.text is not None else " ".join(map(str, r.output_ids[: r.tokens])))
         print(stats_line(r))
+
+
+def _replay_options(args, family: str, demo: bool) -> dict:
+    """``generate``'s prompt padding and, with ``--replay-draws``, the recorded draws (read and
+    checked before the model loads); refused where there is nothing to replay."""
+    bucket = PROMPT_BUCKET if args.prompt_bucket is None and args.replay_draws is None else args.prompt_bucket
+    if family == ENTROPY_BOUND_FAMILY and demo:
+        raise InputError(
+            "no prompt given: the first-run demo compares decoders of the mask-token families; for DiffusionGemma "
+            "use --prompt, --prompt-file or --prompt-ids"
+        )
+    if args.replay_draws is None:
+        return {"prompt_bucket": bucket}
+    if family != ENTROPY_BOUND_FAMILY:
+        raise InputError(f"--replay-draws replays DiffusionGemma's sampler; this model is {family}")
+    from ..diffusion_gemma_api import read_draws
+
+    return {"prompt_bucket": bucket, "draws": read_draws(args.replay_draws)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         # The demo runs the recommended setting, with the flags given on top of it.
         name = NAME if examples else args.settings
-        precheck_settings(model_dir, fields, name)  # what holds on any device, before the cluster waits
+        _, mcfg = precheck_settings(model_dir, fields, name)  # what holds on any device, before the cluster waits
+        replay = _replay_options(args, mcfg.family, bool(examples))
         multihost.start(cluster)  # before the device kind the recommendation is chosen for is read
         settings, _ = checked_settings(model_dir, fields, name)
         origin = None
@@ -240,9 +275,9 @@ def main(argv: list[str] | None = None) -> int:
         lm = load_model(model_dir, **weight_options(args))
         with multihost.quiet_unless_main():  # every process decodes; process 0 prints
             if examples:
-                run_demo(lm, examples, settings, args.seed, args.chat, args.json, args.prompt_bucket, origin)
+                run_demo(lm, examples, settings, args.seed, args.chat, args.json, replay["prompt_bucket"], origin)
                 return 0
-            results = lm.generate(prompts, settings, seed=args.seed, chat=args.chat, prompt_bucket=args.prompt_bucket)
+            results = lm.generate(prompts, settings, seed=args.seed, chat=args.chat, **replay)
             print_results(prompts, results, args.json)
     except (FileNotFoundError, ValueError) as exc:  # InputError, DecodeConfigError, MeshError, ClusterError, ...
         print(f"error: {exc}", file=sys.stderr)

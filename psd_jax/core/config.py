@@ -117,6 +117,14 @@ class DecodeConfig(BlockCounts):
     cache: Literal["none", "prefix", "dual"] = "none"  # block KV cache (Fast-dLLM)
     refresh_every: int = 0  # cache: a full forward after this many window calls (0: block starts only)
     vicinity: int = 0  # dual cache: the window also recomputes this many positions after the block
+    # DiffusionGemma's entropy-bound sampler (upstream generate's arguments; defaults: the released
+    # generation_config.json). Mask families refuse them, DiffusionGemma refuses the fields above.
+    entropy_bound: float = 0.1
+    max_denoising_steps: int = 48
+    t_min: float = 0.4
+    t_max: float = 0.8
+    stability_threshold: int = 1
+    confidence_threshold: float = 0.005
 
     def __post_init__(self) -> None:
         if isinstance(self.confidence, str):
@@ -208,7 +216,29 @@ FIELD_HELP: dict[str, str] = {
     "since its last one (0: at block starts only, Fast-dLLM)",
     "vicinity": "dual cache: the window also recomputes this many positions after the block "
     "(0: the block alone, Fast-dLLM)",
+    "entropy_bound": "DiffusionGemma: each step keeps the lowest-entropy positions whose entropies before them "
+    "add up to at most this (the lowest is always kept); the others are re-noised",
+    "max_denoising_steps": "DiffusionGemma: denoising steps per canvas (N)",
+    "t_min": "DiffusionGemma: the temperature at a canvas's last step (it falls linearly from t_max)",
+    "t_max": "DiffusionGemma: the temperature at a canvas's first step",
+    "stability_threshold": "DiffusionGemma, adaptive stopping: a row stops once its argmax canvas has not changed "
+    "for this many steps (and its mean entropy is below confidence_threshold)",
+    "confidence_threshold": "DiffusionGemma, adaptive stopping: a stable row stops once its mean entropy is below "
+    "this (0: no adaptive stopping, every canvas runs max_denoising_steps)",
 }
+
+# The entropy-bound sampler's fields (DiffusionGemma): the only ones, with the lengths, that family reads.
+ENTROPY_BOUND_FIELDS = (
+    "entropy_bound",
+    "max_denoising_steps",
+    "t_min",
+    "t_max",
+    "stability_threshold",
+    "confidence_threshold",
+)
+# A stated cap on the denoising steps of a canvas (upstream's default is 48): the loop's bound, and
+# what recorded draws and traces are laid out for.
+MAX_DENOISING_STEPS = 4096
 
 INT_FIELDS = (
     "gen_length",
@@ -220,8 +250,24 @@ INT_FIELDS = (
     "k_max",
     "refresh_every",
     "vicinity",
+    "max_denoising_steps",
+    "stability_threshold",
 )
-FLOAT_FIELDS = ("threshold", "factor", "temperature", "top_p", "cfg_scale", "dream_eps", "ratio", "pivot_tau", "lam")
+FLOAT_FIELDS = (
+    "threshold",
+    "factor",
+    "temperature",
+    "top_p",
+    "cfg_scale",
+    "dream_eps",
+    "ratio",
+    "pivot_tau",
+    "lam",
+    "entropy_bound",
+    "t_min",
+    "t_max",
+    "confidence_threshold",
+)
 BOOL_FIELDS = ("logits_eos_inf", "confidence_eos_eot_inf", "eos_early_stop", "draft_next_block")
 _OPTIONAL = ("steps", "draft_rate")
 
@@ -259,6 +305,9 @@ def _check_types(c: DecodeConfig) -> None:
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 100.0
 TEMPERATURE_RANGE = f"must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]"
 MAX_SCALE = 100.0  # cfg_scale, factor, lam
+# entropy_bound and confidence_threshold are sums or means of entropies, in nats; a canvas's entropy
+# is at most its length times log(vocabulary), far below this.
+MAX_ENTROPY_BOUND = 1e6
 
 # (test, message) per field: the value ranges a decode can run with (checked on the value and, for
 # a float, on its float32 cast: ``_as_float32``).
@@ -282,6 +331,18 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "lam": (lambda v: 0 <= v <= MAX_SCALE, f"(RPS) must be in [0, {MAX_SCALE:g}]"),
     "refresh_every": (lambda v: v >= 0, "(block KV cache) must be >= 0 (0: at block starts only)"),
     "vicinity": (lambda v: v >= 0, "(dual cache) must be >= 0 (0: the block alone)"),
+    "entropy_bound": (lambda v: 0 <= v <= MAX_ENTROPY_BOUND, f"must be in [0, {MAX_ENTROPY_BOUND:g}]"),
+    "max_denoising_steps": (lambda v: 1 <= v <= MAX_DENOISING_STEPS, f"must be in [1, {MAX_DENOISING_STEPS}]"),
+    "t_min": (
+        lambda v: MIN_TEMPERATURE <= v <= MAX_TEMPERATURE,
+        f"must be in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]",
+    ),
+    "t_max": (
+        lambda v: MIN_TEMPERATURE <= v <= MAX_TEMPERATURE,
+        f"must be in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]",
+    ),
+    "stability_threshold": (lambda v: v >= 0, "must be >= 0"),
+    "confidence_threshold": (lambda v: 0 <= v <= MAX_ENTROPY_BOUND, f"must be in [0, {MAX_ENTROPY_BOUND:g}] (0: off)"),
 }
 
 
@@ -306,6 +367,13 @@ def _check_values(c: DecodeConfig) -> None:
             f"steps {c.total_steps} is not divisible by the number of blocks {c.num_blocks} (gen_length / block_length)"
         )
     _check_work(c)
+    if c.t_min > c.t_max:
+        _fail(f"t_min {c.t_min} exceeds t_max {c.t_max}: the temperature falls from t_max to t_min")
+    if c.stability_threshold > c.max_denoising_steps:
+        _fail(
+            f"stability_threshold {c.stability_threshold} exceeds max_denoising_steps {c.max_denoising_steps}: "
+            "no canvas runs enough steps to be that stable"
+        )
     if c.cache != "none" and c.cfg_scale > 0:
         _fail(f"cache {c.cache!r} does not support classifier-free guidance (cfg_scale > 0); use cache='none'")
     if c.vicinity > c.gen_length - c.block_length:
@@ -370,6 +438,15 @@ def check_for_model(c: DecodeConfig, mcfg: ModelConfig) -> None:
     """Bounds of ``c`` that depend on the model (``mcfg``: a ``models`` config): the context,
     the vocabulary RPS ranks, what the family supports. Every front end calls this before any
     model work (the benchmark and evaluation before loading weights)."""
+    if mcfg.family == ENTROPY_BOUND_FAMILY:
+        _check_for_entropy_bound(c, mcfg)
+        return
+    changed = [f"{name}={getattr(c, name)!r}" for name in ENTROPY_BOUND_FIELDS if name in c.changed()]
+    if changed:
+        _fail(
+            f"{', '.join(changed)}: used only by DiffusionGemma's entropy-bound sampler, not by {mcfg.family} "
+            "(a mask-token family)"
+        )
     if c.gen_length >= mcfg.max_length:
         _fail(
             f"gen_length {c.gen_length} leaves no room for a prompt in the model's context of {mcfg.max_length} tokens"
@@ -392,6 +469,27 @@ def check_for_model(c: DecodeConfig, mcfg: ModelConfig) -> None:
     ignored = sampler_for(mcfg.family).ignored(c)
     if ignored:
         _fail(ignored)
+
+
+ENTROPY_BOUND_FAMILY = "diffusion_gemma"  # the family decoded by the entropy-bound sampler
+
+
+def _check_for_entropy_bound(c: DecodeConfig, mcfg: Any) -> None:
+    """DiffusionGemma reads the lengths and ``ENTROPY_BOUND_FIELDS`` only: any other field set is
+    refused by name, and the block is the model's canvas (``model_dir.canvas_fields`` rounds a
+    length up to whole canvases, as upstream's ``generate`` does)."""
+    ignored = sorted(set(c.changed()) - {"gen_length", "block_length", *ENTROPY_BOUND_FIELDS})
+    if ignored:
+        _fail(
+            f"{', '.join(f'{n}={getattr(c, n)!r}' for n in ignored)}: not used by DiffusionGemma's entropy-bound "
+            f"sampler (its settings: gen_length, {', '.join(ENTROPY_BOUND_FIELDS)})"
+        )
+    if c.block_length != mcfg.canvas_length:
+        _fail(f"block_length {c.block_length}: DiffusionGemma decodes in canvases of {mcfg.canvas_length} (its config)")
+    if c.gen_length >= mcfg.max_length:
+        _fail(
+            f"gen_length {c.gen_length} leaves no room for a prompt in the model's context of {mcfg.max_length} tokens"
+        )
 
 
 # Settings read only under some policy or decoder: (condition, what it needs). Setting one of them

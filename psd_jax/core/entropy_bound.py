@@ -34,7 +34,7 @@ from flax import nnx
 
 from models.diffusion_gemma import Cache, DiffusionGemma
 
-from .config import DecodeConfigError
+from .config import DecodeConfig, DecodeConfigError
 from .errors import InputError
 
 
@@ -79,6 +79,21 @@ class EntropyBoundSettings:
             isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not math.isfinite(confidence)
         ):
             raise DecodeConfigError(f"confidence_threshold must be a finite number, got {confidence!r}")
+
+    @classmethod
+    def of(cls, settings: DecodeConfig) -> EntropyBoundSettings:
+        """The sampler's settings in a ``DecodeConfig`` (``config.ENTROPY_BOUND_FIELDS``; its
+        ``confidence_threshold`` 0 is upstream's None: no adaptive stopping)."""
+        stopping = settings.confidence_threshold > 0
+        return cls(
+            gen_length=settings.gen_length,
+            max_denoising_steps=settings.max_denoising_steps,
+            entropy_bound=float(settings.entropy_bound),
+            t_min=float(settings.t_min),
+            t_max=float(settings.t_max),
+            stability_threshold=settings.stability_threshold if stopping else None,
+            confidence_threshold=float(settings.confidence_threshold) if stopping else None,
+        )
 
     def canvases(self, canvas_length: int) -> int:
         return math.ceil(self.gen_length / canvas_length)
@@ -150,10 +165,13 @@ class Draws:
 @dataclasses.dataclass(frozen=True)
 class Decoded:
     """One decode: per row, the canvases' ids [B, K * C] (pad after the end), the denoiser calls
-    while it decoded (``decoder_passes``: upstream's, per row), and the run's totals."""
+    while it decoded (``row_nfe``: the batch's calls until the row ended, upstream's ``nfe`` at
+    batch 1) and those in which it was still denoising (``decoder_passes``: upstream's, per row),
+    and the run's totals."""
 
     output_ids: np.ndarray
     decoder_passes: np.ndarray
+    row_nfe: np.ndarray
     nfe: int  # denoiser calls of the batch
     canvases: int  # encoder calls after the prompt's, plus one: canvases run
     trace: dict[str, np.ndarray] | None = None
@@ -185,7 +203,45 @@ def decode(
 ) -> Decoded:
     """Decode left-padded prompts [B, P] (``prompt_valid``: the real tokens) with ``settings``; one
     compiled program per (shapes, settings)."""
-    cfg = model.config
+    graphdef, params = nnx.split(model)
+    run = prepare(model.config, prompt_ids, prompt_valid, settings, draws)
+    return run.finish(_decode(graphdef, params, *run.inputs, settings, trace))
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A decode's inputs, checked (``inputs``: prompt ids, mask and draws, as ``_decode`` takes
+    them), and what its results are checked against (``recorded``: the canvases and steps that
+    replayed draws hold)."""
+
+    inputs: tuple[jax.Array, jax.Array, Draws]
+    recorded: tuple[int, int] | None
+
+    def finish(self, out: dict[str, Any]) -> Decoded:
+        """The program's output as a ``Decoded``; a replay that ran past its recording is refused."""
+        out = jax.device_get(out)
+        if self.recorded is not None and (
+            int(out["canvases"]) > self.recorded[0] or int(out["nfe"]) > self.recorded[1]
+        ):
+            raise InputError(
+                f"the decode ran {int(out['canvases'])} canvases and {int(out['nfe'])} steps; the recorded draws "
+                f"hold {self.recorded[0]} and {self.recorded[1]}: it left the recorded run (other weights, prompt "
+                "or settings)"
+            )
+        traced = {k[6:]: np.asarray(v) for k, v in out.items() if k.startswith("trace_")}
+        return Decoded(
+            output_ids=np.asarray(out["canvas_ids"]),
+            decoder_passes=np.asarray(out["passes"]),
+            row_nfe=np.asarray(out["row_nfe"]),
+            nfe=int(out["nfe"]),
+            canvases=int(out["canvases"]),
+            trace=traced or None,
+        )
+
+
+def prepare(cfg, prompt_ids, prompt_valid, settings: EntropyBoundSettings, draws: Draws) -> Prepared:
+    """Every check of a decode before any model work (prompts in the vocabulary and, with their
+    canvases, in the context; recorded draws of the decode's shapes), and its inputs."""
     ids = np.asarray(prompt_ids)
     if ids.ndim != 2 or ids.shape[1] == 0 or np.asarray(prompt_valid).shape != ids.shape:
         raise InputError(f"prompt_ids must be [batch, length] with a prompt_valid mask of that shape, got {ids.shape}")
@@ -198,25 +254,19 @@ def decode(
         )
     recorded = None
     if draws.key is None:
+        for name, value in (("init_canvas", draws.init), ("sample", draws.sample), ("renoise", draws.renoise)):
+            if value is not None and value.size and (int(value.min()) < 0 or int(value.max()) >= cfg.vocab_size):
+                raise InputError(f"recorded draws '{name}' hold ids outside the vocabulary [0, {cfg.vocab_size})")
         draws, recorded = _padded_replay(
             draws, ids.shape[0], settings.canvases(cfg.canvas_length), settings.max_denoising_steps, cfg.canvas_length
         )
-    graphdef, params = nnx.split(model)
-    ids, valid = jnp.asarray(prompt_ids, jnp.int32), jnp.asarray(prompt_valid, bool)
-    out = _decode(graphdef, params, ids, valid, draws, settings, trace)
-    out = jax.device_get(out)
-    if recorded is not None and (int(out["canvases"]) > recorded[0] or int(out["nfe"]) > recorded[1]):
-        raise InputError(
-            f"the decode ran {int(out['canvases'])} canvases and {int(out['nfe'])} steps; the recorded draws hold "
-            f"{recorded[0]} and {recorded[1]}: it left the recorded run (other weights, prompt or settings)"
-        )
-    return Decoded(
-        output_ids=np.asarray(out["canvas_ids"]),
-        decoder_passes=np.asarray(out["passes"]),
-        nfe=int(out["nfe"]),
-        canvases=int(out["canvases"]),
-        trace={k[6:]: np.asarray(v) for k, v in out.items() if k.startswith("trace_")} if trace else None,
-    )
+    return Prepared((jnp.asarray(ids, jnp.int32), jnp.asarray(prompt_valid, bool), draws), recorded)
+
+
+def compile_decode(graphdef, params, run: Prepared, settings: EntropyBoundSettings, trace: bool = False):
+    """The decode of ``run``'s shapes and ``settings`` compiled ahead of time: call it with
+    ``(params, *run.inputs)``."""
+    return _decode.lower(graphdef, params, *run.inputs, settings, trace).compile()
 
 
 @jax.jit(static_argnames=("graphdef", "settings", "trace"))
@@ -246,7 +296,7 @@ def _decode(
     )
     cache = prompt_cache.append(empty)
 
-    def denoise_canvas(k, cache, ended, nfe, passes, step, records):
+    def denoise_canvas(k, cache, ended, nfe, passes, row_nfe, step, records):
         """One canvas's denoising loop: its argmax canvas, and the counters after it."""
         at = prompt_length + k * C + jnp.arange(C, dtype=jnp.int32)
         at = jnp.broadcast_to(at, (batch, C))
@@ -258,6 +308,7 @@ def _decode(
         def body(s):
             n = s["n"]
             passes_now = s["passes"] + (~(s["stopped"] | ended)).astype(jnp.int32)
+            row_nfe = s["row_nfe"] + (~ended).astype(jnp.int32)
             on = jnp.broadcast_to(s["has_sc"], (batch,))  # no self-conditioning at a canvas's first step
             logits = model.denoise(s["x"], at, cache, s["sc"], sc_on=on)
             z = logits / temperatures[n]
@@ -283,7 +334,7 @@ def _decode(
                 confident = h_kept.mean(-1) < settings.confidence_threshold
                 stopped = stopped | (stable & confident)
             new = dict(s, n=n - 1, x=x_next, a=a, sc=z, has_sc=jnp.ones((), bool), stopped=stopped,
-                       history=history, passes=passes_now, step=s["step"] + 1, nfe=s["nfe"] + 1)  # fmt: skip
+                       history=history, passes=passes_now, row_nfe=row_nfe, step=s["step"] + 1, nfe=s["nfe"] + 1)  # fmt: skip
             if trace:
                 rec = new["records"]
                 i = s["step"]
@@ -308,20 +359,21 @@ def _decode(
             "stopped": jnp.zeros((batch,), bool),
             "history": jnp.full((history_len, batch, C), -1, jnp.int32),
             "passes": passes,
+            "row_nfe": row_nfe,
             "step": step,
             "nfe": nfe,
             "records": records,
         }
         state = jax.lax.while_loop(cond, body, state)
-        return state["a"], state["nfe"], state["passes"], state["step"], state["records"]
+        return state["a"], state["nfe"], state["passes"], state["row_nfe"], state["step"], state["records"]
 
     def canvas_cond(c):
         return (c["k"] < K) & ~jnp.all(c["ended"])
 
     def canvas_body(c):
         k = c["k"]
-        a, nfe, passes, step, records = denoise_canvas(
-            k, c["cache"], c["ended"], c["nfe"], c["passes"], c["step"], c["records"]
+        a, nfe, passes, row_nfe, step, records = denoise_canvas(
+            k, c["cache"], c["ended"], c["nfe"], c["passes"], c["row_nfe"], c["step"], c["records"]
         )
         is_eos = jnp.isin(a, eos)
         seen = jnp.cumsum(is_eos, axis=-1)
@@ -341,7 +393,8 @@ def _decode(
             cache.positions,
             jax.lax.dynamic_update_slice_in_dim(cache.valid, jnp.ones((batch, C), bool), offset, 1),
         )
-        return dict(c, k=k + 1, ids=ids, ended=ended, cache=cache, nfe=nfe, passes=passes, step=step, records=records)
+        return dict(c, k=k + 1, ids=ids, ended=ended, cache=cache, nfe=nfe, passes=passes, row_nfe=row_nfe, step=step,
+                    records=records)  # fmt: skip
 
     records = {}
     if trace:
@@ -362,11 +415,13 @@ def _decode(
         "cache": cache,
         "nfe": jnp.int32(0),
         "passes": jnp.zeros((batch,), jnp.int32),
+        "row_nfe": jnp.zeros((batch,), jnp.int32),
         "step": jnp.int32(0),
         "records": records,
     }
     carry = jax.lax.while_loop(canvas_cond, canvas_body, carry)
-    out = {"canvas_ids": carry["ids"], "passes": carry["passes"], "nfe": carry["nfe"], "canvases": carry["k"]}
+    out = {"canvas_ids": carry["ids"], "passes": carry["passes"], "row_nfe": carry["row_nfe"], "nfe": carry["nfe"],
+           "canvases": carry["k"]}  # fmt: skip
     out.update({f"trace_{name}": v for name, v in carry["records"].items()})
     return out
 
@@ -375,7 +430,7 @@ def _padded_replay(draws: Draws, batch: int, canvases: int, steps: int, canvas: 
     """Recorded draws checked against the decode's shapes and zero-filled to every canvas and step
     it may run (a recorded run holds only the steps it ran), with how many canvases and steps were
     recorded: ``decode`` refuses a run that went past them (it read draws nobody recorded)."""
-    parts = {"init": draws.init, "sample": draws.sample, "renoise": draws.renoise}
+    parts = {"init_canvas": draws.init, "sample": draws.sample, "renoise": draws.renoise}  # upstream's names
     for name, value in parts.items():
         if value is None or value.ndim != 3 or value.shape[1:] != (batch, canvas):
             shape = None if value is None else tuple(value.shape)

@@ -36,7 +36,7 @@ from ..core.config import (
     check_for_model,
 )
 from ..core.errors import InputError
-from ..model_dir import model_directory, model_settings, precheck_settings
+from ..model_dir import model_directory, model_settings, precheck_settings, refuse_entropy_bound
 from ..parallel.sharding import AXES
 from ..recommended import RECOMMENDED_FILE, named_settings
 
@@ -183,11 +183,15 @@ def _pretrained(value: Any) -> Path:
     its weights present) without reading any weights: a wrong path fails here, before the harness
     indexes its tasks, not when the model is made."""
     try:
-        return model_directory(value if value not in (None, "") else None)
+        path = model_directory(value if value not in (None, "") else None)
+        refuse_entropy_bound(path, "the lm-evaluation-harness model")
+        return path
     except FileNotFoundError:
         raise EvalArgsError(f"pretrained={value}: no such model directory") from None
     except CheckpointError as exc:
         raise EvalArgsError(f"pretrained={exc}") from None
+    except InputError as exc:
+        raise EvalArgsError(f"pretrained={value}: {exc}") from None
 
 
 def _quantize_checked(pretrained: Path, quantize: str | None, mesh: str | None) -> None:

@@ -33,7 +33,7 @@ from ..cli.flags import (
 )
 from ..core.config import MAX_BRANCHES, DecodeConfig, DecodeConfigError
 from ..core.lengths import check_context
-from ..model_dir import checked_settings, model_directory, precheck_settings
+from ..model_dir import checked_settings, model_directory, precheck_settings, refuse_entropy_bound
 from ..parallel import multihost
 from ..parallel.sharding import MeshError
 from ..recommended import NAME, named_settings, read_recommended, settings_on_any_device
@@ -318,6 +318,7 @@ def start_up(args: argparse.Namespace, warmup: tuple[int, ...]) -> StartUp:
     cluster = multihost.cluster_from(args)
     api_key = api_key_from(args.api_key, os.environ)
     model_dir = model_directory(args.model)
+    refuse_entropy_bound(model_dir, "python -m psd_jax.serve")
     precheck_settings(model_dir, decode_fields(args), args.settings)  # what holds on any device
     settings_on_any_device(NAME, model_dir)  # a request's "settings": "recommended", checked alike
     multihost.start(cluster)  # before the device kind the recommendations are chosen for is read

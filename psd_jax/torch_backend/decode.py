@@ -51,7 +51,7 @@ import torch
 from models import ModelConfig
 
 from ..core import policies, rules
-from ..core.config import DecodeConfig
+from ..core.config import ENTROPY_BOUND_FAMILY, DecodeConfig
 from ..core.decoders import decoder_for, psd, rps  # the engine's decoders: their rules and statistics' shapes
 from ..core.errors import InputError
 from ..core.predict import ENTROPY_EPS, sequences_forwarded
@@ -64,6 +64,11 @@ def check_supported(mcfg: ModelConfig, dcfg: DecodeConfig | None = None) -> None
     SDAR's block diffusion, ``mcfg.block_causal``), families other than LLaDA and Dream, PSD's drafts into the next block and the top-p/top-k
     filters (``dcfg``). Every policy,
     confidence, decoder and cache is implemented (through ``psd_jax.core.rules``)."""
+    if mcfg.family == ENTROPY_BOUND_FAMILY:
+        raise InputError(
+            "the PyTorch backend does not implement DiffusionGemma (its entropy-bound sampler); decode this "
+            "model with the JAX engine (psd_jax.load_model)"
+        )
     if mcfg.block_causal:
         raise InputError(
             f"the PyTorch backend does not implement block-causal decoding ({mcfg.family!r}: block diffusion); "

@@ -34,7 +34,7 @@ from ..core.config import DecodeConfig, DecodeConfigError, check_for_model
 from ..core.errors import InputError
 from ..core.lengths import check_questions
 from ..costs import CHIPS
-from ..model_dir import model_directory, model_settings
+from ..model_dir import model_directory, model_settings, refuse_entropy_bound
 from ..names import full_name, setting_fields
 from ..scoring import load_jsonl
 from . import log as tune_log
@@ -180,6 +180,7 @@ def prepare(args) -> Plan:
     if not args.z > 0:
         raise InputError(f"--z must be positive, got {args.z:g}")
     model_dir = model_directory(args.model)
+    refuse_entropy_bound(model_dir, "python -m psd_jax.tune")
     data = Path(args.data)
     if not data.is_file():
         raise InputError(f"no problem file {data}")

@@ -57,6 +57,8 @@ def test_replayed_draws_decode_exactly_as_upstream(model, name):
     assert not out.output_ids[:, want.shape[1] :].any(), "canvases not run are pad"
     assert (out.nfe, out.canvases) == (int(c["nfe"]), int(c["encoder_calls"]))
     assert out.decoder_passes.tolist() == c["decoder_passes"].tolist()
+    if len(want) == 1:
+        assert out.row_nfe.tolist() == [out.nfe]  # upstream's nfe at batch 1
     ran = out.nfe
     for field in ("canvas_in", "argmax", "cur_step", "canvas_index", "temperature"):
         assert np.array_equal(out.trace[field][:ran], c[f"trace_{field}"]), field
@@ -125,5 +127,5 @@ def test_replayed_draws_that_run_out_or_do_not_fit_are_refused(model):
     longer = dataclasses.replace(other, max_denoising_steps=40)  # 40 steps a canvas; 32 were recorded
     with pytest.raises(InputError, match=r"steps; the recorded draws hold 1 and 32: it left the recorded run"):
         decode(model, prompt, valid, longer, draws)
-    with pytest.raises(InputError, match=r"'init' must be \[n, batch 2, canvas 32\], got \(1, 1, 32\)"):
+    with pytest.raises(InputError, match=r"'init_canvas' must be \[n, batch 2, canvas 32\], got \(1, 1, 32\)"):
         decode(model, np.concatenate([prompt, prompt]), np.concatenate([valid, valid]), other, draws)

@@ -1,0 +1,171 @@
+"""``load_model`` for DiffusionGemma: ``LoadedDiffusionGemma.generate`` runs the entropy-bound
+sampler (``core.entropy_bound``) with the same arguments and ``Generation`` records as the
+mask-token families' ``LoadedModel.generate``, and decodes with recorded draws instead of its own
+PRNG when given them (``draws``; ``read_draws`` reads them from a safetensors file), so that a run
+of transformers' ``generate`` is reproduced bit for bit.
+
+Settings are ``DecodeConfig`` fields: the lengths and ``config.ENTROPY_BOUND_FIELDS``, over the
+release's ``generation_config.json``; a generation length is rounded up to whole canvases, as
+upstream's ``generate`` rounds ``max_new_tokens``."""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors import SafetensorError
+from safetensors.numpy import load_file
+
+from convert.diffusion_gemma import read_params
+from models.diffusion_gemma import DiffusionGemma
+from models.diffusion_gemma_config import DiffusionGemmaConfig
+
+from .core.config import DecodeConfig, check_for_model, settings_from
+from .core.entropy_bound import Decoded, Draws, EntropyBoundSettings, compile_decode, prepare
+from .core.errors import InputError
+from .core.records import Generation
+from .core.runtime import row_keys
+from .model_dir import canvas_fields, model_settings
+from .prompts import PromptIO, left_pad
+
+DRAW_NAMES = ("init_canvas", "sample", "renoise")  # a recording's arrays, as the goldens lay them out
+
+
+class LoadedDiffusionGemma(PromptIO):
+    """A DiffusionGemma model (one device), its config and tokenizer (``None`` if it has none)."""
+
+    def __init__(self, model: DiffusionGemma, tokenizer, path: Path):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.path = path
+        self.config: DiffusionGemmaConfig = model.config
+        self.mesh = None
+        self.graphdef, self.params = nnx.split(model)
+        self.defaults = model_settings(path)  # the release's generation settings
+        self._compiled: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
+
+    def settings(self, settings: DecodeConfig | None = None, overrides: dict[str, Any] | None = None) -> DecodeConfig:
+        """``settings`` (default: the release's, ``generation_config.json``) with ``overrides``; a
+        generation length given is rounded up to whole canvases. Checked against the model."""
+        if settings is not None and not isinstance(settings, DecodeConfig):
+            raise InputError(f"settings must be a DecodeConfig, got {type(settings).__name__}")
+        overrides = dict(overrides or {})
+        if "gen_length" in overrides:
+            overrides = canvas_fields(overrides, self.config.canvas_length)
+        dcfg = settings_from(settings or self.defaults, overrides)
+        check_for_model(dcfg, self.config)
+        return dcfg
+
+    @property
+    def compiled_programs(self) -> int:
+        return len(self._compiled)
+
+    def clear_programs(self) -> None:
+        self._compiled.clear()
+
+    def generate(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        settings: DecodeConfig | None = None,
+        *,
+        seed: int = 0,
+        chat: bool | None = None,
+        prompt_bucket: int | None = 32,
+        warm: bool = False,
+        draws: Draws | None = None,
+        **overrides: Any,
+    ) -> list[Generation]:
+        """Decode a batch of prompts; one ``Generation`` per prompt, its ``output_ids`` the
+        ``gen_length`` ids of its canvases (pad after its end), ``nfe`` the denoiser calls while it
+        decoded and ``stats["decoder_passes"]`` those in which it was still denoising (upstream's).
+
+        ``draws``: recorded draws (``read_draws``) instead of the engine's own, keyed by ``seed``
+        and each row's place (a row draws the same whatever shares its batch). A recording holds
+        the prompts as upstream padded them: use ``prompt_bucket=None`` (padding to the longest
+        prompt, as upstream's tokenizer does). ``warm``: as ``LoadedModel.generate``."""
+        dcfg, ids = self.request(prompts, settings, overrides, seed, chat, prompt_bucket)
+        prompt_ids, prompt_mask = left_pad(ids, self.config, dcfg.gen_length, prompt_bucket)
+        if draws is None:
+            draws = Draws(key=jnp.asarray(row_keys([seed] * len(ids), range(len(ids)))))
+        sampler = EntropyBoundSettings.of(dcfg)
+        run = prepare(self.config, prompt_ids, prompt_mask.astype(bool), sampler, draws)
+        key = (prompt_ids.shape, sampler, draws.key is None)
+        compile_seconds = 0.0
+        if key not in self._compiled:
+            began = time.perf_counter()
+            self._compiled[key] = compile_decode(self.graphdef, self.params, run, sampler)
+            compile_seconds = time.perf_counter() - began
+        compiled = self._compiled[key]
+        for _ in range(2 if warm and compile_seconds else 1):
+            start = time.perf_counter()
+            out = jax.block_until_ready(compiled(self.params, *run.inputs))
+            seconds = time.perf_counter() - start
+        return self._generations(run.finish(out), seconds, compile_seconds)
+
+    def _generations(self, decoded: Decoded, seconds: float, compile_seconds: float) -> list[Generation]:
+        ids = decoded.output_ids
+        stop = np.isin(ids, self.config.stop_ids)
+        tokens = np.where(stop.any(1), stop.argmax(1), ids.shape[1])
+        return [
+            Generation(
+                output_ids=ids[row].tolist(),
+                text=self.decode_text(ids[row].tolist()),
+                nfe=int(decoded.row_nfe[row]),
+                sequence_forwards=decoded.nfe * ids.shape[0],
+                tokens=int(tokens[row]),
+                tpf=float(tokens[row]) / max(int(decoded.row_nfe[row]), 1),
+                seconds=seconds,
+                compile_seconds=compile_seconds,
+                stats={
+                    "decoder_passes": int(decoded.decoder_passes[row]),
+                    "canvases": decoded.canvases,
+                    # upstream's: ids other than pad (an end-of-sequence id included) per pass
+                    "tokens_per_forward": float((ids[row] != self.config.pad_id).sum())
+                    / max(int(decoded.decoder_passes[row]), 1),
+                },
+                iterations=decoded.nfe,
+            )
+            for row in range(ids.shape[0])
+        ]
+
+
+def read_draws(spec: str) -> Draws:
+    """Recorded draws from ``FILE:PREFIX``: the safetensors file's ``PREFIX.init_canvas``
+    [canvases, batch, canvas], ``PREFIX.sample`` and ``PREFIX.renoise`` [steps, batch, canvas]
+    (upstream's ``randint`` at each canvas start, and its ``multinomial`` and re-noising
+    ``randint`` at each step, in order: the layout of the goldens). Errors name the file and key."""
+    file, sep, prefix = spec.rpartition(":")
+    if not sep or not file or not prefix:
+        raise InputError(f"replay draws must be given as FILE:PREFIX, got {spec!r}")
+    if not Path(file).is_file():
+        raise InputError(f"replay draws: {file} is not a file")
+    try:
+        tensors = load_file(file)
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise InputError(f"replay draws: {file} is not a safetensors file ({exc})") from None
+    missing = [f"{prefix}.{name}" for name in DRAW_NAMES if f"{prefix}.{name}" not in tensors]
+    if missing:
+        raise InputError(f"replay draws: {file} has no {', '.join(missing)}")
+    arrays = []
+    for name in DRAW_NAMES:
+        value = tensors[f"{prefix}.{name}"]
+        if value.dtype.kind not in "iu":
+            raise InputError(f"replay draws: {prefix}.{name} holds {value.dtype}, not token ids")
+        arrays.append(value)
+    return Draws.replay(*arrays)
+
+
+def load_diffusion_gemma(path: Path, dtype, tokenizer_loader) -> LoadedDiffusionGemma:
+    """The checkpoint at ``path`` (Hugging Face safetensors) in ``dtype``, with its tokenizer."""
+    from models import load_config
+
+    cfg = load_config(path)
+    model = DiffusionGemma.from_params(cfg, read_params(path, cfg), dtype=dtype)
+    return LoadedDiffusionGemma(model, tokenizer_loader(path, cfg.family), path)

@@ -1,0 +1,228 @@
+"""DiffusionGemma through the front ends: its settings as ``DecodeConfig`` fields (the release's
+``generation_config.json`` as defaults, lengths in whole canvases, every other family's fields
+refused by name and its fields refused on them), ``python -m psd_jax.generate --replay-draws``
+reproducing upstream's decodes as a command and in-process, the Python API's replay, and the front
+ends that do not run the family yet refusing it in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from diffusion_gemma_goldens import TINY, golden_case
+from paths import GOLDENS
+
+from psd_jax import DecodeConfig, DecodeConfigError, InputError, load_model
+from psd_jax.cli.bench import main as bench_main
+from psd_jax.cli.generate import main as generate_main
+from psd_jax.core.entropy_bound import EntropyBoundSettings
+from psd_jax.diffusion_gemma_api import read_draws
+from psd_jax.model_dir import checked_settings, model_settings, release_settings
+from psd_jax.serve.cli import main as serve_main
+from psd_jax.tuning.cli import main as tune_main
+
+CASES_FILE = GOLDENS / "diffusion_gemma_cases.safetensors"
+LLADA = GOLDENS / "llada-tiny"
+
+
+def _one_line_error(capsys) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("error: ") and "Traceback" not in captured.err
+    return lines[0]
+
+
+def case_argv(name: str) -> list[str]:
+    """``python -m psd_jax.generate``'s arguments for golden case ``name``: its prompts (unpadded),
+    its settings as flags and its recorded draws."""
+    c = golden_case(f"generate_{name}")
+    argv = ["--model", str(TINY), "--json"]
+    for ids, mask in zip(c["prompt"], c["attention_mask"]):
+        argv += ["--prompt-ids", ",".join(map(str, ids[mask.astype(bool)]))]
+    confidence = float(c["confidence_threshold"])
+    argv += [
+        "--gen-length", str(int(c["max_new_tokens"])),
+        "--max-denoising-steps", str(int(c["max_denoising_steps"])),
+        "--entropy-bound", repr(float(c["entropy_bound"])),
+        "--t-min", repr(float(c["t_min"])),
+        "--t-max", repr(float(c["t_max"])),
+        "--stability-threshold", str(max(int(c["stability_threshold"]), 0)),
+        "--confidence-threshold", repr(max(confidence, 0.0)),  # -1 (upstream's None): 0, no adaptive stopping
+        "--replay-draws", f"{CASES_FILE}:diffusion-gemma-tiny.generate_{name}",
+    ]  # fmt: skip
+    return argv
+
+
+def check_rows(rows: list[dict], name: str) -> None:
+    """Each JSON row against the golden: its canvases' ids, upstream's ``decoder_passes``, and
+    ``nfe`` = the batch's denoiser calls until the row ended (upstream's ``nfe`` at batch 1)."""
+    c = golden_case(f"generate_{name}")
+    want = c["output"][:, c["prompt"].shape[1] :]
+    assert len(rows) == want.shape[0]
+    canvas = int(c["canvas_length"])
+    for row, got in enumerate(rows):
+        # upstream returns the canvases it ran; a row here holds gen_length ids, pad after its end
+        assert got["output_ids"][: want.shape[1]] == want[row].tolist()
+        assert len(got["output_ids"]) == int(c["max_new_tokens"]) and not any(got["output_ids"][want.shape[1] :])
+        assert got["decoder_passes"] == int(c["decoder_passes"][row])
+        eos = np.flatnonzero(np.isin(want[row], c["eos_token_ids"]))
+        last_canvas = eos[0] // canvas if eos.size else want.shape[1] // canvas - 1
+        assert got["nfe"] == int((c["trace_canvas_index"] <= last_canvas).sum())
+    if want.shape[0] == 1:
+        assert rows[0]["nfe"] == int(c["nfe"])
+
+
+def test_generate_replays_an_upstream_batch_as_a_command():
+    """As a user runs it: rows stopping adaptively at different steps of a batch of 2."""
+    name = "eb1_s32_stop_batch_p0p2"
+    done = subprocess.run(
+        [sys.executable, "-m", "psd_jax.generate", *case_argv(name)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    check_rows([json.loads(line) for line in done.stdout.splitlines()], name)
+
+
+@pytest.mark.parametrize("name", ["eb2_s8_nostop_batch_p0p2", "eb2_s8_nostop_p2", "default_p0"])
+def test_generate_replays_upstream_in_process(name, capsys):
+    """An end-of-sequence id ending a row in a later canvas, three canvases without adaptive
+    stopping, and the released defaults with an end in the first canvas."""
+    assert generate_main(case_argv(name)) == 0
+    check_rows([json.loads(line) for line in capsys.readouterr().out.splitlines()], name)
+
+
+def test_the_python_api_replays_with_draws_read_from_a_file():
+    c = golden_case("generate_eb2_s8_nostop_batch_p0p2")
+    lm = load_model(TINY)
+    prompts = [ids[mask.astype(bool)].tolist() for ids, mask in zip(c["prompt"], c["attention_mask"])]
+    draws = read_draws(f"{CASES_FILE}:diffusion-gemma-tiny.generate_eb2_s8_nostop_batch_p0p2")
+    out = lm.generate(
+        prompts, gen_length=96, max_denoising_steps=8, entropy_bound=2.0, t_min=0.2, t_max=1.0,
+        stability_threshold=0, confidence_threshold=0.0, draws=draws, prompt_bucket=None,
+    )  # fmt: skip
+    want = c["output"][:, c["prompt"].shape[1] :]  # every canvas ran: gen_length ids
+    assert [g.output_ids for g in out] == want.tolist()
+    assert [g.stats["decoder_passes"] for g in out] == c["decoder_passes"].tolist()
+    np.testing.assert_allclose([g.stats["tokens_per_forward"] for g in out], c["tokens_per_forward"], rtol=1e-6)
+    # The engine's own draws: a row decodes the same alone as in the batch, and again the same.
+    own = lm.generate(prompts, seed=5, gen_length=40, max_denoising_steps=4)
+    alone = lm.generate(prompts[:1], seed=5, gen_length=40, max_denoising_steps=4)
+    assert own[0].output_ids == alone[0].output_ids and len(own[0].output_ids) == 64  # whole canvases
+    assert lm.generate(prompts[:1], seed=5, gen_length=40, max_denoising_steps=4)[0].output_ids == alone[0].output_ids
+
+
+def test_settings_default_to_the_release_and_round_up_to_whole_canvases():
+    release = release_settings(TINY)
+    assert release == {
+        "gen_length": 256, "max_denoising_steps": 48, "t_min": 0.4, "t_max": 0.8,
+        "stability_threshold": 1, "confidence_threshold": 0.005, "entropy_bound": 0.1,
+    }  # fmt: skip
+    settings = model_settings(TINY)
+    assert (settings.gen_length, settings.block_length) == (256, 32)
+    assert model_settings(TINY, {"gen_length": 33}).gen_length == 64
+    assert checked_settings(TINY, {}, "recommended")[0] == settings  # without a tuned file: the release's
+    off = EntropyBoundSettings.of(model_settings(TINY, {"confidence_threshold": 0}))
+    assert (off.stability_threshold, off.confidence_threshold, off.adaptive) == (None, None, False)
+    on = EntropyBoundSettings.of(settings)
+    assert (on.stability_threshold, on.confidence_threshold, on.gen_length) == (1, 0.005, 256)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"policy": "threshold"}, r"policy='threshold': not used by DiffusionGemma's entropy-bound sampler"),
+        ({"decoder": "psd", "depth": 2}, r"decoder='psd', depth=2: not used by DiffusionGemma"),
+        ({"temperature": 0.5}, r"temperature=0.5: not used by DiffusionGemma"),
+        ({"block_length": 16}, r"block_length 16: DiffusionGemma decodes in canvases of 32"),
+        ({"t_min": 0.9}, r"t_min 0.9 exceeds t_max 0.8"),
+        ({"t_min": 0.0}, r"t_min must be in \[0.0001, 100\], got 0.0"),
+        ({"entropy_bound": -1.0}, r"entropy_bound must be in \[0, 1e\+06\], got -1.0"),
+        ({"max_denoising_steps": 0}, r"max_denoising_steps must be in \[1, 4096\], got 0"),
+        ({"stability_threshold": 49}, r"stability_threshold 49 exceeds max_denoising_steps 48"),
+        ({"confidence_threshold": float("nan")}, r"confidence_threshold must be finite"),
+        ({"gen_length": 131072}, r"gen_length 131072 leaves no room for a prompt"),
+    ],
+)
+def test_settings_the_sampler_cannot_use_are_refused_by_name(fields, message):
+    with pytest.raises(DecodeConfigError, match=message):
+        checked_settings(TINY, fields)
+
+
+def test_mask_families_refuse_the_sampler_fields_by_name(capsys):
+    with pytest.raises(DecodeConfigError, match=r"entropy_bound=0.5: used only by DiffusionGemma's .* not by llada"):
+        checked_settings(LLADA, {"entropy_bound": 0.5})
+    assert generate_main(["--model", str(LLADA), "--prompt-ids", "1,2", "--replay-draws", "x:y"]) == 2
+    assert "--replay-draws replays DiffusionGemma's sampler; this model is llada" in _one_line_error(capsys)
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("no-colon", "replay draws must be given as FILE:PREFIX, got 'no-colon'"),
+        ("/nonexistent/file:x", "replay draws: /nonexistent/file is not a file"),
+        (f"{TINY / 'config.json'}:x", "is not a safetensors file"),
+        (f"{CASES_FILE}:nothing", "has no nothing.init_canvas, nothing.sample, nothing.renoise"),
+        # the draws of another run: they do not fit these prompts' batch
+        (
+            f"{CASES_FILE}:diffusion-gemma-tiny.generate_default_batch_p0p2",
+            "'init_canvas' must be [n, batch 1, canvas 32], got (2, 2, 32)",
+        ),
+    ],
+)
+def test_bad_replay_draws_are_one_line(spec, message, capsys):
+    argv = ["--model", str(TINY), "--prompt-ids", "2,5,7", "--gen-length", "32", "--replay-draws", spec]
+    assert generate_main(argv) == 2
+    assert message in _one_line_error(capsys)
+
+
+def test_draws_that_are_not_ids_are_refused(tmp_path):
+    from safetensors.numpy import save_file
+
+    file = tmp_path / "draws.safetensors"
+    save_file({f"r.{n}": np.zeros((1, 1, 32), np.float32) for n in ("init_canvas", "sample", "renoise")}, str(file))
+    with pytest.raises(InputError, match="r.init_canvas holds float32, not token ids"):
+        read_draws(f"{file}:r")
+    save_file({f"r.{n}": np.full((1, 1, 32), 512, np.int32) for n in ("init_canvas", "sample", "renoise")}, str(file))
+    with pytest.raises(InputError, match=r"recorded draws 'init_canvas' hold ids outside the vocabulary \[0, 512\)"):
+        load_model(TINY).generate([[2, 5]], gen_length=32, draws=read_draws(f"{file}:r"))
+
+
+def test_unsupported_weights_options_and_demo_are_refused(capsys):
+    for extra, message in [
+        (["--mesh", "data=1"], "DiffusionGemma runs on one device in one process"),
+        (["--quantize", "int8"], "quantize 'int8': DiffusionGemma's weights load unquantized"),
+    ]:
+        assert generate_main(["--model", str(TINY), "--prompt-ids", "2,5", *extra]) == 2
+        assert message in _one_line_error(capsys)
+
+
+@pytest.mark.parametrize(
+    "main, argv, command",
+    [
+        (bench_main, ["--model", str(TINY)], "python -m psd_jax.bench"),
+        (serve_main, ["--model", str(TINY)], "python -m psd_jax.serve"),
+        (tune_main, ["--model", str(TINY), "--data", str(TINY / "config.json")], "python -m psd_jax.tune"),
+    ],
+)
+def test_front_ends_without_the_sampler_refuse_it_by_name(main, argv, command, capsys):
+    assert main(argv) == 2
+    assert f"{command} does not run DiffusionGemma yet" in _one_line_error(capsys)
+
+
+def test_the_harness_model_refuses_it_by_name():
+    from psd_jax.evaluate.args import EvalArgsError, parse_eval_args
+
+    with pytest.raises(EvalArgsError, match="the lm-evaluation-harness model does not run DiffusionGemma yet"):
+        parse_eval_args({"pretrained": str(TINY)})
+
+
+def test_decode_config_keeps_the_release_defaults():
+    """The dataclass's own defaults are the released generation_config.json's, so the Python API
+    without a directory (``DecodeConfig()``) and the CLI agree."""
+    d = DecodeConfig()
+    assert {k: getattr(d, k) for k in release_settings(TINY) if k != "gen_length"} == {
+        k: v for k, v in release_settings(TINY).items() if k != "gen_length"
+    }
