@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from . import llada2, lladamoe, sdar, transformer
+from . import diffusion_gemma, llada2, lladamoe, sdar, transformer
 from .config import (
     ConfigError,
     LLaDA2Config,
@@ -17,21 +17,24 @@ from .config import (
     config_from_dict,
     load_config,
 )
+from .diffusion_gemma_config import DiffusionGemmaConfig
 from .llada2 import LLaDA2MoE
 from .lladamoe import LLaDAMoE
 from .sdar import SDAR
 from .transformer import DiffusionLM
 
-AnyConfig = ModelConfig | LLaDA2Config | LLaDAMoEConfig | SDARConfig
+AnyConfig = ModelConfig | LLaDA2Config | LLaDAMoEConfig | SDARConfig | DiffusionGemmaConfig
 
 
 def family_module(cfg: AnyConfig):
-    """The module (``transformer``, ``llada2``, ``lladamoe`` or ``sdar``) holding the family's parameter
+    """The module (``transformer``, ``llada2``, ``lladamoe``, ``sdar`` or ``diffusion_gemma``) holding the family's parameter
     table (``param_shapes``) and logical axes (``logical_axes``)."""
     if isinstance(cfg, LLaDA2Config):
         return llada2
     if isinstance(cfg, SDARConfig):
         return sdar
+    if isinstance(cfg, DiffusionGemmaConfig):
+        return diffusion_gemma
     return lladamoe if isinstance(cfg, LLaDAMoEConfig) else transformer
 
 

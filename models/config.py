@@ -17,16 +17,15 @@ import json
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from .config_error import ConfigError
+from .diffusion_gemma_config import DiffusionGemmaConfig, load_diffusion_gemma_config
+
 FAMILIES = ("llada", "dream", "llada2_moe", "lladamoe", "sdar")
 BLOCK_CAUSAL_FAMILIES = ("llada2_moe", "sdar")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # what a model's weights may be held in (``--dtype``)
 # Side files of a LLaDA2.0 or LLaDA-MoE directory that may name the special ids (their config.json
 # names no mask id).
 DECODE_IDS_FILE = "decode.json"
-
-
-class ConfigError(ValueError):
-    """A config.json that this library cannot run, with the reason."""
 
 
 _Config = TypeVar("_Config", bound="_SharedConfig")
@@ -206,8 +205,6 @@ def config_from_dict(cfg: dict, source: str = "config", special_ids: dict[str, i
     elif model_type == "sdar":
         return sdar_config(cfg, source, special_ids or {})
     elif model_type == "diffusion_gemma":
-        from .diffusion_gemma_config import DiffusionGemmaConfig  # it imports this module
-
         return DiffusionGemmaConfig.from_dict(cfg, source)
     else:
         raise ConfigError(
@@ -249,8 +246,6 @@ def load_config(model_dir: str | Path) -> Any:
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not valid JSON ({exc})") from exc
     if cfg.get("model_type") == "diffusion_gemma":
-        from .diffusion_gemma_config import load_diffusion_gemma_config  # it imports this module
-
         return load_diffusion_gemma_config(model_dir)
     side_ids = cfg.get("model_type") in ("llada2_moe", "sdar") or (
         cfg.get("model_type") == "llada" and is_lladamoe(cfg)

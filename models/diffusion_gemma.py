@@ -110,6 +110,51 @@ def param_shapes(cfg: DiffusionGemmaConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+# Logical axes by base name (``psd_jax.parallel.sharding.LOGICAL_RULES`` maps them to mesh axes):
+# heads, MLP units and the vocabulary over ``model``, the experts over ``expert``; norms, the
+# router and the layer scalars replicated. A stacked layer parameter has "layers" first.
+LOGICAL_AXES: dict[str, tuple[str | None, ...]] = {
+    "embed": ("vocab", "embed"),
+    "final_norm": ("embed",),
+    "sc_pre_norm": ("embed",),
+    "sc_gate": ("embed", "mlp"),
+    "sc_up": ("embed", "mlp"),
+    "sc_down": ("mlp", "embed"),
+    "input_norm": ("embed",),
+    "wq": ("embed", "heads"),
+    "wk": ("embed", "kv_heads"),
+    "wv": ("embed", "kv_heads"),
+    "q_norm": ("head_dim",),
+    "k_norm": ("head_dim",),
+    "wo": ("heads", "embed"),
+    "post_attention_norm": ("embed",),
+    "pre_ff_norm": ("embed",),
+    "w_gate": ("embed", "mlp"),
+    "w_up": ("embed", "mlp"),
+    "w_down": ("mlp", "embed"),
+    "post_ff_norm_1": ("embed",),
+    "router": ("embed", "router"),
+    "router_scale": ("embed",),
+    "expert_scale": ("router",),
+    "pre_ff_norm_2": ("embed",),
+    "expert_gate": ("experts", "embed", "expert_mlp"),
+    "expert_up": ("experts", "embed", "expert_mlp"),
+    "expert_down": ("experts", "expert_mlp", "embed"),
+    "post_ff_norm_2": ("embed",),
+    "post_ff_norm": ("embed",),
+    "encoder_scalar": (),
+    "denoiser_scalar": (),
+}
+
+
+def logical_axes(name: str) -> tuple[str | None, ...]:
+    """The logical axes of parameter ``name`` as ``param_shapes`` names it."""
+    group, _, base = name.partition("_")
+    if group in ("sliding", "full") and base in LOGICAL_AXES:
+        return ("layers", *LOGICAL_AXES[base])
+    return LOGICAL_AXES[name]
+
+
 def param_count(cfg: DiffusionGemmaConfig) -> int:
     """Text parameters as upstream counts them once (the tied LM head and encoder weights not
     again, the ``layer_scalar`` buffers not at all), self-conditioning included."""
@@ -210,14 +255,20 @@ class DiffusionGemma(nnx.Module):
             setattr(self, name, nnx.Param(value))
 
     @classmethod
-    def from_params(cls, config: DiffusionGemmaConfig, params: dict, *, dtype=jnp.float32) -> DiffusionGemma:
-        """The module holding ``params`` (``param_shapes`` names; e.g. ``convert.diffusion_gemma.read_params``)."""
+    def from_params(
+        cls, config: DiffusionGemmaConfig, params: dict, *, dtype=jnp.float32, shardings: dict | None = None
+    ) -> DiffusionGemma:
+        """The module holding ``params`` (``param_shapes`` names; e.g. ``convert.diffusion_gemma.read_params``),
+        each placed straight into its shards when ``shardings`` (by name) is given."""
         model = nnx.eval_shape(lambda: cls(config, dtype=dtype))
         missing = set(param_shapes(config)) - set(params)
         if missing:
             raise ValueError(f"parameters missing: {', '.join(sorted(missing))}")
         for name, value in params.items():
-            getattr(model, name).set_value(jnp.asarray(value, dtype))
+            if shardings is None:
+                getattr(model, name).set_value(jnp.asarray(value, dtype))
+            else:
+                getattr(model, name).set_value(jax.device_put(np.asarray(value).astype(dtype), shardings[name]))
         return model
 
     # ------------------------------------------------------------------------------- the modes

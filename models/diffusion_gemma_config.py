@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError
+from .config_error import ConfigError
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 GROUPS = {SLIDING: "sliding", FULL: "full"}  # layer type -> parameter group

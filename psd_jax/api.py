@@ -239,17 +239,20 @@ class LoadedModel(PromptIO):
 
 
 def _load_entropy_bound_model(path: Path, dtype: str, mesh, quantize: str | None):
-    """DiffusionGemma (``diffusion_gemma_api``): one device, weights in ``dtype``. Meshes, several
-    processes and quantization are refused by name rather than ignored."""
+    """DiffusionGemma (``diffusion_gemma_api``): weights in ``dtype``, on one device or a mesh of
+    one process's devices. Several processes and quantization are refused by name rather than
+    ignored."""
     from .diffusion_gemma_api import load_diffusion_gemma
 
-    if mesh is not None or process_count() > 1:
+    if process_count() > 1:
         raise InputError(
-            "DiffusionGemma runs on one device in one process: --mesh and several processes are not supported for it yet"
+            "DiffusionGemma runs in one process (one device or a mesh of its devices): several processes are not supported for it yet"
         )
     if quantize is not None:
         raise InputError(f"quantize {quantize!r}: DiffusionGemma's weights load unquantized (not supported for it yet)")
-    return load_diffusion_gemma(path, DTYPES[dtype], load_tokenizer)
+    if isinstance(mesh, str):
+        mesh = make_mesh(mesh)
+    return load_diffusion_gemma(path, DTYPES[dtype], load_tokenizer, mesh)
 
 
 def load_model(

@@ -11,6 +11,8 @@ upstream's ``generate`` rounds ``max_new_tokens``."""
 from __future__ import annotations
 
 import collections
+import contextlib
+import dataclasses
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from safetensors import SafetensorError
 from safetensors.numpy import load_file
 
@@ -28,25 +31,27 @@ from models.diffusion_gemma import DiffusionGemma
 from models.diffusion_gemma_config import DiffusionGemmaConfig
 
 from .core.config import DecodeConfig, check_for_model, settings_from
-from .core.entropy_bound import Decoded, Draws, EntropyBoundSettings, compile_decode, prepare
+from .core.entropy_bound import Decoded, Draws, EntropyBoundSettings, Prepared, compile_decode, prepare
 from .core.errors import InputError
 from .core.records import Generation
 from .core.runtime import row_keys
 from .model_dir import canvas_fields, model_settings
+from .parallel.sharding import batch_sharding, param_shardings
 from .prompts import PromptIO, left_pad
 
 DRAW_NAMES = ("init_canvas", "sample", "renoise")  # a recording's arrays, as the goldens lay them out
 
 
 class LoadedDiffusionGemma(PromptIO):
-    """A DiffusionGemma model (one device), its config and tokenizer (``None`` if it has none)."""
+    """A DiffusionGemma model, its config and tokenizer (``None`` if it has none), and the mesh its
+    parameters are sharded over (``None``: one device)."""
 
-    def __init__(self, model: DiffusionGemma, tokenizer, path: Path):
+    def __init__(self, model: DiffusionGemma, tokenizer, path: Path, mesh: Mesh | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.path = path
         self.config: DiffusionGemmaConfig = model.config
-        self.mesh = None
+        self.mesh = mesh
         self.graphdef, self.params = nnx.split(model)
         self.defaults = model_settings(path)  # the release's generation settings
         self._compiled: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
@@ -95,12 +100,13 @@ class LoadedDiffusionGemma(PromptIO):
         if draws is None:
             draws = Draws(key=jnp.asarray(row_keys([seed] * len(ids), range(len(ids)))))
         sampler = EntropyBoundSettings.of(dcfg)
-        run = prepare(self.config, prompt_ids, prompt_mask.astype(bool), sampler, draws)
+        run = self._on_devices(prepare(self.config, prompt_ids, prompt_mask.astype(bool), sampler, draws))
         key = (prompt_ids.shape, sampler, draws.key is None)
         compile_seconds = 0.0
         if key not in self._compiled:
             began = time.perf_counter()
-            self._compiled[key] = compile_decode(self.graphdef, self.params, run, sampler)
+            with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
+                self._compiled[key] = compile_decode(self.graphdef, self.params, run, sampler)
             compile_seconds = time.perf_counter() - began
         compiled = self._compiled[key]
         for _ in range(2 if warm and compile_seconds else 1):
@@ -108,6 +114,24 @@ class LoadedDiffusionGemma(PromptIO):
             out = jax.block_until_ready(compiled(self.params, *run.inputs))
             seconds = time.perf_counter() - start
         return self._generations(run.finish(out), seconds, compile_seconds)
+
+    def _on_devices(self, run: Prepared) -> Prepared:
+        """``run``'s inputs with their rows split over the mesh (``sharding.batch_sharding``): the
+        prompts and mask [B, P], the draws' keys [B, 2] or recorded ids [n, B, C]."""
+        if self.mesh is None:
+            return run
+        ids, valid, draws = run.inputs
+        rows = batch_sharding(self.mesh, ids.shape[0])
+        put = lambda x: jax.device_put(x, rows)  # noqa: E731
+        by_step = NamedSharding(self.mesh, PartitionSpec(None, *rows.spec))
+        draws = Draws(
+            key=None if draws.key is None else put(draws.key),
+            **{
+                name: None if getattr(draws, name) is None else jax.device_put(getattr(draws, name), by_step)
+                for name in ("init", "sample", "renoise")
+            },
+        )
+        return dataclasses.replace(run, inputs=(put(ids), put(valid), draws))
 
     def _generations(self, decoded: Decoded, seconds: float, compile_seconds: float) -> list[Generation]:
         ids = decoded.output_ids
@@ -162,10 +186,13 @@ def read_draws(spec: str) -> Draws:
     return Draws.replay(*arrays)
 
 
-def load_diffusion_gemma(path: Path, dtype, tokenizer_loader) -> LoadedDiffusionGemma:
-    """The checkpoint at ``path`` (Hugging Face safetensors) in ``dtype``, with its tokenizer."""
+def load_diffusion_gemma(path: Path, dtype, tokenizer_loader, mesh: Mesh | None = None) -> LoadedDiffusionGemma:
+    """The checkpoint at ``path`` (Hugging Face safetensors) in ``dtype``, with its tokenizer; with
+    ``mesh``, each parameter placed into its shards as it is read (``sharding.param_shardings``:
+    heads, MLP units and the vocabulary over ``model``, experts over ``expert``)."""
     from models import load_config
 
     cfg = load_config(path)
-    model = DiffusionGemma.from_params(cfg, read_params(path, cfg), dtype=dtype)
-    return LoadedDiffusionGemma(model, tokenizer_loader(path, cfg.family), path)
+    shardings = None if mesh is None else param_shardings(cfg, mesh)
+    model = DiffusionGemma.from_params(cfg, read_params(path, cfg), dtype=dtype, shardings=shardings)
+    return LoadedDiffusionGemma(model, tokenizer_loader(path, cfg.family), path, mesh)

@@ -192,7 +192,14 @@ class SharedRun:
         out = self.root / "one-process"
         out.mkdir()
         script = HELPERS / "sharded_decode.py"
-        args = [GOLDENS / "llada-tiny", GOLDENS / "llada2-tiny", word_model, out, GOLDENS / "sdar-tiny"]
+        args = [
+            GOLDENS / "llada-tiny",
+            GOLDENS / "llada2-tiny",
+            word_model,
+            out,
+            GOLDENS / "sdar-tiny",
+            GOLDENS / "diffusion-gemma-tiny",
+        ]
         with (out / "stdout.txt").open("w") as stdout, (out / "stderr.txt").open("w") as stderr:
             self.proc = subprocess.Popen(
                 [sys.executable, str(script), *map(str, args)], env=env, stdout=stdout, stderr=stderr

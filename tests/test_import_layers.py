@@ -104,6 +104,7 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
         (
             "psd_jax",
             "psd_jax.api",
+            "psd_jax.diffusion_gemma_api",
             "psd_jax.model_dir",
             "psd_jax.prompts",
             "psd_jax.tokenizer",

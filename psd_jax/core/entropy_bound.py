@@ -263,10 +263,13 @@ def prepare(cfg, prompt_ids, prompt_valid, settings: EntropyBoundSettings, draws
     return Prepared((jnp.asarray(ids, jnp.int32), jnp.asarray(prompt_valid, bool), draws), recorded)
 
 
-def compile_decode(graphdef, params, run: Prepared, settings: EntropyBoundSettings, trace: bool = False):
-    """The decode of ``run``'s shapes and ``settings`` compiled ahead of time: call it with
-    ``(params, *run.inputs)``."""
-    return _decode.lower(graphdef, params, *run.inputs, settings, trace).compile()
+def compile_decode(
+    graphdef, params, run: Prepared, settings: EntropyBoundSettings, trace: bool = False, options: dict | None = None
+):
+    """The decode of ``run``'s shapes and ``settings`` compiled ahead of time (``options``: the
+    compiler's): call it with ``(params, *run.inputs)``. ``params`` and the inputs may be abstract
+    (``jax.ShapeDtypeStruct``), for a memory analysis without weights."""
+    return _decode.lower(graphdef, params, *run.inputs, settings, trace).compile(compiler_options=options)
 
 
 @jax.jit(static_argnames=("graphdef", "settings", "trace"))

@@ -190,10 +190,10 @@ def test_draws_that_are_not_ids_are_refused(tmp_path):
         load_model(TINY).generate([[2, 5]], gen_length=32, draws=read_draws(f"{file}:r"))
 
 
-def test_unsupported_weights_options_and_demo_are_refused(capsys):
+def test_quantization_and_impossible_meshes_are_refused(capsys):
     for extra, message in [
-        (["--mesh", "data=1"], "DiffusionGemma runs on one device in one process"),
         (["--quantize", "int8"], "quantize 'int8': DiffusionGemma's weights load unquantized"),
+        (["--mesh", "data=2"], "data=2 does not divide the 1 devices"),
     ]:
         assert generate_main(["--model", str(TINY), "--prompt-ids", "2,5", *extra]) == 2
         assert message in _one_line_error(capsys)

@@ -1,11 +1,13 @@
 """Run in a subprocess with 8 simulated CPU devices: decode on several meshes, print JSON.
 
-Usage: XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/helpers/sharded_decode.py CKPT [MOE_CKPT [WORD_MODEL OUT [SDAR_CKPT]]]
+Usage: XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/helpers/sharded_decode.py CKPT [MOE_CKPT [WORD_MODEL OUT [SDAR_CKPT [DIFFUSION_GEMMA_CKPT]]]]
 
 With MOE_CKPT (llada2-tiny: 8 experts, top-2) it also runs LLaDA2.0's forward and one block
 diffusion decode per expert mesh; with WORD_MODEL (tests/helpers/word_model.py) and OUT, the command-line
 front ends as one process, for the multi-process tests (tests/helpers/multihost_driver.py); with SDAR_CKPT
-(sdar-tiny) one cached SDAR decode on a mesh against one device.
+(sdar-tiny) one cached SDAR decode on a mesh against one device; with DIFFUSION_GEMMA_CKPT
+(diffusion-gemma-tiny) a replayed upstream decode on an expert mesh and the engine's own draws on a
+data x model mesh.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import math
 import sys
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -288,6 +291,7 @@ def main(
     word_model: str | None = None,
     out_dir: str | None = None,
     sdar_ckpt: str | None = None,
+    diffusion_gemma_ckpt: str | None = None,
 ) -> None:
     assert jax.device_count() == 8, jax.devices()
     out = {"reference": {}, "meshes": {}}
@@ -321,7 +325,44 @@ def main(
         out["front_ends"] = front_end_references(word_model, out_dir)
     if sdar_ckpt is not None:
         out["sdar"] = sdar_mesh(sdar_ckpt)
+    if diffusion_gemma_ckpt is not None:
+        out["diffusion_gemma"] = diffusion_gemma_meshes(diffusion_gemma_ckpt)
     print(json.dumps(out))
+
+
+# DiffusionGemma: an upstream decode replayed on an expert mesh (experts over ``expert``, rows over
+# nothing: 2 rows, data=1), and the engine's own draws on a data x model mesh against one device.
+DG_REPLAY_MESH, DG_OWN_MESH = "data=1,expert=4,model=2", "data=2,model=4"
+DG_CASE = "generate_eb2_s8_nostop_batch_p0p2"  # 3 canvases of 8 steps, a row ending in canvas 2
+DG_REPLAY = dict(gen_length=96, max_denoising_steps=8, entropy_bound=2.0, t_min=0.2, t_max=1.0,
+                 stability_threshold=0, confidence_threshold=0.0, prompt_bucket=None)  # fmt: skip
+DG_OWN = dict(gen_length=64, max_denoising_steps=6, seed=3)
+
+
+def diffusion_gemma_meshes(ckpt: str) -> dict:
+    """The replayed golden's rows on ``DG_REPLAY_MESH`` (ids, nfe, decoder passes), the own-draws
+    rows on ``DG_OWN_MESH`` and on one device, and which parameters each mesh split."""
+    from diffusion_gemma_goldens import golden_case
+
+    from psd_jax.diffusion_gemma_api import read_draws
+
+    start = time.perf_counter()
+    c = golden_case(DG_CASE)
+    prompts = [ids[mask.astype(bool)].tolist() for ids, mask in zip(c["prompt"], c["attention_mask"])]
+    rows = lambda out: [[g.output_ids, g.nfe, g.stats["decoder_passes"]] for g in out]  # noqa: E731
+    draws = read_draws(f"{Path(ckpt).parent / 'diffusion_gemma_cases.safetensors'}:diffusion-gemma-tiny.{DG_CASE}")
+    out = {}
+    for mesh in (DG_REPLAY_MESH, DG_OWN_MESH):
+        lm = load_model(ckpt, mesh=mesh)
+        split = {path[-1]: str(p[...].sharding.spec) for path, p in lm.params.flat_state()
+                 if not p[...].sharding.is_fully_replicated}  # fmt: skip
+        decoded = (
+            lm.generate(prompts, draws=draws, **DG_REPLAY) if mesh == DG_REPLAY_MESH else lm.generate(prompts, **DG_OWN)
+        )
+        out[mesh] = {"decoded": rows(decoded), "split_params": split}
+    out["own_reference"] = rows(load_model(ckpt).generate(prompts, **DG_OWN))
+    print(f"diffusion_gemma meshes: {time.perf_counter() - start:.1f}s", file=sys.stderr)
+    return out
 
 
 # SDAR (block-causal, dense): rows over ``data``, heads and kv heads over ``model``; the exact block
@@ -442,4 +483,4 @@ def quantized_expert_mesh(ckpt: str) -> dict:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:6])
+    main(*sys.argv[1:7])

@@ -6,6 +6,7 @@ import math
 
 import jax
 import pytest
+from diffusion_gemma_goldens import golden_case
 from paths import GOLDENS, HF_CONFIGS
 
 from models import param_shapes
@@ -21,7 +22,17 @@ from psd_jax.parallel.sharding import (
 )
 
 from conftest import llada2_mini_config
-from sharded_decode import CACHED, DECODERS, MESHES, MOE_DECODE, MOE_INT8_MESH, MOE_MESHES
+from sharded_decode import (
+    CACHED,
+    DECODERS,
+    DG_CASE,
+    DG_OWN_MESH,
+    DG_REPLAY_MESH,
+    MESHES,
+    MOE_DECODE,
+    MOE_INT8_MESH,
+    MOE_MESHES,
+)
 
 
 @pytest.mark.parametrize(("mesh", "decoder"), [(mesh, name) for mesh, names in MESHES.items() for name in names])
@@ -248,3 +259,19 @@ def test_int8_llada2_on_an_expert_mesh(sharded_run):
     }
     assert run["layer_max_abs"] > 1.0
     assert run["layer_max_excess"] <= 1e-5
+
+
+def test_diffusion_gemma_on_meshes_decodes_as_upstream_and_one_device(sharded_run):
+    """DiffusionGemma's sampler on an expert mesh reproduces upstream's replayed decode (ids, per-row
+    calls and passes); on a data x model mesh its own draws give one device's ids; the experts
+    really split over ``expert`` and the heads and vocabulary over ``model``."""
+    run = sharded_run["diffusion_gemma"]
+    c = golden_case(DG_CASE)
+    want = c["output"][:, c["prompt"].shape[1] :].tolist()
+    assert [ids for ids, _, _ in run[DG_REPLAY_MESH]["decoded"]] == want
+    assert [passes for _, _, passes in run[DG_REPLAY_MESH]["decoded"]] == c["decoder_passes"].tolist()
+    assert run[DG_OWN_MESH]["decoded"] == run["own_reference"]
+    expert_split = run[DG_REPLAY_MESH]["split_params"]
+    assert expert_split["full_expert_gate"] == str(jax.sharding.PartitionSpec(None, "expert", None, "model"))
+    assert expert_split["embed"] == str(jax.sharding.PartitionSpec("model", None))
+    assert {"sliding_wq", "sliding_wo", "sc_gate"} <= set(run[DG_OWN_MESH]["split_params"])
