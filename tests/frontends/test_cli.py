@@ -8,6 +8,7 @@ import json
 import math
 
 import pytest
+from cli_errors import one_line_error as _one_line_error
 from paths import GOLDENS
 
 from psd_jax import DecodeConfig, DecodeConfigError, InputError, load_model
@@ -22,14 +23,6 @@ from psd_jax.recommended import NAME, named_settings, read_recommended
 from conftest import TUNED, model_with_recommendation
 
 TINY = ["--model", str(GOLDENS / "llada-tiny"), "--prompt-ids", "1,2,3"]
-
-
-def _one_line_error(capsys) -> str:
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1, captured.err
-    assert lines[0].startswith("error: ") and "Traceback" not in captured.err
-    return lines[0]
 
 
 # ----------------------------------------------------------------- DecodeConfig validation

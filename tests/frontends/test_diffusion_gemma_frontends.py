@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+from cli_errors import one_line_error as _one_line_error
 from diffusion_gemma_goldens import TINY, golden_case
 from paths import GOLDENS
 
@@ -26,14 +27,6 @@ from psd_jax.tuning.cli import main as tune_main
 
 CASES_FILE = GOLDENS / "diffusion_gemma_cases.safetensors"
 LLADA = GOLDENS / "llada-tiny"
-
-
-def _one_line_error(capsys) -> str:
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1, captured.err
-    assert lines[0].startswith("error: ") and "Traceback" not in captured.err
-    return lines[0]
 
 
 def case_argv(name: str) -> list[str]:
