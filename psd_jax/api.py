@@ -238,7 +238,7 @@ class LoadedModel(PromptIO):
         )
 
 
-def _load_entropy_bound_model(path: Path, dtype: str, mesh, quantize: str | None):
+def _load_entropy_bound_model(path: Path, cfg, dtype: str, mesh, quantize: str | None):
     """DiffusionGemma (``diffusion_gemma_api``): weights in ``dtype``, on one device or a mesh of
     one process's devices. Several processes and quantization are refused by name rather than
     ignored."""
@@ -252,7 +252,7 @@ def _load_entropy_bound_model(path: Path, dtype: str, mesh, quantize: str | None
         raise InputError(f"quantize {quantize!r}: DiffusionGemma's weights load unquantized (not supported for it yet)")
     if isinstance(mesh, str):
         mesh = make_mesh(mesh)
-    return load_diffusion_gemma(path, DTYPES[dtype], load_tokenizer, mesh)
+    return load_diffusion_gemma(path, cfg, DTYPES[dtype], load_tokenizer, mesh)
 
 
 def load_model(
@@ -279,13 +279,14 @@ def load_model(
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     check_quantize(quantize, on_mesh=mesh is not None or process_count() > 1)
     path = model_directory(path)
-    if load_config(path).family == ENTROPY_BOUND_FAMILY:
-        return _load_entropy_bound_model(path, dtype, mesh, quantize)
+    mcfg = load_config(path)
+    if mcfg.family == ENTROPY_BOUND_FAMILY:
+        return _load_entropy_bound_model(path, mcfg, dtype, mesh, quantize)
     if isinstance(mesh, str) or (mesh is None and process_count() > 1):
         mesh = make_mesh(mesh)  # several processes: by default one mesh over all of their devices
     shardings = None
     if mesh is not None:
-        shardings = param_shardings(load_config(path), mesh)
+        shardings = param_shardings(mcfg, mesh)
     if unroll_layers is None:
         unroll_layers = default_unroll_layers()
     if is_orbax_dir(path):

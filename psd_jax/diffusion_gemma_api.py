@@ -20,7 +20,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from safetensors import SafetensorError
@@ -30,10 +29,10 @@ from convert.diffusion_gemma import read_params
 from models.diffusion_gemma import DiffusionGemma
 from models.diffusion_gemma_config import DiffusionGemmaConfig
 
-from .core.config import DecodeConfig, check_for_model, settings_from
+from .core.config import DecodeConfig
 from .core.entropy_bound import Decoded, Draws, EntropyBoundSettings, Prepared, compile_decode, prepare
 from .core.errors import InputError
-from .core.records import Generation
+from .core.records import Generation, tokens_before_stop
 from .core.runtime import row_keys
 from .model_dir import canvas_fields, model_settings
 from .parallel.sharding import batch_sharding, param_shardings
@@ -56,17 +55,13 @@ class LoadedDiffusionGemma(PromptIO):
         self.defaults = model_settings(path)  # the release's generation settings
         self._compiled: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
 
-    def settings(self, settings: DecodeConfig | None = None, overrides: dict[str, Any] | None = None) -> DecodeConfig:
-        """``settings`` (default: the release's, ``generation_config.json``) with ``overrides``; a
-        generation length given is rounded up to whole canvases. Checked against the model."""
-        if settings is not None and not isinstance(settings, DecodeConfig):
-            raise InputError(f"settings must be a DecodeConfig, got {type(settings).__name__}")
-        overrides = dict(overrides or {})
-        if "gen_length" in overrides:
-            overrides = canvas_fields(overrides, self.config.canvas_length)
-        dcfg = settings_from(settings or self.defaults, overrides)
-        check_for_model(dcfg, self.config)
-        return dcfg
+    def default_settings(self) -> DecodeConfig:
+        """The release's settings (``generation_config.json``)."""
+        return self.defaults
+
+    def fitted(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """A generation length given is rounded up to whole canvases, as upstream rounds it."""
+        return canvas_fields(overrides, self.config.canvas_length) if "gen_length" in overrides else overrides
 
     @property
     def compiled_programs(self) -> int:
@@ -135,8 +130,7 @@ class LoadedDiffusionGemma(PromptIO):
 
     def _generations(self, decoded: Decoded, seconds: float, compile_seconds: float) -> list[Generation]:
         ids = decoded.output_ids
-        stop = np.isin(ids, self.config.stop_ids)
-        tokens = np.where(stop.any(1), stop.argmax(1), ids.shape[1])
+        tokens = tokens_before_stop(ids, self.config.stop_ids)
         return [
             Generation(
                 output_ids=ids[row].tolist(),
@@ -186,13 +180,12 @@ def read_draws(spec: str) -> Draws:
     return Draws.replay(*arrays)
 
 
-def load_diffusion_gemma(path: Path, dtype, tokenizer_loader, mesh: Mesh | None = None) -> LoadedDiffusionGemma:
+def load_diffusion_gemma(
+    path: Path, cfg: DiffusionGemmaConfig, dtype, tokenizer_loader, mesh: Mesh | None = None
+) -> LoadedDiffusionGemma:
     """The checkpoint at ``path`` (Hugging Face safetensors) in ``dtype``, with its tokenizer; with
     ``mesh``, each parameter placed into its shards as it is read (``sharding.param_shardings``:
     heads, MLP units and the vocabulary over ``model``, experts over ``expert``)."""
-    from models import load_config
-
-    cfg = load_config(path)
     shardings = None if mesh is None else param_shardings(cfg, mesh)
     model = DiffusionGemma.from_params(cfg, read_params(path, cfg), dtype=dtype, shardings=shardings)
     return LoadedDiffusionGemma(model, tokenizer_loader(path, cfg.family), path, mesh)

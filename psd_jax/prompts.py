@@ -67,9 +67,17 @@ class PromptIO:
         vocabulary); raises ``DecodeConfigError`` (front ends refuse bad requests before queueing)."""
         if settings is not None and not isinstance(settings, DecodeConfig):
             raise InputError(f"settings must be a DecodeConfig, got {type(settings).__name__}")
-        dcfg = settings_from(settings or DecodeConfig(), overrides or {})
+        dcfg = settings_from(settings or self.default_settings(), self.fitted(dict(overrides or {})))
         check_for_model(dcfg, self.config)
         return dcfg
+
+    def default_settings(self) -> DecodeConfig:
+        """The settings ``generate`` starts from when given none."""
+        return DecodeConfig()
+
+    def fitted(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """Keyword overrides as the model decodes them (DiffusionGemma: lengths in whole canvases)."""
+        return overrides
 
     def request(
         self, prompts, settings, overrides: dict[str, Any], seed: int, chat: bool | None, prompt_bucket: int | None

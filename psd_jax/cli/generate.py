@@ -232,15 +232,10 @@ def print_results(prompts: list, results: list[Generation], as_json: bool) -> No
         print(stats_line(r))
 
 
-def _replay_options(args, family: str, demo: bool) -> dict:
+def _replay_options(args, family: str) -> dict:
     """``generate``'s prompt padding and, with ``--replay-draws``, the recorded draws (read and
     checked before the model loads); refused where there is nothing to replay."""
     bucket = PROMPT_BUCKET if args.prompt_bucket is None and args.replay_draws is None else args.prompt_bucket
-    if family == ENTROPY_BOUND_FAMILY and demo:
-        raise InputError(
-            "no prompt given: the first-run demo compares decoders of the mask-token families; for DiffusionGemma "
-            "use --prompt, --prompt-file or --prompt-ids"
-        )
     if args.replay_draws is None:
         return {"prompt_bucket": bucket}
     if family != ENTROPY_BOUND_FAMILY:
@@ -266,7 +261,12 @@ def main(argv: list[str] | None = None) -> int:
         # The demo runs the recommended setting, with the flags given on top of it.
         name = NAME if examples else args.settings
         _, mcfg = precheck_settings(model_dir, fields, name)  # what holds on any device, before the cluster waits
-        replay = _replay_options(args, mcfg.family, bool(examples))
+        if examples and mcfg.family == ENTROPY_BOUND_FAMILY:
+            raise InputError(
+                "no prompt given: the first-run demo compares decoders of the mask-token families; for "
+                "DiffusionGemma use --prompt, --prompt-file or --prompt-ids"
+            )
+        replay = _replay_options(args, mcfg.family)
         multihost.start(cluster)  # before the device kind the recommendation is chosen for is read
         settings, _ = checked_settings(model_dir, fields, name)
         origin = None

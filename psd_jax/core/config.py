@@ -440,17 +440,19 @@ def check_for_model(c: DecodeConfig, mcfg: ModelConfig) -> None:
     model work (the benchmark and evaluation before loading weights)."""
     if mcfg.family == ENTROPY_BOUND_FAMILY:
         _check_for_entropy_bound(c, mcfg)
-        return
-    changed = [f"{name}={getattr(c, name)!r}" for name in ENTROPY_BOUND_FIELDS if name in c.changed()]
-    if changed:
-        _fail(
-            f"{', '.join(changed)}: used only by DiffusionGemma's entropy-bound sampler, not by {mcfg.family} "
-            "(a mask-token family)"
-        )
+    else:
+        changed = [f"{name}={getattr(c, name)!r}" for name in ENTROPY_BOUND_FIELDS if name in c.changed()]
+        if changed:
+            _fail(
+                f"{', '.join(changed)}: used only by DiffusionGemma's entropy-bound sampler, not by {mcfg.family} "
+                "(a mask-token family)"
+            )
     if c.gen_length >= mcfg.max_length:
         _fail(
             f"gen_length {c.gen_length} leaves no room for a prompt in the model's context of {mcfg.max_length} tokens"
         )
+    if mcfg.family == ENTROPY_BOUND_FAMILY:
+        return  # the checks below are the mask-token decoders'
     if c.decoder == "rps" and c.k_max > mcfg.vocab_size:
         _fail(f"k_max {c.k_max} exceeds the vocabulary of {mcfg.vocab_size}")
     if mcfg.block_causal and c.cfg_scale > 0:
@@ -486,10 +488,6 @@ def _check_for_entropy_bound(c: DecodeConfig, mcfg: Any) -> None:
         )
     if c.block_length != mcfg.canvas_length:
         _fail(f"block_length {c.block_length}: DiffusionGemma decodes in canvases of {mcfg.canvas_length} (its config)")
-    if c.gen_length >= mcfg.max_length:
-        _fail(
-            f"gen_length {c.gen_length} leaves no room for a prompt in the model's context of {mcfg.max_length} tokens"
-        )
 
 
 # Settings read only under some policy or decoder: (condition, what it needs). Setting one of them

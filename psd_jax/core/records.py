@@ -44,6 +44,12 @@ class Generation:
         return dataclasses.asdict(self)
 
 
+def tokens_before_stop(ids: np.ndarray, stop_ids: tuple[int, ...]) -> np.ndarray:
+    """Per row of generated ids [B, G], how many come before its first stop id (G if none)."""
+    stop = np.isin(ids, stop_ids)
+    return np.where(stop.any(1), stop.argmax(1), ids.shape[1])
+
+
 def generations(
     out: DecodeOutput,
     prompt_length: int,
@@ -59,8 +65,7 @@ def generations(
     canvas = to_numpy(out.canvas)[:, prompt_length:]
     row_nfe = to_numpy(out.row_nfe)
     stats = {k: to_numpy(v) for k, v in out.stats.items()}
-    stop = np.isin(canvas, stop_ids)
-    tokens = np.where(stop.any(1), stop.argmax(1), canvas.shape[1])
+    tokens = tokens_before_stop(canvas, stop_ids)
     return [
         Generation(
             output_ids=canvas[row].tolist(),
