@@ -19,6 +19,7 @@ import numpy as np
 
 from models.diffusion_gemma import layer_shapes, param_shapes
 from models.diffusion_gemma_config import GROUPS, DiffusionGemmaConfig
+from models.moe import interleave_gate_up
 
 from .safetensors_dir import CheckpointError, SafetensorsDir
 
@@ -53,7 +54,7 @@ LAYER_TABLE: tuple[tuple[str, str, str | None], ...] = (
     ("router.scale", "router_scale", None),
     ("router.per_expert_scale", "expert_scale", None),
     ("pre_feedforward_layernorm_2.weight", "pre_ff_norm_2", None),
-    ("experts.gate_up_proj", ("expert_gate", "expert_up"), "split"),  # [E, 2F, D]: gate rows, then up rows
+    ("experts.gate_up_proj", "expert_gate_up", "interleave"),  # [E, 2F, D]: gate rows, then up rows
     ("experts.down_proj", "expert_down", "experts_transpose"),  # [E, D, F]
     ("post_feedforward_layernorm_2.weight", "post_ff_norm_2", None),
     ("post_feedforward_layernorm.weight", "post_ff_norm", None),
@@ -91,40 +92,31 @@ def params_from_hf(get: Callable[[str], np.ndarray | None], cfg: DiffusionGemmaC
     out: dict[str, np.ndarray] = {}
     for source, param, how in TOP_TABLE:
         out[param] = _converted(read(source, _source_shape(shapes[param], how)), how)
-    for group in ("sliding", "full"):
-        layers = cfg.group_layers(group)
-        if not layers:
-            continue
-        own = layer_shapes(cfg, group)
-        stacked: dict[str, list[np.ndarray]] = {name: [] for name in own}
-        for i in layers:
-            prefix = f"layers.{i}."
-            for source, param, how in LAYER_TABLE:
-                if param == "wv" and "wv" not in own:
-                    if get(DECODER + prefix + source) is not None:
-                        raise CheckpointError(
-                            f"{DECODER + prefix + source}: layer {i} is a full-attention layer, which has no v_proj"
-                        )
-                    continue
-                if how == "split":
-                    gate, up = param
-                    e, d, f = own[gate]
-                    both = read(prefix + source, (e, 2 * f, d))
-                    stacked[gate].append(np.swapaxes(both[:, :f], 1, 2))
-                    stacked[up].append(np.swapaxes(both[:, f:], 1, 2))
-                    continue
-                stacked[param].append(_converted(read(prefix + source, _source_shape(own[param], how)), how))
-            for mode, param in (("decoder", "denoiser_scalar"), ("encoder", "encoder_scalar")):
-                base = DECODER if mode == "decoder" else ENCODER
-                name = f"{base}{prefix}layer_scalar"
-                scalar = get(name)
-                if scalar is None:
-                    raise CheckpointError(f"the checkpoint has no {name} (the {mode}'s own layer scale)")
-                if tuple(scalar.shape) not in ((1,), ()):
-                    raise CheckpointError(f"{name} has shape {tuple(scalar.shape)}; it is one number")
-                stacked[param].append(np.asarray(scalar).reshape(()))
-        for name, values in stacked.items():
-            out[f"{group}_{name}"] = np.stack(values)
+    for i, kind in enumerate(cfg.layer_types):
+        own, prefix, layer = layer_shapes(cfg, GROUPS[kind]), f"layers.{i}.", f"layer{i}_"
+        for source, param, how in LAYER_TABLE:
+            if param == "wv" and "wv" not in own:
+                if get(DECODER + prefix + source) is not None:
+                    raise CheckpointError(
+                        f"{DECODER + prefix + source}: layer {i} is a full-attention layer, which has no v_proj"
+                    )
+                continue
+            if how == "interleave":
+                e, d, f2 = own[param]
+                both = read(prefix + source, (e, f2, d))
+                gate, up = np.swapaxes(both[:, : f2 // 2], 1, 2), np.swapaxes(both[:, f2 // 2 :], 1, 2)
+                out[layer + param] = interleave_gate_up(gate, up)
+                continue
+            out[layer + param] = _converted(read(prefix + source, _source_shape(own[param], how)), how)
+        for mode, param in (("decoder", "denoiser_scalar"), ("encoder", "encoder_scalar")):
+            base = DECODER if mode == "decoder" else ENCODER
+            name = f"{base}{prefix}layer_scalar"
+            scalar = get(name)
+            if scalar is None:
+                raise CheckpointError(f"the checkpoint has no {name} (the {mode}'s own layer scale)")
+            if tuple(scalar.shape) not in ((1,), ()):
+                raise CheckpointError(f"{name} has shape {tuple(scalar.shape)}; it is one number")
+            out[layer + param] = np.asarray(scalar).reshape(())
     for name, shape in shapes.items():
         assert out[name].shape == shape, (name, out[name].shape, shape)
     return out
@@ -149,9 +141,9 @@ def expected_keys(cfg: DiffusionGemmaConfig) -> dict[str, tuple[int, ...]]:
         for source, param, how in LAYER_TABLE:
             if param == "wv" and "wv" not in own:
                 continue
-            if how == "split":
-                e, d, f = own["expert_gate"]
-                keys[f"{DECODER}layers.{i}.{source}"] = (e, 2 * f, d)
+            if how == "interleave":
+                e, d, f2 = own[param]
+                keys[f"{DECODER}layers.{i}.{source}"] = (e, f2, d)
             else:
                 keys[f"{DECODER}layers.{i}.{source}"] = _source_shape(own[param], how)
         keys[f"{DECODER}layers.{i}.layer_scalar"] = (1,)

@@ -30,9 +30,11 @@ upstream keeps only a sliding layer's last ``window - 1`` positions, which are e
 those masks let through. Positions are absolute (``arange`` over the left-padded row): padding does
 not shift them, and pad keys are masked everywhere.
 
-Parameters: top-level ``embed``, ``final_norm`` and the self-conditioning MLP (``sc_*``); per layer
-kind, a group stacked on a leading axis, ``sliding_<name>`` and ``full_<name>`` (``layer_types``
-says which layer is which). Float32 numerics as upstream: norms in float32, RoPE tables in float32,
+Parameters: top-level ``embed``, ``final_norm`` and the self-conditioning MLP (``sc_*``); then each
+layer's own arrays, ``layer<i>_<name>`` (``layer_types`` says which names a layer has). Not stacked
+on a layer axis: the layers are unrolled (the kinds interleave), and a layer's slice of a stacked
+expert array feeds the grouped product as a copy, which XLA schedules for every layer at once
+(the 26B model's temporaries grew by the size of its experts; docs/diffusion-gemma.md). Float32 numerics as upstream: norms in float32, RoPE tables in float32,
 router softmax in float32, logits in float32.
 """
 
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -51,8 +54,7 @@ from .moe import routed_experts
 
 ATTENTION = ("input_norm", "wq", "wk", "wv", "q_norm", "k_norm", "wo", "post_attention_norm")
 DENSE = ("pre_ff_norm", "w_gate", "w_up", "w_down", "post_ff_norm_1")
-ROUTED = ("router", "router_scale", "expert_scale", "pre_ff_norm_2", "expert_gate", "expert_up", "expert_down",
-          "post_ff_norm_2")  # fmt: skip
+ROUTED = ("router", "router_scale", "expert_scale", "pre_ff_norm_2", "expert_gate_up", "expert_down", "post_ff_norm_2")
 LAYER = (*ATTENTION, *DENSE, *ROUTED, "post_ff_norm", "encoder_scalar", "denoiser_scalar")
 SELF_CONDITIONING = ("sc_pre_norm", "sc_gate", "sc_up", "sc_down")
 
@@ -79,8 +81,7 @@ def layer_shapes(cfg: DiffusionGemmaConfig, group: str) -> dict[str, tuple[int, 
         "router_scale": (d,),
         "expert_scale": (e,),
         "pre_ff_norm_2": (d,),
-        "expert_gate": (e, d, fm),
-        "expert_up": (e, d, fm),
+        "expert_gate_up": (e, d, 2 * fm),  # unit j's gate at column 2j, its up at 2j + 1
         "expert_down": (e, fm, d),
         "post_ff_norm_2": (d,),
         "post_ff_norm": (d,),
@@ -93,7 +94,7 @@ def layer_shapes(cfg: DiffusionGemmaConfig, group: str) -> dict[str, tuple[int, 
 
 
 def param_shapes(cfg: DiffusionGemmaConfig) -> dict[str, tuple[int, ...]]:
-    """Shape of every parameter by name: the top level, then ``<group>_<name>`` [layers of group, ...]."""
+    """Shape of every parameter by name: the top level, then layer i's ``layer<i>_<name>``."""
     d, f = cfg.d_model, cfg.mlp_hidden
     shapes = {
         "embed": (cfg.vocab_size, d),
@@ -103,16 +104,14 @@ def param_shapes(cfg: DiffusionGemmaConfig) -> dict[str, tuple[int, ...]]:
         "sc_up": (d, f),
         "sc_down": (f, d),
     }
-    for group in ("sliding", "full"):
-        n = len(cfg.group_layers(group))
-        if n:
-            shapes.update({f"{group}_{name}": (n, *s) for name, s in layer_shapes(cfg, group).items()})
+    for i, kind in enumerate(cfg.layer_types):
+        shapes.update({f"layer{i}_{name}": s for name, s in layer_shapes(cfg, GROUPS[kind]).items()})
     return shapes
 
 
 # Logical axes by base name (``psd_jax.parallel.sharding.LOGICAL_RULES`` maps them to mesh axes):
 # heads, MLP units and the vocabulary over ``model``, the experts over ``expert``; norms, the
-# router and the layer scalars replicated. A stacked layer parameter has "layers" first.
+# router and the layer scalars replicated. A layer's ``layer<i>_<name>`` has its base name's axes.
 LOGICAL_AXES: dict[str, tuple[str | None, ...]] = {
     "embed": ("vocab", "embed"),
     "final_norm": ("embed",),
@@ -137,8 +136,7 @@ LOGICAL_AXES: dict[str, tuple[str | None, ...]] = {
     "router_scale": ("embed",),
     "expert_scale": ("router",),
     "pre_ff_norm_2": ("embed",),
-    "expert_gate": ("experts", "embed", "expert_mlp"),
-    "expert_up": ("experts", "embed", "expert_mlp"),
+    "expert_gate_up": ("experts", "embed", "expert_mlp"),
     "expert_down": ("experts", "expert_mlp", "embed"),
     "post_ff_norm_2": ("embed",),
     "post_ff_norm": ("embed",),
@@ -147,12 +145,13 @@ LOGICAL_AXES: dict[str, tuple[str | None, ...]] = {
 }
 
 
+LAYER_NAME = re.compile(r"layer(\d+)_(\w+)")
+
+
 def logical_axes(name: str) -> tuple[str | None, ...]:
     """The logical axes of parameter ``name`` as ``param_shapes`` names it."""
-    group, _, base = name.partition("_")
-    if group in ("sliding", "full") and base in LOGICAL_AXES:
-        return ("layers", *LOGICAL_AXES[base])
-    return LOGICAL_AXES[name]
+    per_layer = LAYER_NAME.fullmatch(name)
+    return LOGICAL_AXES[per_layer.group(2) if per_layer else name]
 
 
 def param_count(cfg: DiffusionGemmaConfig) -> int:
@@ -326,12 +325,9 @@ class DiffusionGemma(nnx.Module):
 
     # ------------------------------------------------------------------------------- pieces
     def _layer(self, index: int) -> tuple[str, dict[str, jax.Array]]:
-        """Layer ``index``'s group and weights (its slice of the group's stacked parameters)."""
-        cfg = self.config
-        group = GROUPS[cfg.layer_types[index]]
-        at = cfg.group_layers(group).index(index)
-        names = layer_shapes(cfg, group)
-        return group, {name: getattr(self, f"{group}_{name}")[at] for name in names}
+        """Layer ``index``'s group and weights."""
+        group = GROUPS[self.config.layer_types[index]]
+        return group, {name: getattr(self, f"layer{index}_{name}")[...] for name in layer_shapes(self.config, group)}
 
     def _embed(self, ids: jax.Array) -> jax.Array:
         scale = jnp.asarray(self.config.embed_scale, jnp.float32).astype(self.dtype)
@@ -375,8 +371,8 @@ class DiffusionGemma(nnx.Module):
         dense = rms_norm(dense, w["post_ff_norm_1"], cfg.norm_eps)
         chosen, weights = self._route(rows, w)
         experts_in = rms_norm(rows, w["pre_ff_norm_2"], cfg.norm_eps)
-        moe = routed_experts(experts_in, chosen, weights, w["expert_gate"], w["expert_up"], w["expert_down"],
-                             gelu_glu, batch=batch)  # fmt: skip
+        moe = routed_experts(experts_in, chosen, weights, w["expert_gate_up"], None, w["expert_down"], gelu_glu,
+                             batch=batch)  # fmt: skip
         moe = rms_norm(moe, w["post_ff_norm_2"], cfg.norm_eps)
         out = (rows + rms_norm(dense + moe, w["post_ff_norm"], cfg.norm_eps)) * scalar
         return out.reshape(batch, n, d), (k, v)

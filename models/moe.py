@@ -22,6 +22,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .quantize import fitted_specs, is_quantized, quantized_ragged_dot, quantized_tile_matmul
 from .transformer import on_tpu
@@ -131,7 +132,7 @@ def routed_experts(
     chosen: jax.Array,
     weights: jax.Array,
     w_gate: jax.Array,
-    w_up: jax.Array,
+    w_up: jax.Array | None,
     w_down: jax.Array,
     swiglu,
     tile: int | None = None,
@@ -140,7 +141,8 @@ def routed_experts(
 ) -> jax.Array:
     """Sum over each row's k experts of weight * SwiGLU expert(x), rows x [T, D] -> [T, D] in x's dtype.
 
-    chosen/weights [T, k] from ``route``; w_gate/w_up [E, D, F], w_down [E, F, D]; ``swiglu(gate, up)``
+    chosen/weights [T, k] from ``route``; w_gate/w_up [E, D, F], w_down [E, F, D]; or ``w_up`` None
+    and ``w_gate`` [E, D, 2F] the two interleaved (``interleave_gate_up``); ``swiglu(gate, up)``
     is the model's activation (float32 SiLU, rounded once); ``grouped(x, w, sizes)`` replaces
     ``grouped_matmul`` (scripts/figures/moe_cost.py measures ``jax.lax.ragged_dot`` in its place).
 
@@ -152,6 +154,18 @@ def routed_experts(
     if not mesh.empty and math.prod(mesh.shape.values()) > 1:
         return expert_parallel(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, dict(mesh.shape), batch)
     return _local_experts(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, 0).astype(x.dtype)
+
+
+def interleave_gate_up(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """[E, D, F] gate and up projections as one [E, D, 2F] array, unit j's gate at column 2j and its
+    up at 2j + 1: one grouped product for both, and a split of the columns over ``model`` keeps
+    each unit's pair together (halves side by side would give one device only gates).
+
+    Why one array: on TPU ``ragged_dot`` wants its weight's output dimension minor, and the
+    compiler lays out a parameter whose last dimension is not a multiple of 128 (DiffusionGemma's
+    704) the other way round, so every call copied every layer's gate and up weights, hoisted out
+    of the decode loop all at once (docs/diffusion-gemma.md); 2F = 1408 is laid out as wanted."""
+    return np.stack([gate, up], axis=-1).reshape(*gate.shape[:-1], 2 * gate.shape[-1])
 
 
 def _local_experts(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, first) -> jax.Array:
@@ -169,7 +183,11 @@ def _local_experts(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, fi
     order = jnp.argsort(flat, stable=True)  # assignments sorted by expert, other devices' last
     sizes = jnp.zeros((n_local,), jnp.int32).at[flat].add(1, mode="drop")
     xs = jnp.take(x, order // k, axis=0)
-    h = swiglu(grouped(xs, w_gate, sizes), grouped(xs, w_up, sizes))
+    if w_up is None:
+        both = grouped(xs, w_gate, sizes)
+        h = swiglu(both[:, 0::2], both[:, 1::2])
+    else:
+        h = swiglu(grouped(xs, w_gate, sizes), grouped(xs, w_up, sizes))
     ys = grouped(h, w_down, sizes)
     y = jnp.zeros_like(ys).at[order].set(ys, unique_indices=True).reshape(tokens, k, -1)
     # An elementwise product and sum, not a dot: no reduced-precision matmul passes on any backend.
@@ -229,7 +247,7 @@ def expert_parallel(
         size = mesh_shape.get(name, 1)
         return name if size > 1 and dim % size == 0 else None
 
-    experts, hidden = axis("expert", w_gate.shape[0]), axis("model", w_gate.shape[2])
+    experts, hidden = axis("expert", w_gate.shape[0]), axis("model", w_down.shape[1])
     rows = row_axes(mesh_shape, batch)
     scatter = experts is not None and rows == ("data", "expert")
     reduced = tuple(a for a in ((hidden,) if scatter else (experts, hidden)) if a is not None)
@@ -248,7 +266,7 @@ def expert_parallel(
     # Quantized weights: the integers split as the float weights, their scales as far as their
     # shape allows (``models.quantize.fitted_specs``, as the loaders place them).
     row_spec, stack, down = P(rows, None), P(experts, None, hidden), P(experts, hidden, None)
-    specs = (fitted_specs(w_gate, stack, mesh_shape), fitted_specs(w_up, stack, mesh_shape))
+    specs = (fitted_specs(w_gate, stack, mesh_shape), None if w_up is None else fitted_specs(w_up, stack, mesh_shape))
     return jax.shard_map(
         local,
         in_specs=(row_spec, row_spec, row_spec, *specs, fitted_specs(w_down, down, mesh_shape)),

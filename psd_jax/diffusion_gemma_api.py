@@ -143,6 +143,7 @@ class LoadedDiffusionGemma(PromptIO):
                 compile_seconds=compile_seconds,
                 stats={
                     "decoder_passes": int(decoded.decoder_passes[row]),
+                    "generated_ids": int((ids[row] != self.config.pad_id).sum()),
                     "canvases": decoded.canvases,
                     # upstream's: ids other than pad (an end-of-sequence id included) per pass
                     "tokens_per_forward": float((ids[row] != self.config.pad_id).sum())

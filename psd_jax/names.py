@@ -11,6 +11,12 @@ cache and the block length after slashes (``psd-fixed-1-d15-next-conf0.95/dual+v
   verifier's confidence gate; ``strict-`` lossless acceptance;
 - RPS: ``-kK`` k_max, ``-ratioR``, ``-tauT`` pivot_tau, ``-lamL`` lam (each only when not the default);
 - ``-tT``: sampling temperature T.
+
+DiffusionGemma's entropy-bound sampler has names of its own, ``entropy-bound-B[-sN][-stopC]
+[-stableK][-tmaxA][-tminZ]`` (``entropy_bound`` B, ``max_denoising_steps`` N, adaptive stopping's
+``confidence_threshold`` C, 0 = off, and ``stability_threshold`` K, the temperature schedule from A
+down to Z): a part left out is the release's value (``DecodeConfig``'s default), and
+``entropy_bound_name`` writes only the parts that differ from it. It has no cache or block length.
 """
 
 from __future__ import annotations
@@ -30,6 +36,20 @@ _PATTERN = re.compile(
     (?:-k(?P<k_max>\d+))?(?:-ratio(?P<ratio>{_NUMBER}))?(?:-tau(?P<pivot_tau>{_NUMBER}))?(?:-lam(?P<lam>{_NUMBER}))?
     (?:-t(?P<temperature>{_NUMBER}))?""",
     re.VERBOSE,
+)
+_ENTROPY_BOUND_PATTERN = re.compile(
+    rf"""entropy-bound-(?P<entropy_bound>{_NUMBER})(?:-s(?P<max_denoising_steps>\d+))?
+    (?:-stop(?P<confidence_threshold>{_NUMBER}))?(?:-stable(?P<stability_threshold>\d+))?
+    (?:-tmax(?P<t_max>{_NUMBER}))?(?:-tmin(?P<t_min>{_NUMBER}))?""",
+    re.VERBOSE,
+)
+# (field, the name's label) after entropy-bound-B, in the order a name writes them
+_ENTROPY_BOUND_PARTS = (
+    ("max_denoising_steps", "s"),
+    ("confidence_threshold", "stop"),
+    ("stability_threshold", "stable"),
+    ("t_max", "tmax"),
+    ("t_min", "tmin"),
 )
 _PSD_PARTS = ("strict", "depth", "draft_rate", "next", "gate")
 _RPS_PARTS = ("k_max", "ratio", "pivot_tau", "lam")
@@ -56,6 +76,35 @@ def setting_name(c: DecodeConfig) -> str:
     if c.temperature > 0:
         name += f"-t{c.temperature:g}"
     return name
+
+
+def entropy_bound_name(c: DecodeConfig) -> str:
+    """The name of ``c``'s entropy-bound sampler settings (DiffusionGemma): ``entropy-bound-0.1``
+    for the release's, ``entropy-bound-1-s24-stop0`` for others."""
+    defaults = DecodeConfig()
+    parts = "".join(
+        f"-{label}{getattr(c, field):g}"
+        for field, label in _ENTROPY_BOUND_PARTS
+        if getattr(c, field) != getattr(defaults, field)
+    )
+    return f"entropy-bound-{c.entropy_bound:g}{parts}"
+
+
+def entropy_bound_fields(name: str) -> dict[str, Any]:
+    """Every ``config.ENTROPY_BOUND_FIELDS`` value a name stands for (the parts it leaves out: the
+    release's). Raises ``DecodeConfigError`` naming what is wrong."""
+    match = _ENTROPY_BOUND_PATTERN.fullmatch(name)
+    if match is None:
+        raise DecodeConfigError(
+            f"unknown DiffusionGemma setting name {name!r}: expected entropy-bound-B[-sN][-stopC][-stableK]"
+            "[-tmaxA][-tminZ] (no cache or block length)"
+        )
+    defaults = DecodeConfig()
+    out: dict[str, Any] = {}
+    for field, value in match.groupdict().items():
+        kind = type(getattr(defaults, field))
+        out[field] = getattr(defaults, field) if value is None else kind(float(value) if kind is float else value)
+    return out
 
 
 def full_name(c: DecodeConfig) -> str:

@@ -21,6 +21,12 @@ one run compares cached and uncached settings on the same batches; a name withou
 whole setting, not a variation of the matrix's base: its own block length and cache win over the
 directory's block length and the bench's default ``--cache dual``; ``--block-length`` and
 ``--cache`` given on the command line still override it.
+
+DiffusionGemma has one sampler and its own setting names (``entropy-bound-0.3``,
+``entropy-bound-0.1-s24``: ``psd_jax.names``). Its baseline is the directory's release settings
+(``generation_config.json``, with any sampler flag given over them), which upstream's ``generate``
+runs; the default matrix varies the entropy bound, the steps and adaptive stopping around it. Its
+TPF is upstream's ``tokens_per_forward``: the ids written (pad aside) per denoising pass.
 """
 
 from __future__ import annotations
@@ -37,17 +43,18 @@ import numpy as np
 from models import load_config
 
 from ..api import LoadedModel, load_model
-from ..core.config import CACHE_NAME_HELP, DecodeConfig, DecodeConfigError, cache_fields, check_for_model
+from ..core.config import (
+    CACHE_NAME_HELP,
+    ENTROPY_BOUND_FAMILY,
+    DecodeConfig,
+    DecodeConfigError,
+    cache_fields,
+    check_for_model,
+)
 from ..core.errors import InputError
 from ..core.lengths import check_questions
-from ..model_dir import (
-    checked_settings,
-    model_directory,
-    model_settings,
-    precheck_settings,
-    refuse_entropy_bound,
-)
-from ..names import setting_fields
+from ..model_dir import checked_settings, model_directory, model_settings, precheck_settings
+from ..names import entropy_bound_fields, entropy_bound_name, setting_fields
 from ..parallel import multihost
 from ..recommended import NAME as RECOMMENDED_NAME
 from ..recommended import read_recommended
@@ -106,12 +113,14 @@ class Row:
         return len(self.correct_by_problem)
 
     def summary(self) -> dict:
+        if "decoder_passes" in self.extra:  # DiffusionGemma: TPF as upstream's tokens_per_forward
+            self.extra["tokens_per_forward"] = self.extra["generated_ids"] / max(self.extra["decoder_passes"], 1)
         return {
             "name": self.name,
             "accuracy": sum(self.correct_by_problem) / max(self.n, 1),
             "n": self.n,
             "nfe_per_prompt": self.nfe / max(self.n, 1),
-            "tpf": self.tokens / max(self.nfe, 1),
+            "tpf": self.extra.get("tokens_per_forward", self.tokens / max(self.nfe, 1)),
             "tokens": self.tokens,
             "sequence_forwards": self.sequence_forwards,
             "tokens_per_second": self.tokens / self.seconds if self.seconds else float("nan"),
@@ -262,14 +271,15 @@ def paired_difference(correct_a: str, correct_b: str) -> dict:
     }
 
 
-def with_speedups(summaries: list[dict]) -> list[dict]:
-    """Each summary with its speedups over the baseline (``BASELINE``, measured in the same run):
+def with_speedups(summaries: list[dict], baseline: str = BASELINE) -> list[dict]:
+    """Each summary with its speedups over the baseline (``baseline``, measured in the same run):
     tokens/s, TPF and, at batch 1, the median latency; and its accuracy difference against the
     baseline on the same problems, paired (``paired_difference``: points and their standard error)."""
-    base = next((s for s in summaries if s["name"] == BASELINE), None)
+    base = next((s for s in summaries if s["name"] == baseline), None)
     if base is None:
         return summaries
     for s in summaries:
+        s["baseline"] = baseline
         s["speedup_tokens_per_second"] = s["tokens_per_second"] / base["tokens_per_second"]
         s["speedup_tpf"] = s["tpf"] / base["tpf"]
         if "latency_p50" in s and "latency_p50" in base:
@@ -286,7 +296,7 @@ def _cell(summary: dict, key: str, form: str) -> str:
 
 
 def _difference(summary: dict) -> str:
-    if summary["name"] == BASELINE or "accuracy_difference" not in summary:
+    if summary["name"] == summary.get("baseline") or "accuracy_difference" not in summary:
         return "–"
     se = summary["accuracy_standard_error"]
     return f"{100 * summary['accuracy_difference']:+.1f} ± {100 * se:.1f}" if se == se else "–"
@@ -370,7 +380,8 @@ def build_parser() -> ArgumentParser:
         "the tuner writes works, e.g. psd-fixed-1-d15-next-conf0.95), each with its cache after "
         "a slash if not --cache's (threshold-0.9/none; the cache's name: " + CACHE_NAME_HELP + ") and optionally "
         "a block length (/b8); recommended: the model directory's "
-        f"recommended setting, with its own block length and cache; {BASELINE} (the speedups' baseline) always runs",
+        f"recommended setting, with its own block length and cache; {BASELINE} (the speedups' baseline) always runs. "
+        "DiffusionGemma: entropy-bound-B[-sN][-stopC]... names, its release's settings the baseline",
     )
     p.add_argument(
         "--latency",
@@ -387,11 +398,11 @@ def build_parser() -> ArgumentParser:
     return p
 
 
-def selected_names(args, known: list[str]) -> list[str]:
+def selected_names(args, known: list[str], baseline: str = BASELINE) -> list[str]:
     """The settings asked for (any name of ``psd_jax.names``' grammar, with a cache after a slash
     where one is given; ``decoder_matrix`` reads them), the baseline first whatever was asked."""
     if not args.decoders:
-        return [BASELINE, *(n for n in known if args.all or n not in OPT_IN)]
+        return [baseline, *(n for n in known if (args.all or n not in OPT_IN) and n != baseline)]
     names = [n.strip() for n in args.decoders.split(",") if n.strip()]
     if not names:
         raise InputError(f"no decoder setting in --decoders {args.decoders!r}; see --list")
@@ -399,7 +410,24 @@ def selected_names(args, known: list[str]) -> list[str]:
         setting, cache = split_name(name)
         if setting == RECOMMENDED_NAME and cache is not None:
             raise InputError(f"{name}: {RECOMMENDED_NAME} brings its own cache")
-    return [BASELINE, *names]
+    return [baseline, *(n for n in names if n != baseline)]
+
+
+# DiffusionGemma's settings (``psd_jax.names``' entropy-bound names) a default run compares with the
+# release's: a looser entropy bound (more positions kept per step, so adaptive stopping comes
+# sooner), half the steps, and no adaptive stopping (every canvas runs all its steps).
+ENTROPY_BOUND_MATRIX = ("entropy-bound-0.3", "entropy-bound-1", "entropy-bound-0.1-s24", "entropy-bound-0.1-stop0")
+
+
+def entropy_bound_matrix(base: DecodeConfig, names: list[str]) -> dict[str, DecodeConfig]:
+    """DiffusionGemma's named settings on ``base``'s lengths, by name."""
+    out = {}
+    for name in names:
+        try:
+            out[name] = base.replace(**entropy_bound_fields(name))
+        except DecodeConfigError as exc:
+            raise InputError(f"{exc}; see --list") from None
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -407,15 +435,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster = multihost.cluster_from(args)
         model_dir = model_directory(args.model)
-        refuse_entropy_bound(model_dir, "python -m psd_jax.bench")
-        base = model_settings(model_dir, {**BENCH_DEFAULTS, **decode_fields(args)})
-        known = [*matrix_names(), RECOMMENDED_NAME]
+        mcfg = load_config(model_dir)
+        sampler = mcfg.family == ENTROPY_BOUND_FAMILY  # DiffusionGemma: its own settings' names
+        base = model_settings(model_dir, {**({} if sampler else BENCH_DEFAULTS), **decode_fields(args)})
+        baseline = entropy_bound_name(base) if sampler else BASELINE
+        known = [*(ENTROPY_BOUND_MATRIX if sampler else matrix_names()), RECOMMENDED_NAME]
         if args.list:
             print("\n".join(f"{name} (only with --all or --decoders)" if name in OPT_IN else name for name in known))
             return 0
-        names = selected_names(args, known)
-        matrix = decoder_matrix(base, [n for n in names if n != RECOMMENDED_NAME])
-        mcfg = load_config(model_dir)
+        names = selected_names(args, known, baseline)
+        if sampler:
+            matrix = entropy_bound_matrix(base, [baseline, *(n for n in names if n != RECOMMENDED_NAME)])
+        else:
+            matrix = decoder_matrix(base, [n for n in names if n != RECOMMENDED_NAME])
         for settings in matrix.values():
             check_for_model(settings, mcfg)
         recommended_fields = {**decode_fields(args), "gen_length": base.gen_length}
@@ -440,10 +472,10 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:  # InputError, DecodeConfigError, ConfigError, ...
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    summaries = run_matrix(lm, matrix, examples, args)
+    summaries = run_matrix(lm, matrix, examples, args, baseline)
     if not multihost.is_main():
         return 0  # every process decodes; process 0 writes the report
-    meta = report_meta(args, model_dir, data, len(examples), base)
+    meta = {**report_meta(args, model_dir, data, len(examples), base), "baseline": baseline}
     if RECOMMENDED_NAME in names:  # which device the recommended setting was chosen for
         meta["recommended"] = read_recommended(model_dir).origin()
     write_report(
@@ -476,7 +508,9 @@ def report_meta(args, model_dir: Path, data: Path, n: int, base: DecodeConfig) -
     }
 
 
-def run_matrix(lm: LoadedModel, matrix: dict[str, DecodeConfig], examples: list[dict], args) -> list[dict]:
+def run_matrix(
+    lm: LoadedModel, matrix: dict[str, DecodeConfig], examples: list[dict], args, baseline: str = BASELINE
+) -> list[dict]:
     """Every setting over the same batches, interleaved: each batch is decoded by every setting in
     turn before the next batch (and each latency problem likewise), so a slow phase of the machine
     (another process, a clock change) falls on every setting alike instead of on whichever ran
@@ -493,7 +527,7 @@ def run_matrix(lm: LoadedModel, matrix: dict[str, DecodeConfig], examples: list[
     for example in examples[: args.latency]:
         for name, settings in matrix.items():
             add_latency(lm, rows[name], settings, example, args.chat, args.prompt_bucket)
-    return with_speedups([row.summary() for row in rows.values()])
+    return with_speedups([row.summary() for row in rows.values()], baseline)
 
 
 def write_report(summaries: list[dict], meta: dict, out: Path, title: str) -> None:

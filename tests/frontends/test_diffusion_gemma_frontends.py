@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 from cli_errors import one_line_error as _one_line_error
-from diffusion_gemma_goldens import TINY, golden_case
+from diffusion_gemma_goldens import TINY, golden_case, tiny_with_tokenizer
 from paths import GOLDENS
 
 from psd_jax import DecodeConfig, DecodeConfigError, InputError, load_model
@@ -195,7 +195,6 @@ def test_quantization_and_impossible_meshes_are_refused(capsys):
 @pytest.mark.parametrize(
     "main, argv, command",
     [
-        (bench_main, ["--model", str(TINY)], "python -m psd_jax.bench"),
         (serve_main, ["--model", str(TINY)], "python -m psd_jax.serve"),
         (tune_main, ["--model", str(TINY), "--data", str(TINY / "config.json")], "python -m psd_jax.tune"),
     ],
@@ -203,6 +202,42 @@ def test_quantization_and_impossible_meshes_are_refused(capsys):
 def test_front_ends_without_the_sampler_refuse_it_by_name(main, argv, command, capsys):
     assert main(argv) == 2
     assert f"{command} does not run DiffusionGemma yet" in _one_line_error(capsys)
+
+
+def test_bench_times_named_settings_against_the_release_as_generate_decodes_them(tmp_path, capsys):
+    """``python -m psd_jax.bench`` on DiffusionGemma: the release's settings first (the baseline),
+    then the named ones; each row's tokens, calls and upstream's TPF (ids written per denoising
+    pass) are ``generate``'s on the same batch. Names of another grammar and the mask families'
+    flags are refused in one line."""
+    model = tiny_with_tokenizer(tmp_path / "model")
+    data = tmp_path / "problems.jsonl"
+    problems = [{"question": "What is 2+3?", "answer": "5"}, {"question": "Say 7", "answer": "7"}]
+    data.write_text("".join(json.dumps(p) + "\n" for p in problems))
+    argv = ["--model", str(model), "--data", str(data), "--batch", "2", "--gen-length", "40"]
+    named = "entropy-bound-2-s6-stop0.5"
+    assert bench_main([*argv, "--decoders", named, "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert report["meta"]["baseline"] == "entropy-bound-0.1"
+    rows = {r["name"]: r for r in report["results"]}
+    assert list(rows) == ["entropy-bound-0.1", named]
+    lm = load_model(model)
+    for name, settings in [("entropy-bound-0.1", {}), (named, dict(entropy_bound=2.0, max_denoising_steps=6,
+                                                                   confidence_threshold=0.5))]:  # fmt: skip
+        out = lm.generate([p["question"] for p in problems], gen_length=40, **settings)
+        row = rows[name]
+        assert row["settings"]["gen_length"] == 64  # rounded up to whole canvases, as upstream does
+        assert row["tokens"] == sum(g.tokens for g in out) and row["nfe_per_prompt"] == sum(g.nfe for g in out) / 2
+        passes = sum(g.stats["decoder_passes"] for g in out)
+        assert row["decoder_passes"] == passes
+        assert row["tpf"] == pytest.approx(sum(g.stats["generated_ids"] for g in out) / passes)
+    assert rows[named]["nfe_per_prompt"] < rows["entropy-bound-0.1"]["nfe_per_prompt"]
+    capsys.readouterr()
+    for extra, message in [
+        (["--decoders", "threshold-0.9"], "unknown DiffusionGemma setting name 'threshold-0.9'"),
+        (["--cache", "dual"], "cache='dual': not used by DiffusionGemma's entropy-bound sampler"),
+    ]:
+        assert bench_main([*argv, *extra, "--out", str(tmp_path / "bad")]) == 2
+        assert message in _one_line_error(capsys)
 
 
 def test_the_harness_model_refuses_it_by_name():

@@ -28,7 +28,7 @@ hd head dim, F dense hidden, E experts, H expert hidden; ``L`` the layer's index
   sc_gate, sc_up [d, F]           -> self_conditioner/ffw/gating_einsum [2, F, d] (gate.T, up.T)
   sc_down [F, d]                  -> self_conditioner/ffw/linear [F, d]
   (self_conditioner/post_norm has no scale; psd-jax's outer norm has none either)
- per layer i (group g = sliding|full):
+ per layer i (psd-jax's layer<i>_<name>, written g_<name> below; g = sliding|full):
   g_input_norm                    -> layer_i/pre_attention_norm/scale
   g_wq [d, N*hd]                  -> layer_i/attn/q_einsum/w [N, d, hd]
   sliding: g_wk, g_wv [d, K*hd]   -> layer_i/attn/kv_einsum/w [2, K, d, hd]
@@ -46,7 +46,7 @@ hd head dim, F dense hidden, E experts, H expert hidden; ``L`` the layer's index
   g_router [d, E]                 -> layer_i/mlp/router_logits/w [d, E]
   g_router_scale [d]              -> layer_i/mlp/router_scale [d]
   g_expert_scale [E]              -> layer_i/mlp/per_expert_scale [E]
-  g_expert_gate, g_expert_up [E, d, H] -> layer_i/mlp/gating_einsum/w [E, 2, H, d]
+  g_expert_gate_up [E, d, 2H] (gate at even columns, up at odd) -> layer_i/mlp/gating_einsum/w [E, 2, H, d]
   g_expert_down [E, H, d]         -> layer_i/mlp/linear/w [E, H, d]
   g_post_ff_norm_2                -> layer_i/post_ffw1_norm/scale
   g_post_ff_norm                  -> layer_i/post_ffw_norm/scale
@@ -140,17 +140,6 @@ def abstract_params(model, c: dict) -> dict:
     )
 
 
-def _group_index(c: dict) -> list[tuple[str, int]]:
-    """(group, index within group) of every layer."""
-    seen = {"sliding": 0, "full": 0}
-    out = []
-    for t in c["layer_types"]:
-        g = "sliding" if t == SLIDING else "full"
-        out.append((g, seen[g]))
-        seen[g] += 1
-    return out
-
-
 def map_params(p: dict[str, np.ndarray], c: dict, *, scalar: str = "denoiser") -> dict:
     """DeepMind's nested param dict from psd-jax's flat params ``p``; ``scalar`` picks which of the
     checkpoint's two layer scalars becomes ``skip_scale`` ("denoiser" or "encoder")."""
@@ -164,8 +153,9 @@ def map_params(p: dict[str, np.ndarray], c: dict, *, scalar: str = "denoiser") -
             "ffw": {"gating_einsum": np.stack([T(p["sc_gate"]), T(p["sc_up"])]), "linear": p["sc_down"]},
         },
     }
-    for i, (g, j) in enumerate(_group_index(c)):
-        w = lambda name, g=g, j=j: p[f"{g}_{name}"][j]  # noqa: E731
+    for i, t in enumerate(c["layer_types"]):
+        g = "sliding" if t == SLIDING else "full"
+        w = lambda name, i=i: p[f"layer{i}_{name}"]  # noqa: E731
         kv, hd = (c["n_kv_heads"], c["head_dim"]) if g == "sliding" else (c["n_global_kv_heads"], c["global_head_dim"])
         attn = {
             "q_einsum": {"w": w("wq").reshape(d, n, hd).transpose(1, 0, 2)},
@@ -193,7 +183,9 @@ def map_params(p: dict[str, np.ndarray], c: dict, *, scalar: str = "denoiser") -
                 "router_logits": {"w": w("router")},
                 "router_scale": w("router_scale"),
                 "per_expert_scale": w("expert_scale"),
-                "gating_einsum": {"w": np.stack([T(w("expert_gate")), T(w("expert_up"))], axis=1)},
+                "gating_einsum": {
+                    "w": np.stack([T(w("expert_gate_up")[..., 0::2]), T(w("expert_gate_up")[..., 1::2])], axis=1)
+                },
                 "linear": {"w": w("expert_down")},
             },
             "post_ffw1_norm": {"scale": w("post_ff_norm_2")},
