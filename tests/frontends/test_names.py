@@ -3,11 +3,13 @@ same setting, a name stands for one setting only, and a bad name is refused nami
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from psd_jax.cli import bench
 from psd_jax.core.config import POLICIES, DecodeConfig, DecodeConfigError
-from psd_jax.names import full_name, setting_fields, setting_name
+from psd_jax.names import entropy_bound_fields, entropy_bound_name, full_name, setting_fields, setting_name
 from psd_jax.tuning.space import default_space
 
 GEN = 48
@@ -82,3 +84,34 @@ def test_the_benchmark_refuses_a_bad_name_in_one_line(capsys):
     assert bench.main(["--decoders", "fixed-1,psd-fixed-1-d3-next-k4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "psd-fixed-1-d3-next-k4" in err[0] and "k_max belongs to a rps- name" in err[0]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"entropy_bound": 2.5, "max_denoising_steps": 6},
+        {"confidence_threshold": 0.0, "stability_threshold": 3},
+        {"t_max": 1.25, "t_min": 0.1, "entropy_bound": 0.0},
+    ],
+)
+def test_entropy_bound_names_read_back_as_their_settings(fields):
+    """DiffusionGemma's names: the release's settings are ``entropy-bound-0.1``, and any other
+    reads back as itself, naming only what differs from the release."""
+    settings = DecodeConfig(**fields)
+    name = entropy_bound_name(settings)
+    assert DecodeConfig(**entropy_bound_fields(name)) == settings
+    assert name.count("-") == 2 + len(set(fields) - {"entropy_bound"})
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("entropy-bound-x", "unknown DiffusionGemma setting name 'entropy-bound-x'"),
+        ("entropy-bound-0.1/dual", "no cache or block length"),
+        ("entropy-bound-0.1-stop0.1-s4", "expected entropy-bound-B[-sN][-stopC]"),
+    ],
+)
+def test_bad_entropy_bound_names_are_refused_naming_the_problem(name, message):
+    with pytest.raises(DecodeConfigError, match=re.escape(message)):
+        entropy_bound_fields(name)
