@@ -36,7 +36,7 @@ from ..core.config import (
     check_for_model,
 )
 from ..core.errors import InputError
-from ..model_dir import model_directory, model_settings, precheck_settings, refuse_entropy_bound
+from ..model_dir import model_directory, model_settings, precheck_settings
 from ..parallel.sharding import AXES
 from ..recommended import RECOMMENDED_FILE, named_settings
 
@@ -183,9 +183,7 @@ def _pretrained(value: Any) -> Path:
     its weights present) without reading any weights: a wrong path fails here, before the harness
     indexes its tasks, not when the model is made."""
     try:
-        path = model_directory(value if value not in (None, "") else None)
-        refuse_entropy_bound(path, "the lm-evaluation-harness model")
-        return path
+        return model_directory(value if value not in (None, "") else None)
     except FileNotFoundError:
         raise EvalArgsError(f"pretrained={value}: no such model directory") from None
     except CheckpointError as exc:

@@ -18,6 +18,9 @@ own command line.
   tokenizer.
 - ``loglikelihood``: LLaDA's Monte Carlo estimator (``psd_jax.evaluate.loglikelihood``);
   ``loglikelihood_rolling``: the same bound over the whole text after one BOS/EOS token.
+- DiffusionGemma decodes ``generate_until`` requests with its entropy-bound sampler (the
+  release's settings unless model arguments say otherwise; a length capped by ``max_gen_toks`` in
+  whole canvases) and has no likelihood: its ``loglikelihood`` requests are refused in one line.
 
 Every request is encoded and checked against the model's context before the first model call.
 """
@@ -34,7 +37,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from ..api import LoadedModel, load_model
-from ..core.config import PER_BLOCK_STEPS, DecodeConfig
+from ..core.config import ENTROPY_BOUND_FAMILY, PER_BLOCK_STEPS, DecodeConfig
 from ..core.errors import InputError
 from ..core.lengths import check_context
 from .args import EvalArgs, parse_eval_args
@@ -212,7 +215,16 @@ class PsdJaxLM(LM):
                 out[i] = (values[j], bool(checks[j]) if checks else False)
         return out
 
+    def _refuse_without_likelihood(self) -> None:
+        """The Monte Carlo estimator masks tokens; DiffusionGemma has no mask token to score with."""
+        if self.lm.config.family == ENTROPY_BOUND_FAMILY:
+            raise InputError(
+                f"{self.args.pretrained}: DiffusionGemma has no likelihood estimate (it re-noises, it does not "
+                "mask): run generate_until tasks, not loglikelihood ones"
+            )
+
     def loglikelihood(self, requests: list, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        self._refuse_without_likelihood()
         preps = [self.scorer.prepare(*self._encode_pair(*r.args)) for r in requests]
         out = self._score(preps, [r.task_name for r in requests], self.args.is_check_greedy)
         for r, value in zip(requests, out):
@@ -222,6 +234,7 @@ class PsdJaxLM(LM):
     def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list[float]:
         """The bound over the whole text, conditioned on one BOS (or EOS) token; a text longer than
         the model's context is an error (no rolling windows)."""
+        self._refuse_without_likelihood()
         preps = [self.scorer.prepare(self._prefix_token(), self._encode(r.args[0])) for r in requests]
         out = [ll for ll, _ in self._score(preps, [r.task_name for r in requests], greedy=False)]
         for r, value in zip(requests, out):

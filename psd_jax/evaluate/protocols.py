@@ -2,11 +2,11 @@
 
 Each ``Protocol`` is one row of an upstream evaluation script (Fast-dLLM's LLaDA and Dream
 scripts, Dream-Instruct's and Dream-Base's, LLaDA-Base's lm-eval script, LLaDA-Instruct's
-OpenCompass settings in lm-eval form, LLaDA2.0-mini's card): its source file, model, harness task,
+OpenCompass settings in lm-eval form, LLaDA2.0-mini's card, DiffusionGemma's release): its source file, model, harness task,
 shots, chat template, lengths, steps, blocks, policy, confidence, sampling, cache, batch size, how
 the text is cut and scored, the published number and where it comes from, and what psd-jax cannot
-match (``differs``; empty when it matches setting by setting). On top of every generation row,
-``<name>-psd`` and ``<name>-rps`` run psd-jax's decoders over the same settings.
+match (``differs``; empty when it matches setting by setting). On top of every generation row of
+the mask-token families, ``<name>-psd`` and ``<name>-rps`` run psd-jax's decoders over the same settings.
 
 ``harness_argv`` turns a protocol into the harness's command line for ``python -m
 psd_jax.evaluate`` (``protocol_cli`` adds the user's own flags on top; ``--dry-run`` prints it);
@@ -43,7 +43,7 @@ class Protocol:
     group: str  # the table section
     source: str  # upstream file(s) the settings come from
     model: str  # the Hugging Face checkpoint upstream evaluated
-    family: str  # models' family name: llada, dream, llada2_moe, sdar
+    family: str  # models' family name: llada, dream, llada2_moe, sdar, diffusion_gemma
     task: str  # harness task (psd_jax/evaluate/tasks holds the project's own)
     shots: int
     chat: bool  # the chat template, the whole prompt in one user turn unless multiturn
@@ -560,6 +560,32 @@ def _sdar_chat() -> list[Protocol]:
     )
 
 
+def _diffusion_gemma() -> list[Protocol]:
+    release = {
+        "gen_length": 256,
+        "entropy_bound": 0.1,
+        "max_denoising_steps": 48,
+        "t_min": 0.4,
+        "t_max": 0.8,
+        "stability_threshold": 1,
+        "confidence_threshold": 0.005,
+    }
+    return _chat_settings_rows(
+        "diffusiongemma-26b",
+        group="DiffusionGemma-26B-A4B (the release's generation settings)",
+        source="google/diffusiongemma-26B-A4B-it generation_config.json (max_new_tokens 256, entropy bound 0.1, "
+        "48 steps, t 0.8 -> 0.4, stability 1, confidence 0.005) and transformers 5.23's "
+        "DiffusionGemmaForBlockDiffusion.generate",
+        model="google/diffusiongemma-26B-A4B-it",
+        family="diffusion_gemma",
+        decode=release,
+        published_source="no stored source",
+        differs="the release gives generation settings, not an evaluation protocol: task, shots and prompt are "
+        "this table's choice; the sampler draws from psd-jax's own PRNG, so scores agree with upstream's in "
+        "distribution, not sample by sample",
+    )
+
+
 # ----------------------------------------------------------------------------- the table
 
 
@@ -586,10 +612,11 @@ def _table() -> dict[str, Protocol]:
         *_llada_instruct(),
         *_llada2_mini(),
         *_sdar_chat(),
+        *_diffusion_gemma(),
     ]
     rows = list(published)
     for base in published:
-        if base.generates:
+        if base.generates and base.family != "diffusion_gemma":  # its one sampler: no PSD or RPS on top
             rows += [on_top(base, PSD, "psd"), on_top(base, RPS, "rps")]
     table = {p.name: p for p in rows}
     if len(table) != len(rows):
@@ -647,6 +674,12 @@ GROUP_NOTES: dict[str, str] = {
         "LLaDA2.0's generate (threshold_schedule: steps per block, threshold 0.95) at the card's usage "
         "settings; the prompt is the chat template encoded without added special tokens, as "
         "apply_chat_template(tokenize=True) does."
+    ),
+    "DiffusionGemma-26B-A4B (the release's generation settings)": (
+        "The entropy-bound sampler (transformers' generate: random canvases re-noised each step, self-conditioning, "
+        "adaptive stopping) at the release's settings, 256 new tokens in one canvas; the prompt is the chat "
+        "template encoded without added special tokens. The family has one sampler (no PSD or RPS rows) and no "
+        "likelihood (no loglikelihood tasks)."
     ),
     "SDAR-8B-Chat (the reported inference settings)": (
         "SDAR's evaluation decoder at its reported settings (threshold_schedule with threshold 1: the "

@@ -33,6 +33,12 @@ def decoding(p: Protocol) -> str:
     if not p.generates:
         return f"likelihood: {joined(p.likelihood)}"
     d = p.decode
+    if "entropy_bound" in d:  # DiffusionGemma's sampler
+        return (
+            f"gen {d['gen_length']} in canvases, entropy bound {d['entropy_bound']}, {d['max_denoising_steps']} steps "
+            f"per canvas, t {d['t_max']} -> {d['t_min']}, adaptive stop (stability {d['stability_threshold']}, "
+            f"confidence {d['confidence_threshold']})"
+        )
     policy = f"{d['policy']} {d['threshold']}" if "threshold" in d else d["policy"]
     parts = [f"gen {d['gen_length']}", f"block {d['block_length']}", policy]
     if "steps" in d:

@@ -39,7 +39,7 @@ from psd_jax.evaluate.gen_kwargs import parse_gen_kwargs, request_settings  # no
 from psd_jax.evaluate.harness import PsdJaxLM  # noqa: E402
 from psd_jax.evaluate.protocol_cli import listing, merged  # noqa: E402
 from psd_jax.evaluate.protocols import PACKAGE_TASKS, PROTOCOLS, TASKS_DIR, published  # noqa: E402
-from psd_jax.model_dir import DEFAULT_MODEL_DIR  # noqa: E402
+from psd_jax.model_dir import DEFAULT_MODEL_DIR, canvas_fields  # noqa: E402
 from scripts.figures.protocol_table import DOC, render, replaced  # noqa: E402
 
 HELD_OUT = ROOT / "models" / "default" / "test.jsonl"
@@ -57,8 +57,8 @@ def test_docs_hold_exactly_the_generated_tables():
 
 def test_every_row_names_its_source_and_psd_and_rps_run_on_top_of_every_generation_row():
     rows = published()
-    assert len(rows) == 53 and all(p.source and p.model and p.task for p in rows)
-    generation = [p for p in rows if p.generates]
+    assert len(rows) == 55 and all(p.source and p.model and p.task for p in rows)
+    generation = [p for p in rows if p.generates and p.family != "diffusion_gemma"]  # one sampler: none on top
     assert len(PROTOCOLS) == len(rows) + 2 * len(generation)
     for base in generation:
         psd, rps = PROTOCOLS[f"{base.name}-psd"], PROTOCOLS[f"{base.name}-rps"]
@@ -93,12 +93,15 @@ def test_every_protocol_runs_on_its_models_real_config():
     LLaDA and Dream rows' model arguments pass the pre-check against the real configuration directory."""
     configs = {"llada": load_config(LLADA_DIR), "dream": load_config(DREAM_DIR), "llada2_moe": llada2_mini_config()}
     configs["sdar"] = load_config(HF_CONFIGS / "SDAR-8B-Chat")
+    configs["diffusion_gemma"] = load_config(HF_CONFIGS / "DiffusionGemma-26B-A4B")
     directories = {"llada": LLADA_DIR, "dream": DREAM_DIR}
     for p in PROTOCOLS.values():
         if p.family in directories:
             args = parse_eval_args({**p.model_args(), "pretrained": directories[p.family]})
             settings = args.settings
             assert args.add_special_tokens == p.add_special_tokens and args.add_bos_token == p.add_bos_token
+        elif p.family == "diffusion_gemma":  # its block is its canvas (model_settings puts it there)
+            settings = DecodeConfig(**canvas_fields(p.decode, configs[p.family].canvas_length))
         else:
             settings = DecodeConfig(**p.decode)
         if p.generates:

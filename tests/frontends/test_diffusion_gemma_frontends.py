@@ -240,11 +240,35 @@ def test_bench_times_named_settings_against_the_release_as_generate_decodes_them
         assert message in _one_line_error(capsys)
 
 
-def test_the_harness_model_refuses_it_by_name():
-    from psd_jax.evaluate.args import EvalArgsError, parse_eval_args
+def test_harness_generate_until_equals_generate_and_likelihood_is_refused(tmp_path):
+    """lm-evaluation-harness requests through the psd_jax model on DiffusionGemma: a batch decodes as
+    ``generate`` does with the same settings (a model argument over the release's), ``max_gen_toks``
+    caps the length in whole canvases and cuts the text, and loglikelihood requests are refused in
+    one line (the family has no mask token to score with)."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
 
-    with pytest.raises(EvalArgsError, match="the lm-evaluation-harness model does not run DiffusionGemma yet"):
-        parse_eval_args({"pretrained": str(TINY)})
+    from psd_jax.evaluate.harness import PsdJaxLM
+
+    model_dir = tiny_with_tokenizer(tmp_path / "model")
+    model = PsdJaxLM(pretrained=str(model_dir), batch_size=2, max_denoising_steps=6, gen_length=64)
+    prompts = ["What is 2+3?", "Say 7"]
+    lm = load_model(model_dir)
+    want = lm.generate([model._encode(p) for p in prompts], max_denoising_steps=6, gen_length=64)
+    request = lambda p, kw: Instance("generate_until", kw, (p, kw), 0, ("t", 0, 1))  # noqa: E731
+
+    def plain(text: str) -> str:  # the harness removes special tokens from its answers
+        for special in lm.tokenizer.all_special_tokens:
+            text = text.replace(special, "")
+        return text
+
+    texts = model.generate_until([request(p, {"until": []}) for p in prompts])
+    assert texts == [plain(g.text) for g in want] and any(texts)
+    short = lm.generate([model._encode(prompts[0])], max_denoising_steps=6, gen_length=32)[0]
+    capped = model.generate_until([request(prompts[0], {"until": [], "max_gen_toks": 5})])[0]
+    assert capped == plain(lm.decode_text(short.output_ids[:5]))
+    with pytest.raises(InputError, match="DiffusionGemma has no likelihood estimate"):
+        model.loglikelihood([Instance("loglikelihood", {}, ("2+3=", "5"), 0, ("t", 0, 1))])
 
 
 def test_decode_config_keeps_the_release_defaults():
