@@ -24,6 +24,7 @@ transformers' ``generate`` is reproduced bit for bit. Nothing is greedy: upstrea
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -131,13 +132,16 @@ class Draws:
                    renoise=jnp.asarray(renoise, jnp.int32))  # fmt: skip
 
     def _keys(self, *path: jax.Array) -> jax.Array:
-        def one(key):
+        """Each row's key folded with ``path`` (scalars, or [B]: each row's own canvas)."""
+
+        def one(key, *parts):
             k = jax.random.wrap_key_data(key)
-            for p in path:
+            for p in parts:
                 k = jax.random.fold_in(k, p)
             return k
 
-        return jax.vmap(one)(self.key)
+        rows = self.key.shape[0]
+        return jax.vmap(one)(self.key, *(jnp.broadcast_to(p, (rows,)) for p in path))
 
     def initial(self, canvas: jax.Array, shape: tuple[int, int], vocab: int) -> jax.Array:
         if self.init is not None:
@@ -147,7 +151,8 @@ class Draws:
 
     def sampled(self, step: jax.Array, canvas: jax.Array, n: jax.Array, logits: jax.Array) -> jax.Array:
         """The sampled canvas of the batch's ``step``-th step (recorded), or of step ``n`` of
-        canvas ``canvas`` (drawn: keyed by the row's place in its own decode, not the batch's)."""
+        canvas ``canvas`` (drawn: keyed by the row's place in its own decode, not the batch's;
+        ``canvas`` a scalar or each row's own [B])."""
         if self.sample is not None:
             return self.sample[step]
         keys = self._keys(canvas, n, jnp.int32(0))
@@ -279,12 +284,9 @@ def _decode(
     model = nnx.merge(graphdef, params)
     cfg = model.config
     batch, prompt_length = prompt_ids.shape
-    C, N, V = cfg.canvas_length, settings.max_denoising_steps, cfg.vocab_size
+    C, N = cfg.canvas_length, settings.max_denoising_steps
     K = settings.canvases(C)
     steps_max = K * N
-    temperatures = jnp.asarray(settings.temperatures())
-    eos = jnp.asarray(cfg.eos_ids, jnp.int32)
-    history_len = max(settings.stability_threshold or 0, 1)
 
     positions = jnp.broadcast_to(jnp.arange(prompt_length, dtype=jnp.int32), (batch, prompt_length))
     _, prompt_cache = model.encode(prompt_ids, positions, prompt_valid)
@@ -299,105 +301,19 @@ def _decode(
     )
     cache = prompt_cache.append(empty)
 
-    def denoise_canvas(k, cache, ended, nfe, passes, row_nfe, step, records):
-        """One canvas's denoising loop: its argmax canvas, and the counters after it."""
-        at = prompt_length + k * C + jnp.arange(C, dtype=jnp.int32)
-        at = jnp.broadcast_to(at, (batch, C))
-        x0 = draws.initial(k, (batch, C), V)
-
-        def cond(s):
-            return (s["n"] > 0) & ~jnp.all(s["stopped"])
-
-        def body(s):
-            n = s["n"]
-            passes_now = s["passes"] + (~(s["stopped"] | ended)).astype(jnp.int32)
-            row_nfe = s["row_nfe"] + (~ended).astype(jnp.int32)
-            on = jnp.broadcast_to(s["has_sc"], (batch,))  # no self-conditioning at a canvas's first step
-            logits = model.denoise(s["x"], at, cache, s["sc"], sc_on=on)
-            z = logits / temperatures[n]
-            h = entropy(z)
-            y = draws.sampled(s["step"], k, n, z)
-            a = jnp.argmax(z, axis=-1).astype(jnp.int32)
-            keep = accepted(h, settings.entropy_bound)
-            r = draws.renoised(s["step"], k, n, (batch, C), V)
-            x_next = jnp.where(keep, y, r)
-            stopped = s["stopped"]
-            history = s["history"]
-            if settings.adaptive:
-                frozen = stopped[:, None]
-                a = jnp.where(frozen, s["a"], a)
-                x_next = jnp.where(frozen, s["x"], x_next)
-                z = jnp.where(frozen[..., None], s["sc"], z)
-                h_kept = entropy(z)
-                if settings.stability_threshold:
-                    stable = jnp.all(history == a[None], axis=(0, 2))
-                    history = jnp.concatenate([history[1:], a[None]], axis=0)
-                else:
-                    stable = jnp.ones((batch,), bool)
-                confident = h_kept.mean(-1) < settings.confidence_threshold
-                stopped = stopped | (stable & confident)
-            new = dict(s, n=n - 1, x=x_next, a=a, sc=z, has_sc=jnp.ones((), bool), stopped=stopped,
-                       history=history, passes=passes_now, row_nfe=row_nfe, step=s["step"] + 1, nfe=s["nfe"] + 1)  # fmt: skip
-            if trace:
-                rec = new["records"]
-                i = s["step"]
-                new["records"] = {
-                    "canvas_in": rec["canvas_in"].at[i].set(s["x"]),
-                    "argmax": rec["argmax"].at[i].set(a),
-                    "accepted": rec["accepted"].at[i].set(keep),
-                    "entropy": rec["entropy"].at[i].set(h),
-                    "finished": rec["finished"].at[i].set(stopped),
-                    "cur_step": rec["cur_step"].at[i].set(n),
-                    "canvas_index": rec["canvas_index"].at[i].set(k),
-                    "temperature": rec["temperature"].at[i].set(temperatures[n]),
-                }
-            return new
-
-        state = {
-            "n": jnp.int32(N),
-            "x": x0,
-            "a": x0,
-            "sc": jnp.zeros((batch, C, V), jnp.float32),
-            "has_sc": jnp.zeros((), bool),
-            "stopped": jnp.zeros((batch,), bool),
-            "history": jnp.full((history_len, batch, C), -1, jnp.int32),
-            "passes": passes,
-            "row_nfe": row_nfe,
-            "step": step,
-            "nfe": nfe,
-            "records": records,
-        }
-        state = jax.lax.while_loop(cond, body, state)
-        return state["a"], state["nfe"], state["passes"], state["row_nfe"], state["step"], state["records"]
-
     def canvas_cond(c):
         return (c["k"] < K) & ~jnp.all(c["ended"])
 
     def canvas_body(c):
         k = c["k"]
-        a, nfe, passes, row_nfe, step, records = denoise_canvas(
-            k, c["cache"], c["ended"], c["nfe"], c["passes"], c["row_nfe"], c["step"], c["records"]
-        )
-        is_eos = jnp.isin(a, eos)
-        seen = jnp.cumsum(is_eos, axis=-1)
-        after_eos = (seen > 0) & ~((seen == 1) & is_eos)
-        out = jnp.where(c["ended"][:, None] | after_eos, cfg.pad_id, a)
-        ended = c["ended"] | is_eos.any(-1)
-        ids = jax.lax.dynamic_update_slice(c["ids"], out, (0, k * C))
-        # The finished canvas (pads included, as upstream encodes it) becomes the next canvas's context.
-        at = prompt_length + k * C + jnp.arange(C, dtype=jnp.int32)
-        at = jnp.broadcast_to(at, (batch, C))
-        cache = c["cache"]
-        _, new = model.encode(out, at, jnp.ones((batch, C), bool), cache)
-        offset = prompt_length + k * C
-        cache = Cache(
-            tuple(jax.lax.dynamic_update_slice_in_dim(old, n, offset, 1) for old, n in zip(cache.keys, new.keys)),
-            tuple(jax.lax.dynamic_update_slice_in_dim(old, n, offset, 1) for old, n in zip(cache.values, new.values)),
-            cache.positions,
-            jax.lax.dynamic_update_slice_in_dim(cache.valid, jnp.ones((batch, C), bool), offset, 1),
-        )
-        return dict(c, k=k + 1, ids=ids, ended=ended, cache=cache, nfe=nfe, passes=passes, row_nfe=row_nfe, step=step,
-                    records=records)  # fmt: skip
+        at = jnp.broadcast_to(prompt_length + k * C + jnp.arange(C, dtype=jnp.int32), (batch, C))
+        counters = {name: c[name] for name in ("nfe", "passes", "row_nfe", "step")}
+        a, counters, records = denoise_canvas(
+            model, settings, draws, c["cache"], at, k, c["ended"], jnp.zeros((batch,), bool), counters,
+            c["records"], trace,
+        )  # fmt: skip
+        ids, ended, cache = finish_canvas(model, a, at, c["ended"], c["ids"], c["cache"], k * C, prompt_length + k * C)
+        return dict(c, k=k + 1, ids=ids, ended=ended, cache=cache, records=records, **counters)
 
     records = {}
     if trace:
@@ -427,6 +343,123 @@ def _decode(
            "canvases": carry["k"]}  # fmt: skip
     out.update({f"trace_{name}": v for name, v in carry["records"].items()})
     return out
+
+
+def denoise_canvas(
+    model: DiffusionGemma,
+    settings: EntropyBoundSettings,
+    draws: Draws,
+    cache: Cache,
+    at: jax.Array,
+    k: jax.Array,
+    ended: jax.Array,
+    stopped: jax.Array,
+    counters: dict[str, jax.Array],
+    records: dict[str, jax.Array],
+    trace: bool,
+):
+    """One canvas's denoising loop over every row at positions ``at`` [B, C] (``k``: the canvas,
+    a scalar or each row's [B]; ``ended`` rows are denoised but not counted; ``stopped`` rows start
+    frozen): the argmax canvas [B, C], and the counters (``nfe``, ``passes``, ``row_nfe``, ``step``)
+    and trace records after it."""
+    cfg = model.config
+    batch, C = at.shape
+    N, V = settings.max_denoising_steps, cfg.vocab_size
+    temperatures = jnp.asarray(settings.temperatures())
+    history_len = max(settings.stability_threshold or 0, 1)
+    x0 = draws.initial(k, (batch, C), V)
+
+    def cond(s):
+        return (s["n"] > 0) & ~jnp.all(s["stopped"])
+
+    def body(s):
+        n = s["n"]
+        passes_now = s["passes"] + (~(s["stopped"] | ended)).astype(jnp.int32)
+        row_nfe = s["row_nfe"] + (~ended).astype(jnp.int32)
+        on = jnp.broadcast_to(s["has_sc"], (batch,))  # no self-conditioning at a canvas's first step
+        logits = model.denoise(s["x"], at, cache, s["sc"], sc_on=on)
+        z = logits / temperatures[n]
+        h = entropy(z)
+        y = draws.sampled(s["step"], k, n, z)
+        a = jnp.argmax(z, axis=-1).astype(jnp.int32)
+        keep = accepted(h, settings.entropy_bound)
+        r = draws.renoised(s["step"], k, n, (batch, C), V)
+        x_next = jnp.where(keep, y, r)
+        stopped = s["stopped"]
+        history = s["history"]
+        if settings.adaptive:
+            frozen = stopped[:, None]
+            a = jnp.where(frozen, s["a"], a)
+            x_next = jnp.where(frozen, s["x"], x_next)
+            z = jnp.where(frozen[..., None], s["sc"], z)
+            h_kept = entropy(z)
+            if settings.stability_threshold:
+                stable = jnp.all(history == a[None], axis=(0, 2))
+                history = jnp.concatenate([history[1:], a[None]], axis=0)
+            else:
+                stable = jnp.ones((batch,), bool)
+            confident = h_kept.mean(-1) < settings.confidence_threshold
+            stopped = stopped | (stable & confident)
+        new = dict(s, n=n - 1, x=x_next, a=a, sc=z, has_sc=jnp.ones((), bool), stopped=stopped,
+                   history=history, passes=passes_now, row_nfe=row_nfe, step=s["step"] + 1, nfe=s["nfe"] + 1)  # fmt: skip
+        if trace:
+            rec = new["records"]
+            i = s["step"]
+            new["records"] = {
+                "canvas_in": rec["canvas_in"].at[i].set(s["x"]),
+                "argmax": rec["argmax"].at[i].set(a),
+                "accepted": rec["accepted"].at[i].set(keep),
+                "entropy": rec["entropy"].at[i].set(h),
+                "finished": rec["finished"].at[i].set(stopped),
+                "cur_step": rec["cur_step"].at[i].set(n),
+                "canvas_index": rec["canvas_index"].at[i].set(k),
+                "temperature": rec["temperature"].at[i].set(temperatures[n]),
+            }
+        return new
+
+    state = {
+        "n": jnp.int32(N),
+        "x": x0,
+        "a": x0,
+        "sc": jnp.zeros((batch, C, V), jnp.float32),
+        "has_sc": jnp.zeros((), bool),
+        "stopped": stopped,
+        "history": jnp.full((history_len, batch, C), -1, jnp.int32),
+        **counters,
+        "records": records,
+    }
+    state = jax.lax.while_loop(cond, body, state)
+    return state["a"], {name: state[name] for name in counters}, state["records"]
+
+
+def finish_canvas(model: DiffusionGemma, a, at, ended, ids, cache: Cache, at_ids, at_cache):
+    """A denoised canvas ``a`` [B, C] written out: pad after its first end-of-sequence id (and in
+    rows already ended), into ``ids`` at ``at_ids``; the row ended once it holds one; the canvas
+    (pads included, as upstream encodes it) encoded at positions ``at`` into ``cache``'s slots from
+    ``at_cache``, the next canvas's context. Offsets are scalars, or each row's own [B]."""
+    cfg = model.config
+    batch, C = a.shape
+    is_eos = jnp.isin(a, jnp.asarray(cfg.eos_ids, jnp.int32))
+    seen = jnp.cumsum(is_eos, axis=-1)
+    after_eos = (seen > 0) & ~((seen == 1) & is_eos)
+    out = jnp.where(ended[:, None] | after_eos, cfg.pad_id, a)
+    _, new = model.encode(out, at, jnp.ones((batch, C), bool), cache)
+    write = functools.partial(_write_rows, offset=at_cache)
+    cache = Cache(
+        tuple(map(write, cache.keys, new.keys)),
+        tuple(map(write, cache.values, new.values)),
+        cache.positions,
+        write(cache.valid, jnp.ones((batch, C), bool)),
+    )
+    return _write_rows(ids, out, at_ids), ended | is_eos.any(-1), cache
+
+
+def _write_rows(array: jax.Array, new: jax.Array, offset: jax.Array) -> jax.Array:
+    """``new`` [B, n, ...] into ``array`` [B, L, ...] from position ``offset`` of axis 1: one
+    offset for every row, or each row's own [B]."""
+    if jnp.ndim(offset) == 0:
+        return jax.lax.dynamic_update_slice_in_dim(array, new, offset, 1)
+    return jax.vmap(lambda a, n, o: jax.lax.dynamic_update_slice_in_dim(a, n, o, 0))(array, new, offset)
 
 
 def _padded_replay(draws: Draws, batch: int, canvases: int, steps: int, canvas: int) -> tuple[Draws, tuple[int, int]]:
