@@ -192,6 +192,10 @@ class LoadedModel(PromptIO):
         settings that select a program: ``runtime.Program``); at most ``max_programs``."""
         return len(self._compiled)
 
+    def program_key(self, settings: DecodeConfig, gen_length: int) -> Program:
+        """What rows sharing a batch share (``serve.session.BlockEngine``): ``runtime.Program``."""
+        return Program.of(settings, gen_length)
+
     def clear_programs(self) -> None:
         """Drop every compiled program. Each XLA:CPU program holds a few hundred memory mappings of
         its code, freed once nothing holds the program; a process that compiles thousands (a test

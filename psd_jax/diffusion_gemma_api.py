@@ -34,9 +34,10 @@ from .core.entropy_bound import Decoded, Draws, EntropyBoundSettings, Prepared, 
 from .core.errors import InputError
 from .core.records import Generation, tokens_before_stop
 from .core.runtime import row_keys
+from .diffusion_gemma_session import CanvasSession, start_session
 from .model_dir import canvas_fields, model_settings
 from .parallel.sharding import batch_sharding, param_shardings
-from .prompts import PromptIO, left_pad
+from .prompts import PromptIO, check_seed, left_pad
 
 DRAW_NAMES = ("init_canvas", "sample", "renoise")  # a recording's arrays, as the goldens lay them out
 
@@ -54,6 +55,7 @@ class LoadedDiffusionGemma(PromptIO):
         self.graphdef, self.params = nnx.split(model)
         self.defaults = model_settings(path)  # the release's generation settings
         self._compiled: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
+        self.max_programs: int | None = None  # compiled programs kept (least recently used out); None: all
 
     def default_settings(self) -> DecodeConfig:
         """The release's settings (``generation_config.json``)."""
@@ -69,6 +71,74 @@ class LoadedDiffusionGemma(PromptIO):
 
     def clear_programs(self) -> None:
         self._compiled.clear()
+
+    def program_key(self, settings: DecodeConfig, gen_length: int) -> EntropyBoundSettings:
+        """What rows sharing a batch share (``serve.session.BlockEngine``): the sampler settings."""
+        return EntropyBoundSettings.of(settings).replace_length(gen_length)
+
+    def _kept(self, key: tuple, compile_program) -> tuple[Any, float]:
+        """The program cached under ``key``, compiled by ``compile_program()`` if it is not (with
+        its seconds; 0.0 when cached); the least recently used dropped beyond ``max_programs``."""
+        if key in self._compiled:
+            self._compiled.move_to_end(key)
+            return self._compiled[key], 0.0
+        began = time.perf_counter()
+        with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
+            self._compiled[key] = compile_program()
+        while self.max_programs is not None and len(self._compiled) > self.max_programs:
+            self._compiled.popitem(last=False)
+        return self._compiled[key], time.perf_counter() - began
+
+    def program(self, name: str, fn, args: tuple, static: dict) -> tuple[Any, float]:
+        """A ``core.entropy_bound_rows`` function compiled for ``args``' shapes and ``static``
+        (called with ``args``; the model's parameters come first for those that take them)."""
+        shapes = tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(args))
+        takes_model = name in ("join", "advance")
+        key = (name, shapes, tuple(sorted(static.items())))
+
+        def compile_program():
+            if takes_model:
+                compiled = fn.lower(self.graphdef, self.params, *args, **static).compile()
+                return lambda *a: compiled(self.params, *a)
+            return fn.lower(*args, **static).compile()
+
+        return self._kept(key, compile_program)
+
+    def start_rows(
+        self,
+        prompts: Sequence[Sequence[int]],
+        settings: Sequence[DecodeConfig],
+        seeds: Sequence[int],
+        *,
+        batch_size: int | None = None,
+        prompt_bucket: int | None = 32,
+        gen_length: int | None = None,
+    ) -> CanvasSession:
+        """A session decoding one canvas per ``advance`` (a server's continuous batching), row r as
+        ``generate([prompts[r]], settings[r], seed=seeds[r])``'s only row; ``batch_size`` rows in
+        all (the rest start done), ``gen_length`` the longest a row may ask for later."""
+        checked = [self.settings(s) for s in settings]
+        for seed in seeds:
+            check_seed(seed)
+        ids = self.prompt_ids(prompts)
+        return start_session(self, ids, checked, row_keys(seeds, [0] * len(ids)), batch_size, prompt_bucket, gen_length)
+
+    def start_blocks(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        settings: DecodeConfig | None = None,
+        *,
+        seed: int = 0,
+        chat: bool | None = None,
+        prompt_bucket: int | None = 32,
+        batch_size: int | None = None,
+        gen_length: int | None = None,
+        **overrides: Any,
+    ) -> CanvasSession:
+        """``start_rows`` with one setting, row r drawing as ``generate``'s row r."""
+        dcfg, ids = self.request(prompts, settings, overrides, seed, chat, prompt_bucket)
+        keys = row_keys([seed] * len(ids), range(len(ids)))
+        return start_session(self, ids, [dcfg] * len(ids), keys, batch_size, prompt_bucket, gen_length)
 
     def generate(
         self,
@@ -96,14 +166,8 @@ class LoadedDiffusionGemma(PromptIO):
             draws = Draws(key=jnp.asarray(row_keys([seed] * len(ids), range(len(ids)))))
         sampler = EntropyBoundSettings.of(dcfg)
         run = self._on_devices(prepare(self.config, prompt_ids, prompt_mask.astype(bool), sampler, draws))
-        key = (prompt_ids.shape, sampler, draws.key is None)
-        compile_seconds = 0.0
-        if key not in self._compiled:
-            began = time.perf_counter()
-            with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
-                self._compiled[key] = compile_decode(self.graphdef, self.params, run, sampler)
-            compile_seconds = time.perf_counter() - began
-        compiled = self._compiled[key]
+        key = ("decode", prompt_ids.shape, sampler, draws.key is None)
+        compiled, compile_seconds = self._kept(key, lambda: compile_decode(self.graphdef, self.params, run, sampler))
         for _ in range(2 if warm and compile_seconds else 1):
             start = time.perf_counter()
             out = jax.block_until_ready(compiled(self.params, *run.inputs))

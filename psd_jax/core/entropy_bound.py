@@ -96,6 +96,10 @@ class EntropyBoundSettings:
             confidence_threshold=float(settings.confidence_threshold) if stopping else None,
         )
 
+    def replace_length(self, gen_length: int) -> EntropyBoundSettings:
+        """These settings for ``gen_length`` new tokens (a batch's program: its longest row's)."""
+        return dataclasses.replace(self, gen_length=gen_length)
+
     def canvases(self, canvas_length: int) -> int:
         return math.ceil(self.gen_length / canvas_length)
 

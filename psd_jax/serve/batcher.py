@@ -1,7 +1,8 @@
 """Batching: requests that share a compiled program decode together, in one worker thread.
 
-A request's batch key is its compiled program (``runtime.Program``: the settings that set
-shapes, with the generation length rounded up to the server's generation bucket) and its padded
+A request's batch key is its compiled program (the model's ``program_key``: for the mask-token
+families ``runtime.Program``, the settings that set shapes; for DiffusionGemma its sampler
+settings; with the generation length rounded up to the server's generation bucket) and its padded
 prompt length. Runtime values (threshold, temperature, RPS's thresholds, ...), seeds and each
 row's own generation length are per row, so requests that differ only in them share a batch.
 
@@ -43,7 +44,6 @@ import numpy as np
 
 from ..core.config import DecodeConfig
 from ..core.lengths import padded_length
-from ..core.runtime import Program
 from .errors import QueueFull, RequestError, RequestTimedOut, ShuttingDown
 from .requests import DecodeRequest
 from .session import BlockEngine, BlockSession
@@ -223,7 +223,7 @@ class Batcher:
         """Requests with equal keys run in one compiled program and may share a batch."""
         length = padded_length(len(request.prompt_ids), self.prompt_bucket)
         canvas = self.canvas_length(request.settings, length)
-        return Program.of(request.settings, canvas), length
+        return self.lm.program_key(request.settings, canvas), length
 
     def size_for(self, rows: int) -> int:
         return next((size for size in self.sizes if size >= rows), self.max_batch)

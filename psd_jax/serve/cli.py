@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
+from models import load_config
+
 from ..api import InputError, load_model
 from ..cli.flags import (
     EXIT_BAD_INPUT,
@@ -31,9 +33,9 @@ from ..cli.flags import (
     positive_int,
     weight_options,
 )
-from ..core.config import MAX_BRANCHES, DecodeConfig, DecodeConfigError
+from ..core.config import ENTROPY_BOUND_FAMILY, MAX_BRANCHES, DecodeConfig, DecodeConfigError
 from ..core.lengths import check_context
-from ..model_dir import checked_settings, model_directory, precheck_settings, refuse_entropy_bound
+from ..model_dir import checked_settings, model_directory, precheck_settings
 from ..parallel import multihost
 from ..parallel.sharding import MeshError
 from ..recommended import NAME, named_settings, read_recommended, settings_on_any_device
@@ -318,7 +320,11 @@ def start_up(args: argparse.Namespace, warmup: tuple[int, ...]) -> StartUp:
     cluster = multihost.cluster_from(args)
     api_key = api_key_from(args.api_key, os.environ)
     model_dir = model_directory(args.model)
-    refuse_entropy_bound(model_dir, "python -m psd_jax.serve")
+    if load_config(model_dir).family == ENTROPY_BOUND_FAMILY and (cluster is not None or args.mesh):
+        raise InputError(
+            "python -m psd_jax.serve runs DiffusionGemma on one process and one device so far: drop "
+            + ("--mesh" if args.mesh else "the cluster flags")
+        )
     precheck_settings(model_dir, decode_fields(args), args.settings)  # what holds on any device
     settings_on_any_device(NAME, model_dir)  # a request's "settings": "recommended", checked alike
     multihost.start(cluster)  # before the device kind the recommendations are chosen for is read

@@ -10,7 +10,7 @@ checks the scheduler's rules without compiling anything. The batcher names only 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -68,6 +68,10 @@ class BlockEngine(Protocol):
     @property
     def compiled_programs(self) -> int:
         """Programs compiled so far."""
+
+    def program_key(self, settings: DecodeConfig, gen_length: int) -> Hashable:
+        """What requests sharing a batch share: the settings that select its compiled program, at
+        the batch's generation length."""
 
     def start_rows(
         self,

@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import openai
 import pytest
 from cli_errors import one_line_error as _one_line_error
 from diffusion_gemma_goldens import TINY, golden_case, tiny_with_tokenizer
 from paths import GOLDENS
+from served import client, running
 
 from psd_jax import DecodeConfig, DecodeConfigError, InputError, load_model
 from psd_jax.cli.bench import main as bench_main
@@ -22,6 +25,7 @@ from psd_jax.cli.generate import main as generate_main
 from psd_jax.core.entropy_bound import EntropyBoundSettings
 from psd_jax.diffusion_gemma_api import read_draws
 from psd_jax.model_dir import checked_settings, model_settings, release_settings
+from psd_jax.serve import build_app
 from psd_jax.serve.cli import main as serve_main
 from psd_jax.tuning.cli import main as tune_main
 
@@ -195,7 +199,6 @@ def test_quantization_and_impossible_meshes_are_refused(capsys):
 @pytest.mark.parametrize(
     "main, argv, command",
     [
-        (serve_main, ["--model", str(TINY)], "python -m psd_jax.serve"),
         (tune_main, ["--model", str(TINY), "--data", str(TINY / "config.json")], "python -m psd_jax.tune"),
     ],
 )
@@ -238,6 +241,39 @@ def test_bench_times_named_settings_against_the_release_as_generate_decodes_them
     ]:
         assert bench_main([*argv, *extra, "--out", str(tmp_path / "bad")]) == 2
         assert message in _one_line_error(capsys)
+
+
+def test_server_batches_rows_at_canvas_boundaries_and_answers_as_generate(tmp_path):
+    """``/v1/completions`` on DiffusionGemma: concurrent requests of one and two canvases, with their
+    own seeds, share batches (rows join between canvases) and each gets ``generate([prompt],
+    seed=seed)``'s answer and calls; a stream sends one chunk per canvas; a field the sampler does
+    not use is a 400 naming it."""
+    model_dir = tiny_with_tokenizer(tmp_path / "model")
+    lm = load_model(model_dir)
+    defaults = lm.settings(None, {"gen_length": 64, "max_denoising_steps": 6})
+    app = build_app(lm, defaults, name="dg", batch_sizes=(1, 2), max_wait_ms=10, prompt_bucket=16)
+    asks = [dict(prompt=p, max_tokens=(32, 64)[i % 2], seed=i) for i, p in enumerate(["What is 2+3?", "Say 7", "Hi!"])]
+    with running(app) as url:
+        api = client(url)
+        with ThreadPoolExecutor(len(asks)) as pool:
+            got = list(pool.map(lambda kw: api.completions.create(model="dg", **kw), asks))
+        for kw, answer in zip(asks, got):
+            (want,) = lm.generate([kw["prompt"]], defaults.replace(gen_length=kw["max_tokens"]), seed=kw["seed"],
+                                  prompt_bucket=16)  # fmt: skip
+            assert answer.choices[0].token_ids == want.output_ids[: want.tokens] and answer.choices[0].text == want.text
+            assert answer.usage.model_calls == want.nfe
+        (want,) = lm.generate(["Say 7"], defaults, seed=1, prompt_bucket=16)
+        chunks = [c.choices[0].text for c in api.completions.create(model="dg", prompt="Say 7", seed=1, stream=True)]
+        assert "".join(chunks) == want.text and len(chunks) == 1 + (want.tokens >= 32)
+        with pytest.raises(openai.BadRequestError) as refused:
+            api.completions.create(model="dg", prompt="Say 7", temperature=0.5)
+        assert refused.value.body["param"] == "temperature" and "not used by DiffusionGemma" in refused.value.message
+
+
+@pytest.mark.parametrize("extra, flag", [(["--mesh", "data=1"], "--mesh"), (["--distributed"], "the cluster flags")])
+def test_the_server_refuses_several_processes_or_a_mesh_in_one_line(extra, flag, capsys):
+    assert serve_main(["--model", str(TINY), *extra]) == 2
+    assert f"runs DiffusionGemma on one process and one device so far: drop {flag}" in _one_line_error(capsys)
 
 
 def test_harness_generate_until_equals_generate_and_likelihood_is_refused(tmp_path):

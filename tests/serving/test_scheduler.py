@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from psd_jax import DecodeConfig
+from psd_jax.core.runtime import Program
 from psd_jax.serve.batcher import Batcher, Failed, RowUpdate
 from psd_jax.serve.errors import RequestTimedOut
 from psd_jax.serve.requests import DecodeRequest
@@ -121,6 +122,9 @@ class FakeEngine:
     @property
     def compiled_programs(self) -> int:
         return len(self.programs)
+
+    def program_key(self, settings, gen_length):
+        return Program.of(settings, gen_length)
 
     def start_rows(self, prompts, settings, seeds, *, batch_size=None, prompt_bucket=32, gen_length=None):
         size = batch_size or len(prompts)

@@ -1,0 +1,135 @@
+"""DiffusionGemma's sampler one canvas per call, each row at its own canvas: what a server's
+continuous batching drives (``serve.batcher``: between two calls, finished rows leave and queued
+requests join, and the batch moves to another compiled size).
+
+The state (``CanvasRows``) is the whole decode's carry with a canvas index per row: the cache of
+every canvas the batch's program may run (``[B, P + K * C]``: the prompt's slots, then canvas k's
+at ``P + k * C``), each row's canvases done and its own number of canvases (its generation
+length), its ids so far, its PRNG key and counters. ``advance_rows`` runs one canvas for every row
+still decoding (``entropy_bound.denoise_canvas``: rows that are not start frozen, so they do not
+hold the loop; then ``finish_canvas``, each row writing at its own offsets); ``join_rows`` encodes
+new prompts into rows that are done and resets them. A row's draws are keyed by its own key, canvas
+and step, as in ``entropy_bound``'s whole decode, so a row with key ``row_keys([seed], [0])``
+decodes exactly as ``generate([prompt], seed=seed)``'s only row, whatever shares its batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models.diffusion_gemma import Cache
+from models.diffusion_gemma_config import GROUPS
+
+from .entropy_bound import Draws, EntropyBoundSettings, denoise_canvas, finish_canvas
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class CanvasRows:
+    """A batch of rows between two canvases (every array [B, ...])."""
+
+    cache: Cache  # [B, P + K * C] slots: the prompt's, then every canvas's
+    canvas: jax.Array  # [B] canvases each row has finished
+    canvases: jax.Array  # [B] canvases each row runs (its generation length / C)
+    ended: jax.Array  # [B] not decoding: an end id written, its canvases done, stopped, or empty
+    ids: jax.Array  # [B, K * C] each row's canvases so far (pad after its end)
+    keys: jax.Array  # [B, 2] each row's PRNG key (``runtime.row_keys``)
+    passes: jax.Array  # [B] upstream's decoder_passes so far
+    row_nfe: jax.Array  # [B] denoiser calls while the row decoded, so far
+
+
+def empty_rows(cfg, dtype, batch: int, prompt_length: int, canvases: int) -> CanvasRows:
+    """``batch`` empty (ended) rows for prompts of ``prompt_length`` and up to ``canvases``, the
+    cache in the model's ``dtype``."""
+    slots = prompt_length + canvases * cfg.canvas_length
+    shapes = [cfg.kv_shape(GROUPS[kind]) for kind in cfg.layer_types]
+    zeros = lambda: tuple(jnp.zeros((batch, slots, kv, hd), dtype) for kv, hd in shapes)  # noqa: E731
+    positions = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), (batch, slots))
+    row = jnp.zeros((batch,), jnp.int32)
+    return CanvasRows(
+        cache=Cache(zeros(), zeros(), positions, jnp.zeros((batch, slots), bool)),
+        canvas=row,
+        canvases=row,
+        ended=jnp.ones((batch,), bool),
+        ids=jnp.full((batch, canvases * cfg.canvas_length), cfg.pad_id, jnp.int32),
+        keys=jnp.zeros((batch, 2), jnp.uint32),
+        passes=row,
+        row_nfe=row,
+    )
+
+
+@jax.jit(static_argnames=("graphdef",))
+def join_rows(graphdef, params, state: CanvasRows, joined, prompt_ids, prompt_valid, keys, canvases) -> CanvasRows:
+    """``state`` with the ``joined`` rows [B] restarted on left-padded ``prompt_ids`` [B, P]
+    (``prompt_valid``: the real tokens), their ``keys`` [B, 2] and ``canvases`` [B]; the other
+    rows as they were. The prompts are encoded for every row (one static shape), kept for the joined."""
+    model = nnx.merge(graphdef, params)
+    batch, prompt_length = prompt_ids.shape
+    positions = jnp.broadcast_to(jnp.arange(prompt_length, dtype=jnp.int32), (batch, prompt_length))
+    _, prompt = model.encode(prompt_ids, positions, prompt_valid)
+    slots = state.cache.valid.shape[1] - prompt_length
+    fresh = prompt.append(
+        Cache(
+            tuple(jnp.zeros((batch, slots, *k.shape[2:]), k.dtype) for k in prompt.keys),
+            tuple(jnp.zeros((batch, slots, *v.shape[2:]), v.dtype) for v in prompt.values),
+            state.cache.positions[:, prompt_length:],
+            jnp.zeros((batch, slots), bool),
+        )
+    )
+    pick = lambda new, old: jnp.where(joined.reshape(-1, *[1] * (old.ndim - 1)), new.astype(old.dtype), old)  # noqa: E731
+    zero = jnp.zeros_like(state.canvas)
+    restarted = CanvasRows(
+        cache=fresh,
+        canvas=zero,
+        canvases=canvases,
+        ended=canvases < 1,
+        ids=jnp.full_like(state.ids, model.config.pad_id),
+        keys=keys,
+        passes=zero,
+        row_nfe=zero,
+    )
+    return jax.tree.map(pick, restarted, state)
+
+
+@jax.jit(static_argnames=("graphdef", "settings"))
+def advance_rows(graphdef, params, state: CanvasRows, settings: EntropyBoundSettings) -> CanvasRows:
+    """One canvas for every row still decoding, each at its own canvas; the others unchanged."""
+    model = nnx.merge(graphdef, params)
+    C = model.config.canvas_length
+    prompt_length = state.cache.valid.shape[1] - state.ids.shape[1]
+    live = ~state.ended
+    k = jnp.minimum(state.canvas, state.ids.shape[1] // C - 1)  # an ended row's index stays in range
+    at = prompt_length + k[:, None] * C + jnp.arange(C, dtype=jnp.int32)
+    counters = {"nfe": jnp.int32(0), "passes": state.passes, "row_nfe": state.row_nfe, "step": jnp.int32(0)}
+    a, counters, _ = denoise_canvas(
+        model, settings, Draws(key=state.keys), state.cache, at, k, state.ended, state.ended, counters, {}, False
+    )
+    ids, ended, cache = finish_canvas(model, a, at, state.ended, state.ids, state.cache, k * C, prompt_length + k * C)
+    canvas = state.canvas + live.astype(jnp.int32)
+    return CanvasRows(
+        cache=cache,
+        canvas=canvas,
+        canvases=state.canvases,
+        ended=state.ended | ended | (canvas >= state.canvases),
+        ids=jnp.where(live[:, None], ids, state.ids),  # an ended row's output stays as it ended
+        keys=state.keys,
+        passes=counters["passes"],
+        row_nfe=counters["row_nfe"],
+    )
+
+
+@jax.jit
+def regroup_rows(state: CanvasRows, index: jax.Array) -> CanvasRows:
+    """``len(index)`` rows: new row i is row ``index[i]`` as it is (-1: an empty, ended row)."""
+    moved = jax.tree.map(lambda x: x[jnp.maximum(index, 0)], state)
+    return dataclasses.replace(moved, ended=moved.ended | (index < 0))
+
+
+@jax.jit
+def stop_rows(state: CanvasRows, stopped: jax.Array) -> CanvasRows:
+    """``state`` with the ``stopped`` rows [B] ended (their output no longer wanted)."""
+    return dataclasses.replace(state, ended=state.ended | stopped)
