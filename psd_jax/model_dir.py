@@ -15,7 +15,14 @@ from convert.orbax_io import is_orbax_dir
 from convert.safetensors_dir import INDEX_FILE, SINGLE_FILE, CheckpointError
 from models import ModelConfig, load_config
 
-from .core.config import ENTROPY_BOUND_FAMILY, DecodeConfig, DecodeConfigError, check_for_model, merged_fields
+from .core.config import (
+    ENTROPY_BOUND_FAMILY,
+    DecodeConfig,
+    DecodeConfigError,
+    check_fields_for_model,
+    check_for_model,
+    merged_fields,
+)
 from .core.errors import InputError
 from .recommended import named_settings, settings_on_any_device
 
@@ -82,7 +89,10 @@ def model_settings(
     Every front end (CLI, benchmark, evaluation, server) builds its settings here."""
     fields = {k: v for k, v in (fields or {}).items() if v is not None}
     base = dict(base or {})
-    canvas = _canvas_length(model_dir)
+    mcfg = _config(model_dir)
+    if mcfg is not None:
+        check_fields_for_model(fields, mcfg)
+    canvas = mcfg.canvas_length if mcfg is not None and mcfg.family == ENTROPY_BOUND_FAMILY else None
     if canvas is not None:  # DiffusionGemma: its release's generation settings, in whole canvases
         base = canvas_fields({**release_settings(model_dir), **base}, canvas)
         fields = canvas_fields(fields, canvas) if "gen_length" in fields else fields
@@ -114,12 +124,11 @@ RELEASE_KEYS = {
 }
 
 
-def _canvas_length(model_dir: str | Path | None) -> int | None:
-    """The canvas of a DiffusionGemma directory (its block), else None."""
+def _config(model_dir: str | Path | None) -> ModelConfig | None:
+    """The model directory's config, if it has one."""
     if model_dir is None or not Path(model_dir, "config.json").is_file():
         return None
-    mcfg = load_config(model_dir)
-    return mcfg.canvas_length if mcfg.family == ENTROPY_BOUND_FAMILY else None
+    return load_config(model_dir)
 
 
 def release_settings(model_dir: str | Path) -> dict[str, Any]:

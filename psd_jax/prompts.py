@@ -12,7 +12,7 @@ import numpy as np
 
 from models import ModelConfig
 
-from .core.config import DecodeConfig, check_for_model, settings_from
+from .core.config import DecodeConfig, check_fields_for_model, check_for_model, settings_from
 from .core.errors import InputError
 from .core.lengths import check_context
 from .tokenizer import TokenizerError, encode_prompt
@@ -67,7 +67,9 @@ class PromptIO:
         vocabulary); raises ``DecodeConfigError`` (front ends refuse bad requests before queueing)."""
         if settings is not None and not isinstance(settings, DecodeConfig):
             raise InputError(f"settings must be a DecodeConfig, got {type(settings).__name__}")
-        dcfg = settings_from(settings or self.default_settings(), self.fitted(dict(overrides or {})))
+        overrides = dict(overrides or {})
+        check_fields_for_model(overrides, self.config)
+        dcfg = settings_from(settings or self.default_settings(), self.fitted(overrides))
         check_for_model(dcfg, self.config)
         return dcfg
 

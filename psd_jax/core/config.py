@@ -476,6 +476,27 @@ def check_for_model(c: DecodeConfig, mcfg: ModelConfig) -> None:
 ENTROPY_BOUND_FAMILY = "diffusion_gemma"  # the family decoded by the entropy-bound sampler
 
 
+def check_fields_for_model(fields: dict[str, Any], mcfg: ModelConfig) -> None:
+    """The fields a user gave (a request's, a command line's) against the model's family, whatever
+    their values: ``check_for_model`` sees only the settings, where a field given at its default
+    (``threshold=0.9`` to DiffusionGemma, ``entropy_bound=0.1`` to LLaDA) looks unset and would be
+    silently ignored."""
+    if mcfg.family == ENTROPY_BOUND_FAMILY:
+        ignored = [name for name in fields if name not in ("gen_length", "block_length", *ENTROPY_BOUND_FIELDS)]
+        if ignored:
+            _fail(
+                f"{', '.join(f'{n}={fields[n]!r}' for n in ignored)}: not used by DiffusionGemma's entropy-bound "
+                f"sampler (its settings: gen_length, {', '.join(ENTROPY_BOUND_FIELDS)})"
+            )
+    else:
+        foreign = [name for name in fields if name in ENTROPY_BOUND_FIELDS]
+        if foreign:
+            _fail(
+                f"{', '.join(f'{n}={fields[n]!r}' for n in foreign)}: used only by DiffusionGemma's entropy-bound "
+                f"sampler, not by {mcfg.family} (a mask-token family)"
+            )
+
+
 def _check_for_entropy_bound(c: DecodeConfig, mcfg: Any) -> None:
     """DiffusionGemma reads the lengths and ``ENTROPY_BOUND_FIELDS`` only: any other field set is
     refused by name, and the block is the model's canvas (``model_dir.canvas_fields`` rounds a

@@ -148,6 +148,19 @@ def test_settings_the_sampler_cannot_use_are_refused_by_name(fields, message):
         checked_settings(TINY, fields)
 
 
+def test_fields_given_at_their_defaults_are_refused_too(capsys):
+    """A field the family does not read is refused even at its default value, where the settings
+    alone cannot tell it was given: on the command line and through the Python API."""
+    assert generate_main(["--model", str(TINY), "--prompt-ids", "2,5", "--threshold", "0.9"]) == 2
+    assert "threshold=0.9: not used by DiffusionGemma's entropy-bound sampler" in _one_line_error(capsys)
+    assert generate_main(["--model", str(LLADA), "--prompt-ids", "1,2", "--entropy-bound", "0.1"]) == 2
+    assert "entropy_bound=0.1: used only by DiffusionGemma's entropy-bound sampler, not by llada" in _one_line_error(
+        capsys
+    )
+    with pytest.raises(DecodeConfigError, match=r"cache='none': not used by DiffusionGemma"):
+        load_model(TINY).settings(None, {"cache": "none"})
+
+
 def test_mask_families_refuse_the_sampler_fields_by_name(capsys):
     with pytest.raises(DecodeConfigError, match=r"entropy_bound=0.5: used only by DiffusionGemma's .* not by llada"):
         checked_settings(LLADA, {"entropy_bound": 0.5})
@@ -268,6 +281,9 @@ def test_server_batches_rows_at_canvas_boundaries_and_answers_as_generate(tmp_pa
         with pytest.raises(openai.BadRequestError) as refused:
             api.completions.create(model="dg", prompt="Say 7", temperature=0.5)
         assert refused.value.body["param"] == "temperature" and "not used by DiffusionGemma" in refused.value.message
+        with pytest.raises(openai.BadRequestError) as refused:  # at its default value too
+            api.completions.create(model="dg", prompt="Say 7", extra_body={"threshold": 0.9})
+        assert refused.value.body["param"] == "threshold"
 
 
 @pytest.mark.parametrize("extra, flag", [(["--mesh", "data=1"], "--mesh"), (["--distributed"], "the cluster flags")])
