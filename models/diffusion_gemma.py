@@ -51,6 +51,7 @@ from flax import nnx
 
 from .diffusion_gemma_config import GROUPS, DiffusionGemmaConfig
 from .moe import routed_experts
+from .quantize import host_device, is_quantized, place_quantized, quantize_weight, quantized_matmul
 
 ATTENTION = ("input_norm", "wq", "wk", "wv", "q_norm", "k_norm", "wo", "post_attention_norm")
 DENSE = ("pre_ff_norm", "w_gate", "w_up", "w_down", "post_ff_norm_1")
@@ -238,6 +239,23 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
     return out.reshape(batch, n, heads * hd)
 
 
+# Stored as qwix integers and scales under ``quantize`` (``from_params``): each layer's attention
+# and dense projections and its routed experts. The embedding (also the tied head), the norms, the
+# router and the self-conditioning MLP stay in the model dtype, as for the other families.
+QUANTIZED = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "expert_gate_up", "expert_down")
+
+
+def is_quantized_name(name: str) -> bool:
+    """Whether parameter ``name`` (``param_shapes``') is stored quantized under ``quantize``."""
+    layer = LAYER_NAME.fullmatch(name)
+    return layer is not None and layer.group(2) in QUANTIZED
+
+
+def _mm(x: jax.Array, w) -> jax.Array:
+    """``x @ w``, through qwix for a quantized ``w`` (float32 accumulation, in ``x``'s dtype)."""
+    return quantized_matmul(x, w) if is_quantized(w) else x @ w
+
+
 class DiffusionGemma(nnx.Module):
     """Parameters by ``param_shapes`` name, and the two modes (module docstring)."""
 
@@ -255,19 +273,31 @@ class DiffusionGemma(nnx.Module):
 
     @classmethod
     def from_params(
-        cls, config: DiffusionGemmaConfig, params: dict, *, dtype=jnp.float32, shardings: dict | None = None
+        cls,
+        config: DiffusionGemmaConfig,
+        params: dict,
+        *,
+        dtype=jnp.float32,
+        shardings: dict | None = None,
+        quantize: str | None = None,
     ) -> DiffusionGemma:
         """The module holding ``params`` (``param_shapes`` names; e.g. ``convert.diffusion_gemma.read_params``),
-        each placed straight into its shards when ``shardings`` (by name) is given."""
+        each placed straight into its shards when ``shardings`` (by name) is given; ``quantize``
+        ("int8", "int4"): the layers' projections and experts (``QUANTIZED``) stored as qwix
+        integers and scales, quantized on the host (``models.quantize``)."""
         model = nnx.eval_shape(lambda: cls(config, dtype=dtype))
         missing = set(param_shapes(config)) - set(params)
         if missing:
             raise ValueError(f"parameters missing: {', '.join(sorted(missing))}")
         for name, value in params.items():
-            if shardings is None:
+            target = None if shardings is None else shardings[name]
+            if quantize is not None and is_quantized_name(name):
+                host = jax.device_put(np.asarray(value).astype(dtype), host_device())
+                getattr(model, name).set_value(place_quantized(quantize_weight(host, quantize), target))
+            elif target is None:
                 getattr(model, name).set_value(jnp.asarray(value, dtype))
             else:
-                getattr(model, name).set_value(jax.device_put(np.asarray(value).astype(dtype), shardings[name]))
+                getattr(model, name).set_value(jax.device_put(np.asarray(value).astype(dtype), target))
         return model
 
     # ------------------------------------------------------------------------------- the modes
@@ -356,18 +386,18 @@ class DiffusionGemma(nnx.Module):
         kv, hd = cfg.kv_shape(group)
         freqs = inv_freq(cfg, group)
         y = rms_norm(x, w["input_norm"], cfg.norm_eps)
-        q = (y @ w["wq"]).reshape(batch, n, cfg.n_heads, hd)
-        raw_k = (y @ w["wk"]).reshape(batch, n, kv, hd)
-        raw_v = (y @ w["wv"]).reshape(batch, n, kv, hd) if "wv" in w else raw_k
+        q = _mm(y, w["wq"]).reshape(batch, n, cfg.n_heads, hd)
+        raw_k = _mm(y, w["wk"]).reshape(batch, n, kv, hd)
+        raw_v = _mm(y, w["wv"]).reshape(batch, n, kv, hd) if "wv" in w else raw_k
         q = apply_rope(rms_norm(q, w["q_norm"], cfg.norm_eps), positions, freqs)
         k = apply_rope(rms_norm(raw_k, w["k_norm"], cfg.norm_eps), positions, freqs)
         v = rms_norm(raw_v, None, cfg.norm_eps)
         keys, values = (k, v) if past is None else (jnp.concatenate([past[0], k], 1), jnp.concatenate([past[1], v], 1))
-        attn = attend(q, keys, values, mask) @ w["wo"]
+        attn = _mm(attend(q, keys, values, mask), w["wo"])
         h = x + rms_norm(attn, w["post_attention_norm"], cfg.norm_eps)
         rows = h.reshape(batch * n, d)
         dense_in = rms_norm(rows, w["pre_ff_norm"], cfg.norm_eps)
-        dense = gelu_glu(dense_in @ w["w_gate"], dense_in @ w["w_up"]) @ w["w_down"]
+        dense = _mm(gelu_glu(_mm(dense_in, w["w_gate"]), _mm(dense_in, w["w_up"])), w["w_down"])
         dense = rms_norm(dense, w["post_ff_norm_1"], cfg.norm_eps)
         chosen, weights = self._route(rows, w)
         experts_in = rms_norm(rows, w["pre_ff_norm_2"], cfg.norm_eps)

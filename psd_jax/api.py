@@ -243,20 +243,18 @@ class LoadedModel(PromptIO):
 
 
 def _load_entropy_bound_model(path: Path, cfg, dtype: str, mesh, quantize: str | None):
-    """DiffusionGemma (``diffusion_gemma_api``): weights in ``dtype``, on one device or a mesh of
-    one process's devices. Several processes and quantization are refused by name rather than
-    ignored."""
+    """DiffusionGemma (``diffusion_gemma_api``): weights in ``dtype`` (``quantize``: its
+    projections and experts as qwix integers), on one device or a mesh of one process's devices.
+    Several processes are refused by name rather than ignored."""
     from .diffusion_gemma_api import load_diffusion_gemma
 
     if process_count() > 1:
         raise InputError(
             "DiffusionGemma runs in one process (one device or a mesh of its devices): several processes are not supported for it yet"
         )
-    if quantize is not None:
-        raise InputError(f"quantize {quantize!r}: DiffusionGemma's weights load unquantized (not supported for it yet)")
     if isinstance(mesh, str):
         mesh = make_mesh(mesh)
-    return load_diffusion_gemma(path, cfg, DTYPES[dtype], load_tokenizer, mesh)
+    return load_diffusion_gemma(path, cfg, DTYPES[dtype], load_tokenizer, mesh, quantize)
 
 
 def load_model(

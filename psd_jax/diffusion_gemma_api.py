@@ -246,11 +246,17 @@ def read_draws(spec: str) -> Draws:
 
 
 def load_diffusion_gemma(
-    path: Path, cfg: DiffusionGemmaConfig, dtype, tokenizer_loader, mesh: Mesh | None = None
+    path: Path,
+    cfg: DiffusionGemmaConfig,
+    dtype,
+    tokenizer_loader,
+    mesh: Mesh | None = None,
+    quantize: str | None = None,
 ) -> LoadedDiffusionGemma:
     """The checkpoint at ``path`` (Hugging Face safetensors) in ``dtype``, with its tokenizer; with
     ``mesh``, each parameter placed into its shards as it is read (``sharding.param_shardings``:
-    heads, MLP units and the vocabulary over ``model``, experts over ``expert``)."""
+    heads, MLP units and the vocabulary over ``model``, experts over ``expert``); ``quantize``:
+    the projections and experts as qwix integers and scales (``DiffusionGemma.from_params``)."""
     shardings = None if mesh is None else param_shardings(cfg, mesh)
-    model = DiffusionGemma.from_params(cfg, read_params(path, cfg), dtype=dtype, shardings=shardings)
+    model = DiffusionGemma.from_params(cfg, read_params(path, cfg), dtype=dtype, shardings=shardings, quantize=quantize)
     return LoadedDiffusionGemma(model, tokenizer_loader(path, cfg.family), path, mesh)

@@ -200,13 +200,13 @@ def test_draws_that_are_not_ids_are_refused(tmp_path):
         load_model(TINY).generate([[2, 5]], gen_length=32, draws=read_draws(f"{file}:r"))
 
 
-def test_quantization_and_impossible_meshes_are_refused(capsys):
-    for extra, message in [
-        (["--quantize", "int8"], "quantize 'int8': DiffusionGemma's weights load unquantized"),
-        (["--mesh", "data=2"], "data=2 does not divide the 1 devices"),
-    ]:
-        assert generate_main(["--model", str(TINY), "--prompt-ids", "2,5", *extra]) == 2
-        assert message in _one_line_error(capsys)
+def test_int8_decodes_from_the_command_line_and_impossible_meshes_are_refused(capsys):
+    argv = ["--model", str(TINY), "--prompt-ids", "2,5", "--gen-length", "32", "--max-denoising-steps", "4", "--json"]
+    assert generate_main([*argv, "--quantize", "int8"]) == 0
+    row = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert len(row["output_ids"]) == 32 and row["nfe"] >= 1
+    assert generate_main([*argv, "--mesh", "data=2"]) == 2
+    assert "data=2 does not divide the 1 devices" in _one_line_error(capsys)
 
 
 @pytest.mark.parametrize(
