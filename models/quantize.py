@@ -11,6 +11,8 @@ dequantizes them inside the product; activations stay in the model dtype:
   expert product (``models.moe.grouped_matmul``: ``qwix.ragged_dot`` on TPU; elsewhere each tile's
   expert is gathered from the ``QArray`` and multiplied by ``qwix.einsum``).
 - LLaDA-MoE: as LLaDA2.0, with separate ``wq``/``wk``/``wv`` in place of the fused ``wqkv``.
+- DiffusionGemma: each layer's attention and dense projections and its routed experts (the fused
+  gate/up array, a scale per interleaved column), per layer arrays (``DiffusionGemma.from_params``).
 
 Every quantized weight is [..., in, out] (layers, and experts, in front; the contraction is the
 second-to-last axis), with one scale per index of every other axis:
