@@ -23,7 +23,6 @@ from .core.config import (
     check_for_model,
     merged_fields,
 )
-from .core.errors import InputError
 from .recommended import named_settings, settings_on_any_device
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "default"
@@ -161,17 +160,6 @@ def canvas_fields(fields: dict[str, Any], canvas: int) -> dict[str, Any]:
         out["gen_length"] = -(-length // canvas) * canvas
     out.setdefault("block_length", canvas)
     return out
-
-
-def refuse_entropy_bound(model_dir: Path, command: str) -> None:
-    """``InputError`` naming ``command`` if ``model_dir`` holds DiffusionGemma, which decodes through
-    ``python -m psd_jax.generate`` and ``load_model(...).generate`` only so far: a front end that
-    has no path for its sampler says so before any other work, instead of failing inside it."""
-    if load_config(model_dir).family == ENTROPY_BOUND_FAMILY:
-        raise InputError(
-            f"{command} does not run DiffusionGemma yet: decode it with python -m psd_jax.generate or "
-            "psd_jax.load_model(...).generate"
-        )
 
 
 def checked_settings(

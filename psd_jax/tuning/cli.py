@@ -30,20 +30,21 @@ from ..cli.flags import (
     decode_fields,
     weight_options,
 )
-from ..core.config import DecodeConfig, DecodeConfigError, check_for_model
+from ..core.config import ENTROPY_BOUND_FAMILY, DecodeConfig, DecodeConfigError, check_for_model
 from ..core.errors import InputError
 from ..core.lengths import check_questions
 from ..costs import CHIPS
-from ..model_dir import model_directory, model_settings, refuse_entropy_bound
-from ..names import full_name, setting_fields
+from ..model_dir import model_directory, model_settings
+from ..names import entropy_bound_fields, entropy_bound_name, full_name, setting_fields
 from ..scoring import load_jsonl
 from . import log as tune_log
 from .devices import OBJECTIVES, THIS, objective_for, parse_device
 from .report import interval, write_reports
 from .search import NotEvaluated, Objective, compare, default_rungs, split, successive_halving
-from .space import SPACES, build_space
+from .space import ENTROPY_BOUND_SPACES, SPACES, build_space
 
 BASE_CACHE = "none"  # a named base runs uncached: the reference is the model's own decode
+DEFAULT_BASE = "fixed-1"
 CONFIRM_FRACTION = 0.3
 
 
@@ -54,9 +55,9 @@ def build_parser() -> ArgumentParser:
     add_decode_flags(p, ("gen_length", "block_length"))
     p.add_argument(
         "--base",
-        default="fixed-1",
         help="the reference setting: a benchmark name (fixed-1, threshold-0.9, psd-fixed-1-d3, ...; run uncached) "
-        'or JSON DecodeConfig fields, e.g. \'{"policy": "threshold", "cache": "dual"}\' (default fixed-1)',
+        'or JSON DecodeConfig fields, e.g. \'{"policy": "threshold", "cache": "dual"}\' (default fixed-1; '
+        "DiffusionGemma: an entropy-bound name, default the release's settings)",
     )
     p.add_argument(
         "--max-loss", type=float, default=1.0, help="accuracy loss allowed against the base, in points (default 1.0)"
@@ -124,8 +125,13 @@ class Plan:
     device_kind: str  # recommended.json's key for the choice: cpu, gpu or tpu
 
 
-def resolve_base(text: str, model_dir: Path, lengths: dict[str, Any]) -> tuple[str, DecodeConfig]:
-    """A benchmark setting name (uncached, ``BASE_CACHE``) or JSON fields over the model's lengths."""
+def resolve_base(text: str | None, model_dir: Path, lengths: dict[str, Any]) -> tuple[str, DecodeConfig]:
+    """A benchmark setting name (uncached, ``BASE_CACHE``) or JSON fields over the model's lengths
+    (default ``fixed-1``). DiffusionGemma: an entropy-bound name or JSON fields over the release's
+    settings (default: the release's)."""
+    if load_config(model_dir).family == ENTROPY_BOUND_FAMILY:
+        return _entropy_bound_base(text, model_dir, lengths)
+    text = DEFAULT_BASE if text is None else text
     if text.strip().startswith("{"):
         try:
             fields = json.loads(text)
@@ -142,6 +148,24 @@ def resolve_base(text: str, model_dir: Path, lengths: dict[str, Any]) -> tuple[s
         raise InputError(f"--base {text}: {exc}; or give JSON fields") from None
     settings = model_settings(model_dir, {**lengths, **fields}, base={"cache": BASE_CACHE})
     return full_name(settings), settings
+
+
+def _entropy_bound_base(text: str | None, model_dir: Path, lengths: dict[str, Any]) -> tuple[str, DecodeConfig]:
+    fields: dict[str, Any] = {}
+    if text is not None and text.strip().startswith("{"):
+        try:
+            fields = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"--base is not JSON ({exc.msg})") from None
+        if not isinstance(fields, dict):
+            raise InputError("--base JSON must be an object of DecodeConfig fields")
+    elif text is not None:
+        try:
+            fields = entropy_bound_fields(text)
+        except DecodeConfigError as exc:
+            raise InputError(f"--base {text}: {exc}; or give JSON fields") from None
+    settings = model_settings(model_dir, {**lengths, **fields})
+    return entropy_bound_name(settings), settings
 
 
 def parse_rungs(text: str | None, n_search: int) -> list[int]:
@@ -180,7 +204,12 @@ def prepare(args) -> Plan:
     if not args.z > 0:
         raise InputError(f"--z must be positive, got {args.z:g}")
     model_dir = model_directory(args.model)
-    refuse_entropy_bound(model_dir, "python -m psd_jax.tune")
+    sampler = load_config(model_dir).family == ENTROPY_BOUND_FAMILY  # DiffusionGemma: its own space and names
+    if sampler and args.device != THIS:
+        raise InputError(
+            f"--device {args.device}: DiffusionGemma's decodes are ranked by their own seconds (--device this) or "
+            "calls; its calls are not priced for other chips"
+        )
     data = Path(args.data)
     if not data.is_file():
         raise InputError(f"no problem file {data}")
@@ -195,7 +224,13 @@ def prepare(args) -> Plan:
     search_ids, confirm_ids = split(len(examples), n_confirm, args.split_seed)
     rungs = parse_rungs(args.rungs, len(search_ids))
     defaults = model_settings(model_dir, lengths)
-    space = build_space(SPACES[args.space](defaults.gen_length, defaults.block_length), defaults.gen_length, mcfg, base)
+    if sampler:
+        fields = ENTROPY_BOUND_SPACES[args.space](defaults.gen_length, defaults.block_length)
+        space = build_space(fields, defaults.gen_length, mcfg, base, entropy_bound_name, over=base)
+    else:
+        space = build_space(
+            SPACES[args.space](defaults.gen_length, defaults.block_length), defaults.gen_length, mcfg, base
+        )
     if not space.candidates:
         raise InputError(f"no valid candidate in the {args.space!r} space: {space.dropped[0][1]}")
     context = {

@@ -167,6 +167,31 @@ def small_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
 
 SPACES = {"default": default_space, "small": small_space}
 
+# DiffusionGemma's sampler: its settings are the entropy bound, the steps per canvas and adaptive
+# stopping (``psd_jax.names``' entropy-bound names); there is no cache, decoder or block to choose.
+ENTROPY_BOUNDS = (0.1, 0.3, 1.0, 3.0)
+DENOISING_STEPS = (48, 32, 24, 16)
+STOP_CONFIDENCES = (0.005, 0.02, 0.05)
+
+
+def entropy_bound_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
+    """Every entropy bound at every step count (adaptive stopping at the release's confidence), and
+    looser stopping confidences at the release's bound and steps."""
+    space = [
+        {"entropy_bound": bound, "max_denoising_steps": steps} for bound in ENTROPY_BOUNDS for steps in DENOISING_STEPS
+    ]
+    space += [{"confidence_threshold": conf} for conf in STOP_CONFIDENCES[1:]]
+    return [{**fields, "block_length": block_length} for fields in space]
+
+
+def small_entropy_bound_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
+    """A handful for tests and a first look: a looser bound, fewer steps, both."""
+    space = [{"entropy_bound": 1.0}, {"max_denoising_steps": 24}, {"entropy_bound": 1.0, "max_denoising_steps": 24}]
+    return [{**fields, "block_length": block_length} for fields in space]
+
+
+ENTROPY_BOUND_SPACES = {"default": entropy_bound_space, "small": small_entropy_bound_space}
+
 
 @dataclasses.dataclass
 class Space:
@@ -174,15 +199,24 @@ class Space:
     dropped: list[tuple[dict[str, Any], str]]  # (fields, why)
 
 
-def build_space(fields_list: list[dict[str, Any]], gen_length: int, mcfg, base: DecodeConfig) -> Space:
+def build_space(
+    fields_list: list[dict[str, Any]],
+    gen_length: int,
+    mcfg,
+    base: DecodeConfig,
+    name_of: Callable[[DecodeConfig], str] = full_name,
+    over: DecodeConfig | None = None,
+) -> Space:
     """Validate every candidate for this model; drop the invalid ones (with the reason), the
-    duplicates and the base itself (it is always evaluated)."""
+    duplicates and the base itself (it is always evaluated). Each candidate is its fields over
+    ``over`` (default ``DecodeConfig()``; DiffusionGemma's: the base, the release's settings), named
+    by ``name_of`` (``names.entropy_bound_name`` for DiffusionGemma)."""
     candidates: dict[str, DecodeConfig] = {}
     seen = {canonical(base): "the base"}
     dropped: list[tuple[dict[str, Any], str]] = []
     for fields in fields_list:
         try:
-            settings = DecodeConfig(**{"gen_length": gen_length, **fields})
+            settings = (over or DecodeConfig()).replace(**{"gen_length": gen_length, **fields})
             check_for_model(settings, mcfg)
         except (DecodeConfigError, TypeError) as exc:
             dropped.append((fields, str(exc)))
@@ -191,7 +225,7 @@ def build_space(fields_list: list[dict[str, Any]], gen_length: int, mcfg, base: 
         if key in seen:
             dropped.append((fields, f"same setting as {seen[key]}"))
             continue
-        name = full_name(settings)
+        name = name_of(settings)
         while name in candidates:
             name += "+"
         seen[key] = name

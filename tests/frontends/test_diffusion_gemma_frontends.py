@@ -209,15 +209,42 @@ def test_int8_decodes_from_the_command_line_and_impossible_meshes_are_refused(ca
     assert "data=2 does not divide the 1 devices" in _one_line_error(capsys)
 
 
-@pytest.mark.parametrize(
-    "main, argv, command",
-    [
-        (tune_main, ["--model", str(TINY), "--data", str(TINY / "config.json")], "python -m psd_jax.tune"),
-    ],
-)
-def test_front_ends_without_the_sampler_refuse_it_by_name(main, argv, command, capsys):
-    assert main(argv) == 2
-    assert f"{command} does not run DiffusionGemma yet" in _one_line_error(capsys)
+def test_tune_searches_the_samplers_settings_and_writes_what_generate_decodes(tmp_path, capsys):
+    """``python -m psd_jax.tune`` on DiffusionGemma: the release's settings are the base, the small
+    space's entropy-bound names the candidates; the choice is the cheapest within the loss, and
+    ``--write`` stores it so that ``generate --settings recommended`` decodes it with the calls the
+    tuner logged. A modeled device is refused in one line (the family's calls are not priced)."""
+    from psd_jax.recommended import read_recommended
+
+    model_dir = tiny_with_tokenizer(tmp_path / "model")
+    data = tmp_path / "dev.jsonl"
+    data.write_text(
+        "".join(json.dumps({"question": f"What is {i}+{i}?", "answer": str(2 * i)}) + "\n" for i in range(8))
+    )
+    out = tmp_path / "tune"
+    argv = ["--model", str(model_dir), "--data", str(data), "--space", "small", "--confirm", "2", "--rungs", "6",
+            "--batch", "2", "--gen-length", "32", "--max-loss", "0"]  # fmt: skip
+    assert tune_main([*argv, "--out", str(out), "--write"]) == 0
+    report = json.loads((out / "tune.json").read_text())
+    assert report["base"]["name"] == "entropy-bound-0.1"
+    assert set(report["candidates"]) == {"entropy-bound-1", "entropy-bound-0.1-s24", "entropy-bound-1-s24"}
+    within = [c for c in report["candidates"].values() if c["status"] in ("within max loss", "chosen")]
+    chosen = report["candidates"][report["choice"]]
+    assert chosen["cost_per_prompt"] == min(c["cost_per_prompt"] for c in within)
+    rec = read_recommended(model_dir)
+    tuned_at = {**rec.settings, "gen_length": 32}  # a recommendation holds no length: the user's
+    assert rec.tuned and model_settings(model_dir, tuned_at) == DecodeConfig(**chosen["settings"])
+    logged = {}
+    for entry in map(json.loads, (out / "tune.jsonl").read_text().splitlines()):
+        if entry["name"] == report["choice"]:
+            logged.update(zip(entry["problems"], entry["nfe"]))
+    capsys.readouterr()
+    question = json.loads(data.read_text().splitlines()[0])["question"]
+    argv_generate = ["--model", str(model_dir), "--settings", "recommended", "--gen-length", "32", "--json"]
+    assert generate_main([*argv_generate, "--prompt", question]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["nfe"] == logged[0]
+    assert tune_main([*argv, "--out", str(tmp_path / "h200"), "--device", "h200"]) == 2
+    assert "--device h200: DiffusionGemma's decodes are ranked by their own seconds" in _one_line_error(capsys)
 
 
 def test_bench_times_named_settings_against_the_release_as_generate_decodes_them(tmp_path, capsys):
