@@ -126,46 +126,32 @@ class Plan:
 
 
 def resolve_base(text: str | None, model_dir: Path, lengths: dict[str, Any]) -> tuple[str, DecodeConfig]:
-    """A benchmark setting name (uncached, ``BASE_CACHE``) or JSON fields over the model's lengths
-    (default ``fixed-1``). DiffusionGemma: an entropy-bound name or JSON fields over the release's
-    settings (default: the release's)."""
-    if load_config(model_dir).family == ENTROPY_BOUND_FAMILY:
-        return _entropy_bound_base(text, model_dir, lengths)
-    text = DEFAULT_BASE if text is None else text
-    if text.strip().startswith("{"):
+    """A setting name or JSON fields, over the model's lengths: for the mask-token families a
+    benchmark name, run uncached (``BASE_CACHE``; default ``fixed-1``); for DiffusionGemma an
+    entropy-bound name over the release's settings (default: the release's)."""
+    sampler = load_config(model_dir).family == ENTROPY_BOUND_FAMILY
+    text = (None if sampler else DEFAULT_BASE) if text is None else text
+    over = {} if sampler else {"cache": BASE_CACHE}
+    if text is None:
+        fields: dict[str, Any] = {}
+    elif text.strip().startswith("{"):
         try:
             fields = json.loads(text)
         except json.JSONDecodeError as exc:
             raise InputError(f"--base is not JSON ({exc.msg})") from None
         if not isinstance(fields, dict):
             raise InputError("--base JSON must be an object of DecodeConfig fields")
-        settings = model_settings(model_dir, {**lengths, **fields}, base={"cache": BASE_CACHE})
-        return full_name(settings), settings
-    gen_length = model_settings(model_dir, lengths).gen_length
-    try:
-        fields = setting_fields(text, gen_length)
-    except DecodeConfigError as exc:
-        raise InputError(f"--base {text}: {exc}; or give JSON fields") from None
-    settings = model_settings(model_dir, {**lengths, **fields}, base={"cache": BASE_CACHE})
-    return full_name(settings), settings
-
-
-def _entropy_bound_base(text: str | None, model_dir: Path, lengths: dict[str, Any]) -> tuple[str, DecodeConfig]:
-    fields: dict[str, Any] = {}
-    if text is not None and text.strip().startswith("{"):
+    else:
         try:
-            fields = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"--base is not JSON ({exc.msg})") from None
-        if not isinstance(fields, dict):
-            raise InputError("--base JSON must be an object of DecodeConfig fields")
-    elif text is not None:
-        try:
-            fields = entropy_bound_fields(text)
+            fields = (
+                entropy_bound_fields(text)
+                if sampler
+                else setting_fields(text, model_settings(model_dir, lengths).gen_length)
+            )
         except DecodeConfigError as exc:
             raise InputError(f"--base {text}: {exc}; or give JSON fields") from None
-    settings = model_settings(model_dir, {**lengths, **fields})
-    return entropy_bound_name(settings), settings
+    settings = model_settings(model_dir, {**lengths, **fields}, base=over)
+    return (entropy_bound_name if sampler else full_name)(settings), settings
 
 
 def parse_rungs(text: str | None, n_search: int) -> list[int]:
