@@ -83,10 +83,10 @@ def test_generate_replays_an_upstream_batch_as_a_command():
     check_rows([json.loads(line) for line in done.stdout.splitlines()], name)
 
 
-@pytest.mark.parametrize("name", ["eb2_s8_nostop_batch_p0p2", "eb2_s8_nostop_p2", "default_p0"])
+@pytest.mark.parametrize("name", ["eb2_s8_nostop_p2", "default_p0"])
 def test_generate_replays_upstream_in_process(name, capsys):
-    """An end-of-sequence id ending a row in a later canvas, three canvases without adaptive
-    stopping, and the released defaults with an end in the first canvas."""
+    """Three canvases without adaptive stopping, and the released defaults with an end in the first
+    canvas (a batch whose rows end in different canvases: the command above and the Python API below)."""
     assert generate_main(case_argv(name)) == 0
     check_rows([json.loads(line) for line in capsys.readouterr().out.splitlines()], name)
 
@@ -222,12 +222,12 @@ def test_tune_searches_the_samplers_settings_and_writes_what_generate_decodes(tm
         "".join(json.dumps({"question": f"What is {i}+{i}?", "answer": str(2 * i)}) + "\n" for i in range(8))
     )
     out = tmp_path / "tune"
-    argv = ["--model", str(model_dir), "--data", str(data), "--space", "small", "--confirm", "2", "--rungs", "6",
+    argv = ["--model", str(model_dir), "--data", str(data), "--space", "small", "--confirm", "2", "--rungs", "4",
             "--batch", "2", "--gen-length", "32", "--max-loss", "0"]  # fmt: skip
     assert tune_main([*argv, "--out", str(out), "--write"]) == 0
     report = json.loads((out / "tune.json").read_text())
     assert report["base"]["name"] == "entropy-bound-0.1"
-    assert set(report["candidates"]) == {"entropy-bound-1", "entropy-bound-0.1-s24", "entropy-bound-1-s24"}
+    assert set(report["candidates"]) == {"entropy-bound-1", "entropy-bound-1-s24"}
     within = [c for c in report["candidates"].values() if c["status"] in ("within max loss", "chosen")]
     chosen = report["candidates"][report["choice"]]
     assert chosen["cost_per_prompt"] == min(c["cost_per_prompt"] for c in within)

@@ -34,6 +34,11 @@ def model() -> DiffusionGemma:
     return tiny_model()
 
 
+# The two modes compiled whole (op by op, a call of the tiny model takes seconds of dispatch).
+encode = nnx.jit(lambda model, ids, positions, valid: model.encode(ids, positions, valid))
+denoise = nnx.jit(lambda model, canvas, at, cache, sc=None: model.denoise(canvas, at, cache, sc))
+
+
 @pytest.mark.parametrize("name", ["forward_batch", "forward_single"])
 def test_encoder_cache_and_denoiser_logits_equal_upstream(model, name):
     """One encoder call on the (left-padded) prompts, then the denoiser's first step (no
@@ -43,7 +48,7 @@ def test_encoder_cache_and_denoiser_logits_equal_upstream(model, name):
     c = golden_case(name)
     ids, valid = jnp.asarray(c["input_ids"]), jnp.asarray(c["attention_mask"]).astype(bool)
     positions = jnp.broadcast_to(jnp.asarray(c["position_ids"]), ids.shape)
-    hidden, cache = model.encode(ids, positions, valid)
+    hidden, cache = encode(model, ids, positions, valid)
     real = np.asarray(valid)
     np.testing.assert_allclose(np.asarray(hidden)[real], c["encoder_last_hidden_state"][real], atol=STATE_ATOL)
     for layer in range(model.config.n_layers):
@@ -56,9 +61,9 @@ def test_encoder_cache_and_denoiser_logits_equal_upstream(model, name):
     assert [c[f"kv{i}_keys"].shape[2] for i in range(3)] == [15, 15, ids.shape[1]]  # window - 1; every position
     canvas = jnp.asarray(c["canvas"])
     at = jnp.broadcast_to(jnp.asarray(c["decoder_position_ids"]), canvas.shape)
-    np.testing.assert_allclose(np.asarray(model.denoise(canvas, at, cache)), c["logits_nosc"], atol=LOGIT_ATOL)
+    np.testing.assert_allclose(np.asarray(denoise(model, canvas, at, cache)), c["logits_nosc"], atol=LOGIT_ATOL)
     sc = jnp.asarray(c["self_conditioning_logits"])
-    np.testing.assert_allclose(np.asarray(model.denoise(canvas, at, cache, sc)), c["logits_sc"], atol=LOGIT_ATOL)
+    np.testing.assert_allclose(np.asarray(denoise(model, canvas, at, cache, sc)), c["logits_sc"], atol=LOGIT_ATOL)
 
 
 def test_full_size_key_table_and_parameter_counts_equal_upstream():
@@ -141,10 +146,10 @@ def test_config_errors_name_the_field():
 def _forward(model: DiffusionGemma, c: dict) -> np.ndarray:
     """Golden ``c``'s encoder call and self-conditioned denoiser step: the logits."""
     ids, valid = jnp.asarray(c["input_ids"]), jnp.asarray(c["attention_mask"]).astype(bool)
-    _, cache = model.encode(ids, jnp.broadcast_to(jnp.asarray(c["position_ids"]), ids.shape), valid)
+    _, cache = encode(model, ids, jnp.broadcast_to(jnp.asarray(c["position_ids"]), ids.shape), valid)
     canvas = jnp.asarray(c["canvas"])
     at = jnp.broadcast_to(jnp.asarray(c["decoder_position_ids"]), canvas.shape)
-    return np.asarray(model.denoise(canvas, at, cache, jnp.asarray(c["self_conditioning_logits"])))
+    return np.asarray(denoise(model, canvas, at, cache, jnp.asarray(c["self_conditioning_logits"])))
 
 
 @pytest.mark.parametrize("quantize", ["int8", "int4"])
