@@ -30,7 +30,15 @@ from models.diffusion_gemma import DiffusionGemma
 from models.diffusion_gemma_config import DiffusionGemmaConfig
 
 from .core.config import DecodeConfig
-from .core.entropy_bound import Decoded, Draws, EntropyBoundSettings, Prepared, compile_decode, prepare
+from .core.entropy_bound import (
+    Decoded,
+    Draws,
+    EntropyBoundSettings,
+    Prepared,
+    SamplerProgram,
+    compile_decode,
+    prepare,
+)
 from .core.errors import InputError
 from .core.records import Generation, tokens_before_stop
 from .core.runtime import row_keys
@@ -72,9 +80,10 @@ class LoadedDiffusionGemma(PromptIO):
     def clear_programs(self) -> None:
         self._compiled.clear()
 
-    def program_key(self, settings: DecodeConfig, gen_length: int) -> EntropyBoundSettings:
-        """What rows sharing a batch share (``serve.session.BlockEngine``): the sampler settings."""
-        return EntropyBoundSettings.of(settings).replace_length(gen_length)
+    def program_key(self, settings: DecodeConfig, gen_length: int) -> SamplerProgram:
+        """What rows sharing a batch share (``serve.session.BlockEngine``): the sampler's program
+        (steps and stopping; bounds, temperatures and confidences are each row's own)."""
+        return EntropyBoundSettings.of(settings).replace_length(gen_length).program()
 
     def _kept(self, key: tuple, compile_program) -> tuple[Any, float]:
         """The program cached under ``key``, compiled by ``compile_program()`` if it is not (with
@@ -166,8 +175,9 @@ class LoadedDiffusionGemma(PromptIO):
             draws = Draws(key=jnp.asarray(row_keys([seed] * len(ids), range(len(ids)))))
         sampler = EntropyBoundSettings.of(dcfg)
         run = self._on_devices(prepare(self.config, prompt_ids, prompt_mask.astype(bool), sampler, draws))
-        key = ("decode", prompt_ids.shape, sampler, draws.key is None)
-        compiled, compile_seconds = self._kept(key, lambda: compile_decode(self.graphdef, self.params, run, sampler))
+        program = sampler.program()
+        key = ("decode", prompt_ids.shape, program, draws.key is None)
+        compiled, compile_seconds = self._kept(key, lambda: compile_decode(self.graphdef, self.params, run, program))
         for _ in range(2 if warm and compile_seconds else 1):
             start = time.perf_counter()
             out = jax.block_until_ready(compiled(self.params, *run.inputs))
@@ -179,7 +189,7 @@ class LoadedDiffusionGemma(PromptIO):
         prompts and mask [B, P], the draws' keys [B, 2] or recorded ids [n, B, C]."""
         if self.mesh is None:
             return run
-        ids, valid, draws = run.inputs
+        ids, valid, draws, values = run.inputs
         rows = batch_sharding(self.mesh, ids.shape[0])
         put = lambda x: jax.device_put(x, rows)  # noqa: E731
         by_step = NamedSharding(self.mesh, PartitionSpec(None, *rows.spec))
@@ -190,7 +200,7 @@ class LoadedDiffusionGemma(PromptIO):
                 for name in ("init", "sample", "renoise")
             },
         )
-        return dataclasses.replace(run, inputs=(put(ids), put(valid), draws))
+        return dataclasses.replace(run, inputs=(put(ids), put(valid), draws, jax.tree.map(put, values)))
 
     def _generations(self, decoded: Decoded, seconds: float, compile_seconds: float) -> list[Generation]:
         ids = decoded.output_ids

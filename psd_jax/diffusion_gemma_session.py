@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from .core.config import DecodeConfig
-from .core.entropy_bound import EntropyBoundSettings
+from .core.entropy_bound import EntropyBoundSettings, SamplerProgram, SamplerValues
 from .core.entropy_bound_rows import CanvasRows, advance_rows, empty_rows, join_rows, regroup_rows, stop_rows
 from .core.errors import InputError
 from .core.runtime import row_keys
@@ -32,18 +32,20 @@ class CanvasProgress:
 
 
 class CanvasSession:
-    """Rows of one sampler setting (``EntropyBoundSettings``: the compiled program), each with its
-    own prompt, seed and generation length (up to ``canvases`` canvases); ``lm`` the
-    ``LoadedDiffusionGemma`` whose program cache compiles its calls."""
+    """Rows of one sampler program (``SamplerProgram``: the steps, stopping and the batch's longest
+    generation), each with its own prompt, seed, generation length and sampler values (entropy
+    bound, temperatures, stopping confidence); ``lm`` the ``LoadedDiffusionGemma`` whose program
+    cache compiles its calls."""
 
-    def __init__(self, lm: Any, settings: EntropyBoundSettings, size: int, prompt_length: int, canvases: int):
-        self.lm, self.settings = lm, settings
-        self.size, self.prompt_length, self.canvases = size, prompt_length, canvases
+    def __init__(self, lm: Any, program: SamplerProgram, size: int, prompt_length: int):
+        self.lm, self.program = lm, program
+        self.size, self.prompt_length = size, prompt_length
+        self.canvases = program.canvases(lm.config.canvas_length)
         self.compiles = 0  # programs its calls compiled (the rest were in the model's cache)
         self.compile_seconds = 0.0
         self.seconds = 0.0
         self.done = True
-        self._state: CanvasRows = empty_rows(lm.config, lm.model.dtype, size, prompt_length, canvases)
+        self._state: CanvasRows = empty_rows(lm.config, lm.model.dtype, size, prompt_length, program)
 
     def _run(self, name: str, fn, *args, **static):
         program, seconds = self.lm.program(name, fn, args, static)
@@ -67,10 +69,12 @@ class CanvasSession:
         ids = np.full((self.size, self.prompt_length), pad, np.int32)
         valid = np.zeros((self.size, self.prompt_length), bool)
         canvases = np.zeros(self.size, np.int32)
-        for row, prompt, dcfg in zip(rows, prompts, settings):
-            sampler = EntropyBoundSettings.of(dcfg)
-            if sampler.replace_length(self.settings.gen_length) != self.settings:
+        samplers = [EntropyBoundSettings.of(dcfg) for dcfg in settings]
+        row_samplers = [samplers[0]] * self.size  # values for every row; the joined rows' are kept
+        for row, prompt, dcfg, sampler in zip(rows, prompts, settings, samplers):
+            if sampler.replace_length(self.program.gen_length).program() != self.program:
                 raise InputError(f"settings {dcfg.changed()} do not run in this batch's program")
+            row_samplers[row] = sampler
             if sampler.canvases(C) > self.canvases:
                 raise InputError(f"gen_length {dcfg.gen_length} is longer than this batch's {self.canvases * C}")
             if len(prompt) > self.prompt_length:
@@ -82,13 +86,14 @@ class CanvasSession:
         row_keys_[list(rows)] = keys
         joined = np.zeros(self.size, bool)
         joined[list(rows)] = True
-        self._state = self._run("join", join_rows, self._state, joined, ids, valid, row_keys_, canvases)
+        values = SamplerValues.of(row_samplers)
+        self._state = self._run("join", join_rows, self._state, joined, ids, valid, row_keys_, canvases, values)
         self.done = False
 
     def advance(self) -> CanvasProgress:
         """One canvas of every decoding row."""
         if not self.done:
-            self._state = self._run("advance", advance_rows, self._state, settings=self.settings)
+            self._state = self._run("advance", advance_rows, self._state, program=self.program)
         s = jax.device_get(self._state)
         self.done = bool(s.ended.all())
         C = self.lm.config.canvas_length
@@ -133,10 +138,10 @@ def start_session(
     C = lm.config.canvas_length
     longest = max(settings, key=lambda s: s.gen_length).gen_length
     length = -(-(gen_length or longest) // C) * C
-    samplers = {EntropyBoundSettings.of(s).replace_length(length) for s in settings}
-    if len(samplers) > 1:
-        raise InputError("the rows' sampler settings differ: they need separate batches")
+    programs = {EntropyBoundSettings.of(s).replace_length(length).program() for s in settings}
+    if len(programs) > 1:
+        raise InputError("the rows' sampler settings differ in steps or stopping: they need separate batches")
     prompt_ids, _ = left_pad([list(p) for p in prompts], lm.config, length, prompt_bucket)
-    run = CanvasSession(lm, samplers.pop(), rows, prompt_ids.shape[1], length // C)
+    run = CanvasSession(lm, programs.pop(), rows, prompt_ids.shape[1])
     run.join_keyed(list(range(len(prompts))), prompts, settings, keys)
     return run

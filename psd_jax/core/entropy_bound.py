@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -96,6 +97,13 @@ class EntropyBoundSettings:
             confidence_threshold=float(settings.confidence_threshold) if stopping else None,
         )
 
+    def program(self) -> SamplerProgram:
+        """What a compiled program of these settings fixes (its cache key): the values that set
+        shapes or code, not the entropy bound, the temperatures or the stopping confidence."""
+        return SamplerProgram(
+            self.gen_length, self.max_denoising_steps, self.stability_threshold if self.adaptive else None
+        )
+
     def replace_length(self, gen_length: int) -> EntropyBoundSettings:
         """These settings for ``gen_length`` new tokens (a batch's program: its longest row's)."""
         return dataclasses.replace(self, gen_length=gen_length)
@@ -112,6 +120,44 @@ class EntropyBoundSettings:
         n = np.arange(self.max_denoising_steps + 1, dtype=np.float32)
         ratio = n / np.float32(self.max_denoising_steps)
         return np.float32(self.t_min) + np.float32(self.t_max - self.t_min) * ratio
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerProgram:
+    """The static part of ``EntropyBoundSettings``: one compiled program each. ``stability_threshold``
+    None: no adaptive stopping (its code left out)."""
+
+    gen_length: int
+    max_denoising_steps: int
+    stability_threshold: int | None
+
+    def canvases(self, canvas_length: int) -> int:
+        return math.ceil(self.gen_length / canvas_length)
+
+    @property
+    def adaptive(self) -> bool:
+        return self.stability_threshold is not None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SamplerValues:
+    """The runtime part of ``EntropyBoundSettings``, one row each, so that rows of different
+    bounds, temperatures or stopping confidences share a program: ``entropy_bound`` [B], each
+    step's temperature ``temperatures`` [B, N + 1] (computed on the host exactly as upstream does)
+    and ``confidence`` [B] (0: the row never stops early)."""
+
+    entropy_bound: jax.Array
+    temperatures: jax.Array
+    confidence: jax.Array
+
+    @classmethod
+    def of(cls, rows: Sequence[EntropyBoundSettings]) -> SamplerValues:
+        return cls(
+            entropy_bound=np.asarray([r.entropy_bound for r in rows], np.float32),
+            temperatures=np.stack([r.temperatures() for r in rows]),
+            confidence=np.asarray([r.confidence_threshold or 0.0 for r in rows], np.float32),
+        )
 
 
 @jax.tree_util.register_dataclass
@@ -192,12 +238,12 @@ def entropy(z: jax.Array) -> jax.Array:
     return -(jnp.exp(logp) * logp).sum(-1)
 
 
-def accepted(h: jax.Array, bound: float) -> jax.Array:
-    """Positions whose lower-entropy positions' entropies sum to at most ``bound`` (the lowest is
-    always accepted), per row of h [B, C]."""
+def accepted(h: jax.Array, bound) -> jax.Array:
+    """Positions whose lower-entropy positions' entropies sum to at most ``bound`` (a number, or
+    each row's [B]; the lowest is always accepted), per row of h [B, C]."""
     order = jnp.argsort(h, axis=-1, stable=True)
     sorted_h = jnp.take_along_axis(h, order, axis=-1)
-    keep = jnp.cumsum(sorted_h, axis=-1) - sorted_h <= bound
+    keep = jnp.cumsum(sorted_h, axis=-1) - sorted_h <= jnp.asarray(bound, jnp.float32).reshape(-1, 1)
     return jnp.zeros_like(keep).at[jnp.arange(h.shape[0])[:, None], order].set(keep)
 
 
@@ -211,19 +257,19 @@ def decode(
     trace: bool = False,
 ) -> Decoded:
     """Decode left-padded prompts [B, P] (``prompt_valid``: the real tokens) with ``settings``; one
-    compiled program per (shapes, settings)."""
+    compiled program per shapes and ``settings.program()``."""
     graphdef, params = nnx.split(model)
     run = prepare(model.config, prompt_ids, prompt_valid, settings, draws)
-    return run.finish(_decode(graphdef, params, *run.inputs, settings, trace))
+    return run.finish(_decode(graphdef, params, *run.inputs, settings.program(), trace))
 
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
-    """A decode's inputs, checked (``inputs``: prompt ids, mask and draws, as ``_decode`` takes
-    them), and what its results are checked against (``recorded``: the canvases and steps that
-    replayed draws hold)."""
+    """A decode's inputs, checked (``inputs``: prompt ids, mask, draws and the rows' sampler values,
+    as ``_decode`` takes them), and what its results are checked against (``recorded``: the canvases
+    and steps that replayed draws hold)."""
 
-    inputs: tuple[jax.Array, jax.Array, Draws]
+    inputs: tuple[jax.Array, jax.Array, Draws, SamplerValues]
     recorded: tuple[int, int] | None
 
     def finish(self, out: dict[str, Any]) -> Decoded:
@@ -269,27 +315,36 @@ def prepare(cfg, prompt_ids, prompt_valid, settings: EntropyBoundSettings, draws
         draws, recorded = _padded_replay(
             draws, ids.shape[0], settings.canvases(cfg.canvas_length), settings.max_denoising_steps, cfg.canvas_length
         )
-    return Prepared((jnp.asarray(ids, jnp.int32), jnp.asarray(prompt_valid, bool), draws), recorded)
+    values = jax.tree.map(jnp.asarray, SamplerValues.of([settings] * ids.shape[0]))
+    return Prepared((jnp.asarray(ids, jnp.int32), jnp.asarray(prompt_valid, bool), draws, values), recorded)
 
 
 def compile_decode(
-    graphdef, params, run: Prepared, settings: EntropyBoundSettings, trace: bool = False, options: dict | None = None
+    graphdef, params, run: Prepared, program: SamplerProgram, trace: bool = False, options: dict | None = None
 ):
-    """The decode of ``run``'s shapes and ``settings`` compiled ahead of time (``options``: the
-    compiler's): call it with ``(params, *run.inputs)``. ``params`` and the inputs may be abstract
-    (``jax.ShapeDtypeStruct``), for a memory analysis without weights."""
-    return _decode.lower(graphdef, params, *run.inputs, settings, trace).compile(compiler_options=options)
+    """The decode of ``run``'s shapes and ``program`` compiled ahead of time (``options``: the
+    compiler's): call it with ``(params, *run.inputs)``, whatever the rows' sampler values.
+    ``params`` and the inputs may be abstract (``jax.ShapeDtypeStruct``), for a memory analysis
+    without weights."""
+    return _decode.lower(graphdef, params, *run.inputs, program, trace).compile(compiler_options=options)
 
 
-@jax.jit(static_argnames=("graphdef", "settings", "trace"))
+@jax.jit(static_argnames=("graphdef", "program", "trace"))
 def _decode(
-    graphdef, params, prompt_ids, prompt_valid, draws: Draws, settings: EntropyBoundSettings, trace: bool
+    graphdef,
+    params,
+    prompt_ids,
+    prompt_valid,
+    draws: Draws,
+    values: SamplerValues,
+    program: SamplerProgram,
+    trace: bool,
 ) -> dict[str, Any]:
     model = nnx.merge(graphdef, params)
     cfg = model.config
     batch, prompt_length = prompt_ids.shape
-    C, N = cfg.canvas_length, settings.max_denoising_steps
-    K = settings.canvases(C)
+    C, N = cfg.canvas_length, program.max_denoising_steps
+    K = program.canvases(C)
     steps_max = K * N
 
     positions = jnp.broadcast_to(jnp.arange(prompt_length, dtype=jnp.int32), (batch, prompt_length))
@@ -313,7 +368,7 @@ def _decode(
         at = jnp.broadcast_to(prompt_length + k * C + jnp.arange(C, dtype=jnp.int32), (batch, C))
         counters = {name: c[name] for name in ("nfe", "passes", "row_nfe", "step")}
         a, counters, records = denoise_canvas(
-            model, settings, draws, c["cache"], at, k, c["ended"], jnp.zeros((batch,), bool), counters,
+            model, program, values, draws, c["cache"], at, k, c["ended"], jnp.zeros((batch,), bool), counters,
             c["records"], trace,
         )  # fmt: skip
         ids, ended, cache = finish_canvas(model, a, at, c["ended"], c["ids"], c["cache"], k * C, prompt_length + k * C)
@@ -351,7 +406,8 @@ def _decode(
 
 def denoise_canvas(
     model: DiffusionGemma,
-    settings: EntropyBoundSettings,
+    program: SamplerProgram,
+    values: SamplerValues,
     draws: Draws,
     cache: Cache,
     at: jax.Array,
@@ -368,9 +424,8 @@ def denoise_canvas(
     and trace records after it."""
     cfg = model.config
     batch, C = at.shape
-    N, V = settings.max_denoising_steps, cfg.vocab_size
-    temperatures = jnp.asarray(settings.temperatures())
-    history_len = max(settings.stability_threshold or 0, 1)
+    N, V = program.max_denoising_steps, cfg.vocab_size
+    history_len = max(program.stability_threshold or 0, 1)
     x0 = draws.initial(k, (batch, C), V)
 
     def cond(s):
@@ -382,27 +437,28 @@ def denoise_canvas(
         row_nfe = s["row_nfe"] + (~ended).astype(jnp.int32)
         on = jnp.broadcast_to(s["has_sc"], (batch,))  # no self-conditioning at a canvas's first step
         logits = model.denoise(s["x"], at, cache, s["sc"], sc_on=on)
-        z = logits / temperatures[n]
+        temperature = values.temperatures[:, n]  # [B]
+        z = logits / temperature[:, None, None]
         h = entropy(z)
         y = draws.sampled(s["step"], k, n, z)
         a = jnp.argmax(z, axis=-1).astype(jnp.int32)
-        keep = accepted(h, settings.entropy_bound)
+        keep = accepted(h, values.entropy_bound)
         r = draws.renoised(s["step"], k, n, (batch, C), V)
         x_next = jnp.where(keep, y, r)
         stopped = s["stopped"]
         history = s["history"]
-        if settings.adaptive:
+        if program.adaptive:
             frozen = stopped[:, None]
             a = jnp.where(frozen, s["a"], a)
             x_next = jnp.where(frozen, s["x"], x_next)
             z = jnp.where(frozen[..., None], s["sc"], z)
             h_kept = entropy(z)
-            if settings.stability_threshold:
+            if program.stability_threshold:
                 stable = jnp.all(history == a[None], axis=(0, 2))
                 history = jnp.concatenate([history[1:], a[None]], axis=0)
             else:
                 stable = jnp.ones((batch,), bool)
-            confident = h_kept.mean(-1) < settings.confidence_threshold
+            confident = h_kept.mean(-1) < values.confidence
             stopped = stopped | (stable & confident)
         new = dict(s, n=n - 1, x=x_next, a=a, sc=z, has_sc=jnp.ones((), bool), stopped=stopped,
                    history=history, passes=passes_now, row_nfe=row_nfe, step=s["step"] + 1, nfe=s["nfe"] + 1)  # fmt: skip
@@ -417,7 +473,7 @@ def denoise_canvas(
                 "finished": rec["finished"].at[i].set(stopped),
                 "cur_step": rec["cur_step"].at[i].set(n),
                 "canvas_index": rec["canvas_index"].at[i].set(k),
-                "temperature": rec["temperature"].at[i].set(temperatures[n]),
+                "temperature": rec["temperature"].at[i].set(temperature[0]),
             }
         return new
 

@@ -24,7 +24,7 @@ from flax import nnx
 from models.diffusion_gemma import Cache
 from models.diffusion_gemma_config import GROUPS
 
-from .entropy_bound import Draws, EntropyBoundSettings, denoise_canvas, finish_canvas
+from .entropy_bound import Draws, SamplerProgram, SamplerValues, denoise_canvas, finish_canvas
 
 
 @jax.tree_util.register_dataclass
@@ -38,13 +38,15 @@ class CanvasRows:
     ended: jax.Array  # [B] not decoding: an end id written, its canvases done, stopped, or empty
     ids: jax.Array  # [B, K * C] each row's canvases so far (pad after its end)
     keys: jax.Array  # [B, 2] each row's PRNG key (``runtime.row_keys``)
+    values: SamplerValues  # each row's entropy bound, temperatures and stopping confidence
     passes: jax.Array  # [B] upstream's decoder_passes so far
     row_nfe: jax.Array  # [B] denoiser calls while the row decoded, so far
 
 
-def empty_rows(cfg, dtype, batch: int, prompt_length: int, canvases: int) -> CanvasRows:
-    """``batch`` empty (ended) rows for prompts of ``prompt_length`` and up to ``canvases``, the
-    cache in the model's ``dtype``."""
+def empty_rows(cfg, dtype, batch: int, prompt_length: int, program: SamplerProgram) -> CanvasRows:
+    """``batch`` empty (ended) rows for prompts of ``prompt_length`` and ``program``'s canvases,
+    the cache in the model's ``dtype``."""
+    canvases = program.canvases(cfg.canvas_length)
     slots = prompt_length + canvases * cfg.canvas_length
     shapes = [cfg.kv_shape(GROUPS[kind]) for kind in cfg.layer_types]
     zeros = lambda: tuple(jnp.zeros((batch, slots, kv, hd), dtype) for kv, hd in shapes)  # noqa: E731
@@ -57,16 +59,23 @@ def empty_rows(cfg, dtype, batch: int, prompt_length: int, canvases: int) -> Can
         ended=jnp.ones((batch,), bool),
         ids=jnp.full((batch, canvases * cfg.canvas_length), cfg.pad_id, jnp.int32),
         keys=jnp.zeros((batch, 2), jnp.uint32),
+        values=SamplerValues(
+            jnp.zeros((batch,), jnp.float32),
+            jnp.ones((batch, program.max_denoising_steps + 1), jnp.float32),
+            jnp.zeros((batch,), jnp.float32),
+        ),
         passes=row,
         row_nfe=row,
     )
 
 
 @jax.jit(static_argnames=("graphdef",))
-def join_rows(graphdef, params, state: CanvasRows, joined, prompt_ids, prompt_valid, keys, canvases) -> CanvasRows:
+def join_rows(
+    graphdef, params, state: CanvasRows, joined, prompt_ids, prompt_valid, keys, canvases, values: SamplerValues
+) -> CanvasRows:
     """``state`` with the ``joined`` rows [B] restarted on left-padded ``prompt_ids`` [B, P]
-    (``prompt_valid``: the real tokens), their ``keys`` [B, 2] and ``canvases`` [B]; the other
-    rows as they were. The prompts are encoded for every row (one static shape), kept for the joined."""
+    (``prompt_valid``: the real tokens), their ``keys`` [B, 2], ``canvases`` [B] and sampler
+    ``values``; the other rows as they were. The prompts are encoded for every row (one static shape), kept for the joined."""
     model = nnx.merge(graphdef, params)
     batch, prompt_length = prompt_ids.shape
     positions = jnp.broadcast_to(jnp.arange(prompt_length, dtype=jnp.int32), (batch, prompt_length))
@@ -89,14 +98,15 @@ def join_rows(graphdef, params, state: CanvasRows, joined, prompt_ids, prompt_va
         ended=canvases < 1,
         ids=jnp.full_like(state.ids, model.config.pad_id),
         keys=keys,
+        values=values,
         passes=zero,
         row_nfe=zero,
     )
     return jax.tree.map(pick, restarted, state)
 
 
-@jax.jit(static_argnames=("graphdef", "settings"))
-def advance_rows(graphdef, params, state: CanvasRows, settings: EntropyBoundSettings) -> CanvasRows:
+@jax.jit(static_argnames=("graphdef", "program"))
+def advance_rows(graphdef, params, state: CanvasRows, program: SamplerProgram) -> CanvasRows:
     """One canvas for every row still decoding, each at its own canvas; the others unchanged."""
     model = nnx.merge(graphdef, params)
     C = model.config.canvas_length
@@ -106,8 +116,9 @@ def advance_rows(graphdef, params, state: CanvasRows, settings: EntropyBoundSett
     at = prompt_length + k[:, None] * C + jnp.arange(C, dtype=jnp.int32)
     counters = {"nfe": jnp.int32(0), "passes": state.passes, "row_nfe": state.row_nfe, "step": jnp.int32(0)}
     a, counters, _ = denoise_canvas(
-        model, settings, Draws(key=state.keys), state.cache, at, k, state.ended, state.ended, counters, {}, False
-    )
+        model, program, state.values, Draws(key=state.keys), state.cache, at, k, state.ended, state.ended, counters,
+        {}, False,
+    )  # fmt: skip
     ids, ended, cache = finish_canvas(model, a, at, state.ended, state.ids, state.cache, k * C, prompt_length + k * C)
     canvas = state.canvas + live.astype(jnp.int32)
     return CanvasRows(
@@ -117,6 +128,7 @@ def advance_rows(graphdef, params, state: CanvasRows, settings: EntropyBoundSett
         ended=state.ended | ended | (canvas >= state.canvases),
         ids=jnp.where(live[:, None], ids, state.ids),  # an ended row's output stays as it ended
         keys=state.keys,
+        values=state.values,
         passes=counters["passes"],
         row_nfe=counters["row_nfe"],
     )

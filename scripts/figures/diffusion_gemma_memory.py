@@ -71,7 +71,7 @@ def measure(cfg, mesh, batch: int, gen: int, options: dict | None) -> dict:
     from flax import nnx
 
     from models.diffusion_gemma import DiffusionGemma
-    from psd_jax.core.entropy_bound import Draws, EntropyBoundSettings, Prepared, compile_decode
+    from psd_jax.core.entropy_bound import Draws, EntropyBoundSettings, Prepared, SamplerValues, compile_decode
     from psd_jax.parallel.sharding import batch_sharding, param_shardings
 
     model = nnx.eval_shape(lambda: DiffusionGemma(cfg, dtype=jnp.bfloat16))
@@ -85,8 +85,13 @@ def measure(cfg, mesh, batch: int, gen: int, options: dict | None) -> dict:
     valid = jax.ShapeDtypeStruct((batch, PROMPT), jnp.bool_, sharding=rows)
     draws = Draws(key=jax.ShapeDtypeStruct((batch, 2), jnp.uint32, sharding=rows))
     settings = EntropyBoundSettings(gen_length=gen)  # the release's generation settings
+    values = jax.tree.map(
+        lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=rows if v.ndim == 1 else None),
+        SamplerValues.of([settings] * batch),
+    )
     start = time.perf_counter()
-    compiled = compile_decode(graphdef, params, Prepared((ids, valid, draws), None), settings, options=options)
+    run = Prepared((ids, valid, draws, values), None)
+    compiled = compile_decode(graphdef, params, run, settings.program(), options=options)
     mem = compiled.memory_analysis()
     rows_split = batch // rows.shard_shape((batch,))[0]
     return {

@@ -313,6 +313,27 @@ def test_server_batches_rows_at_canvas_boundaries_and_answers_as_generate(tmp_pa
         assert refused.value.body["param"] == "threshold"
 
 
+def test_rows_of_other_bounds_temperatures_and_confidences_share_a_session_and_decode_as_alone():
+    """The entropy bound, the temperatures and the stopping confidence are each row's runtime
+    values: rows differing in them share one program and one batch, and each decodes as
+    ``generate([prompt], settings, seed=seed)`` alone (its calls at least alone's: a row stopped
+    early waits for the others' steps of the canvas). Steps or stopping on and off are programs of
+    their own, refused in one batch."""
+    lm = load_model(TINY)
+    base = lm.settings(None, {"gen_length": 64, "max_denoising_steps": 6})
+    rows = [base, base.replace(entropy_bound=2.0, t_min=0.2, t_max=1.0), base.replace(confidence_threshold=2.0)]
+    prompts, seeds = [[2, 5, 9], [2, 7], [2, 40, 41, 42]], [1, 2, 3]
+    assert len({lm.program_key(s, 64) for s in rows}) == 1
+    run = lm.start_rows(prompts, rows, seeds)
+    while not run.done:
+        progress = run.advance()
+    for r, settings in enumerate(rows):
+        (want,) = lm.generate([prompts[r]], settings, seed=seeds[r])
+        assert progress.generated[r].tolist() == want.output_ids and progress.nfe[r] >= want.nfe
+    with pytest.raises(InputError, match="differ in steps or stopping"):
+        lm.start_rows(prompts[:2], [base, base.replace(max_denoising_steps=4)], seeds[:2])
+
+
 @pytest.mark.parametrize("extra, flag", [(["--mesh", "data=1"], "--mesh"), (["--distributed"], "the cluster flags")])
 def test_the_server_refuses_several_processes_or_a_mesh_in_one_line(extra, flag, capsys):
     assert serve_main(["--model", str(TINY), *extra]) == 2
