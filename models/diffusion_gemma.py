@@ -24,11 +24,11 @@ The denoiser's input is self-conditioned on the previous step's processed logits
 norm (a row without logits feeds zeros, so its input is ``rmsnorm(embed(canvas))``). Logits are
 the tied head's, cast to float32, then ``softcap * tanh(x / softcap)``.
 
-The cache here is every encoded position of every layer (``Cache``: keys, values, the positions
-they were encoded at, and which are real), and a sliding layer's masks select its window from it;
-upstream keeps only a sliding layer's last ``window - 1`` positions, which are exactly the ones
-those masks let through. Positions are absolute (``arange`` over the left-padded row): padding does
-not shift them, and pad keys are masked everywhere.
+The cache (``Cache``: keys, values, the positions they were encoded at, and which are real) keeps
+every encoded position of a full layer and, as upstream does, only the last ``window - 1`` of a
+sliding layer (``Cache.for_decode``, ``Cache.with_canvas``): the ones its masks let through.
+Positions are absolute (``arange`` over the left-padded row): padding does not shift them, and pad
+keys are masked everywhere.
 
 Parameters: top-level ``embed``, ``final_norm`` and the self-conditioning MLP (``sc_*``); then each
 layer's own arrays, ``layer<i>_<name>`` (``layer_types`` says which names a layer has). Not stacked
@@ -170,23 +170,71 @@ def active_param_count(cfg: DiffusionGemmaConfig) -> int:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Cache:
-    """What the encoder wrote: per layer keys and values [B, L, KV, hd] (after k-norm and RoPE; values
-    v-normed), the position each slot was encoded at [B, L], and whether it holds a real token."""
+    """What the encoder wrote, per layer: keys and values [B, L_i, KV, hd] (after k-norm and RoPE;
+    values v-normed), the position each slot was encoded at and whether it holds a real token
+    [B, L_i]. ``encode`` returns the slots of what it encoded (every layer's alike); a decode
+    carries ``for_decode``'s layout, into which ``with_canvas`` writes each finished canvas."""
 
     keys: tuple[jax.Array, ...]
     values: tuple[jax.Array, ...]
-    positions: jax.Array
-    valid: jax.Array
+    positions: tuple[jax.Array, ...]
+    valid: tuple[jax.Array, ...]
 
-    def append(self, other: Cache) -> Cache:
-        """This cache followed by ``other``'s slots (an encoder call on top of this one)."""
-        cat = lambda a, b: jnp.concatenate([a, b], axis=1)  # noqa: E731
-        return Cache(
-            tuple(map(cat, self.keys, other.keys)),
-            tuple(map(cat, self.values, other.values)),
-            cat(self.positions, other.positions),
-            cat(self.valid, other.valid),
-        )
+    def for_decode(self, cfg: DiffusionGemmaConfig, slots: int) -> Cache:
+        """This cache (an ``encode`` of the prompt) laid out for a decode: a full layer's slots,
+        then ``slots`` empty ones for the canvases (``with_canvas`` writes them); a sliding layer's
+        last ``window - 1`` slots, all its denoiser sees, as upstream keeps them (a shift register
+        that each canvas moves on: its memory does not grow with the context; fewer slots when the
+        whole decode has fewer positions)."""
+        out: dict[str, list[jax.Array]] = {"keys": [], "values": [], "positions": [], "valid": []}
+        for i, kind in enumerate(cfg.layer_types):
+            k, v, pos, ok = self.keys[i], self.values[i], self.positions[i], self.valid[i]
+            batch, length = ok.shape
+            if GROUPS[kind] == "sliding":  # no more than the whole decode's positions either
+                ring = min(cfg.sliding_window - 1, length + slots)
+                k, v, pos, ok = (_last(x, fill, ring) for x, fill in ((k, 0), (v, 0), (pos, -1), (ok, False)))
+            else:
+                grow = lambda x, tail: jnp.concatenate([x, tail.astype(x.dtype)], axis=1)  # noqa: E731
+                k = grow(k, jnp.zeros((batch, slots, *k.shape[2:])))
+                v = grow(v, jnp.zeros((batch, slots, *v.shape[2:])))
+                pos = grow(pos, jnp.broadcast_to(length + jnp.arange(slots, dtype=jnp.int32), (batch, slots)))
+                ok = grow(ok, jnp.zeros((batch, slots), bool))
+            for name, value in zip(out, (k, v, pos, ok)):
+                out[name].append(value)
+        return Cache(**{name: tuple(values) for name, values in out.items()})
+
+    def with_canvas(self, cfg: DiffusionGemmaConfig, new: Cache, offset) -> Cache:
+        """``new`` (an ``encode`` of a finished canvas) written in: into a full layer's canvas slots
+        from ``offset`` (one for every row, or each row's own [B]); into a sliding layer's last
+        ``window - 1``, its oldest slots out."""
+        out: dict[str, list[jax.Array]] = {"keys": [], "values": [], "positions": [], "valid": []}
+        for i, kind in enumerate(cfg.layer_types):
+            parts = (self.keys[i], self.values[i], self.positions[i], self.valid[i])
+            fresh = (new.keys[i], new.values[i], new.positions[i], new.valid[i])
+            if GROUPS[kind] == "sliding":
+                done = [jnp.concatenate([old, add], axis=1)[:, -old.shape[1] :] for old, add in zip(parts, fresh)]
+            else:  # the canvas slots' positions are laid out by ``for_decode``
+                keys, values, positions, valid = parts
+                done = [write_rows(keys, fresh[0], offset), write_rows(values, fresh[1], offset), positions,
+                        write_rows(valid, fresh[3], offset)]  # fmt: skip
+            for name, value in zip(out, done):
+                out[name].append(value)
+        return Cache(**{name: tuple(values) for name, values in out.items()})
+
+
+def _last(x: jax.Array, fill, n: int) -> jax.Array:
+    """The last ``n`` slots of x [B, L, ...] along axis 1, ``fill`` before them where L < n."""
+    pad = jnp.full((x.shape[0], n, *x.shape[2:]), fill, x.dtype)
+    return jnp.concatenate([pad, x], axis=1)[:, -n:]
+
+
+def write_rows(array: jax.Array, new: jax.Array, offset) -> jax.Array:
+    """``new`` [B, n, ...] into ``array`` [B, L, ...] from position ``offset`` of axis 1: one
+    offset for every row, or each row's own [B]."""
+    if jnp.ndim(offset) == 0:
+        return jax.lax.dynamic_update_slice_in_dim(array, new.astype(array.dtype), offset, 1)
+    update = lambda a, n, o: jax.lax.dynamic_update_slice_in_dim(a, n.astype(a.dtype), o, 0)  # noqa: E731
+    return jax.vmap(update)(array, new, offset)
 
 
 def rms_norm(x: jax.Array, weight: jax.Array | None, eps: float) -> jax.Array:
@@ -304,7 +352,7 @@ class DiffusionGemma(nnx.Module):
     def encode(self, ids: jax.Array, positions: jax.Array, valid: jax.Array, cache: Cache | None = None):
         """Causal encoding of ``ids`` [B, N] at ``positions`` [B, N] (``valid``: real tokens) after
         ``cache`` (what was encoded before, or None): final-norm hidden states [B, N, D] and the
-        cache of these N slots alone (``cache.append`` joins them)."""
+        cache of these N slots alone (``Cache.for_decode`` and ``Cache.with_canvas`` keep them)."""
         cfg = self.config
         x = self._embed(ids)
         new_k, new_v = [], []
@@ -312,8 +360,8 @@ class DiffusionGemma(nnx.Module):
             group, w = self._layer(i)
             keys_pos, keys_valid = positions, valid
             if cache is not None:
-                keys_pos = jnp.concatenate([cache.positions, positions], axis=1)
-                keys_valid = jnp.concatenate([cache.valid, valid], axis=1)
+                keys_pos = jnp.concatenate([cache.positions[i], positions], axis=1)
+                keys_valid = jnp.concatenate([cache.valid[i], valid], axis=1)
             distance = positions[:, :, None] - keys_pos[:, None, :]
             mask = keys_valid[:, None, :] & (distance >= 0)
             if group == "sliding":
@@ -323,7 +371,8 @@ class DiffusionGemma(nnx.Module):
             new_k.append(k)
             new_v.append(v)
         hidden = rms_norm(x, self.final_norm[...], cfg.norm_eps)
-        return hidden, Cache(tuple(new_k), tuple(new_v), positions, valid)
+        n = cfg.n_layers
+        return hidden, Cache(tuple(new_k), tuple(new_v), (positions,) * n, (valid,) * n)
 
     def denoise(
         self,
@@ -344,9 +393,9 @@ class DiffusionGemma(nnx.Module):
         window_start = positions[:, :1] - (cfg.sliding_window - 1)  # a sliding layer's oldest cached position
         for i in range(cfg.n_layers):
             group, w = self._layer(i)
-            cached = cache.valid
+            cached = cache.valid[i]
             if group == "sliding":
-                cached = cached & (cache.positions >= window_start)
+                cached = cached & (cache.positions[i] >= window_start)
             mask = jnp.concatenate(
                 [jnp.broadcast_to(cached[:, None, :], (batch, length, cached.shape[1])), canvas_mask], 2
             )

@@ -94,10 +94,10 @@ class CanvasSession:
         """One canvas of every decoding row."""
         if not self.done:
             self._state = self._run("advance", advance_rows, self._state, program=self.program)
-        s = jax.device_get(self._state)
-        self.done = bool(s.ended.all())
-        C = self.lm.config.canvas_length
-        return CanvasProgress(s.ids, s.canvas, s.ended, s.row_nfe, s.canvases * C)
+        s = self._state  # the rows' small arrays to the host, never the cache
+        ids, canvas, ended, nfe, canvases = jax.device_get((s.ids, s.canvas, s.ended, s.row_nfe, s.canvases))
+        self.done = bool(ended.all())
+        return CanvasProgress(ids, canvas, ended, nfe, canvases * self.lm.config.canvas_length)
 
     def regroup(self, index: Sequence[int]) -> None:
         """Move to ``len(index)`` rows: new row i is row ``index[i]`` (-1: an empty, done row)."""

@@ -24,7 +24,6 @@ transformers' ``generate`` is reproduced bit for bit. Nothing is greedy: upstrea
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -34,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.diffusion_gemma import Cache, DiffusionGemma
+from models.diffusion_gemma import Cache, DiffusionGemma, write_rows
 
 from .config import DecodeConfig, DecodeConfigError
 from .errors import InputError
@@ -349,16 +348,7 @@ def _decode(
 
     positions = jnp.broadcast_to(jnp.arange(prompt_length, dtype=jnp.int32), (batch, prompt_length))
     _, prompt_cache = model.encode(prompt_ids, positions, prompt_valid)
-    # Every canvas's slots after the prompt's, written as canvases finish (not yet valid until then).
-    slots = K * C
-    canvas_pos = prompt_length + jnp.arange(slots, dtype=jnp.int32)
-    empty = Cache(
-        tuple(jnp.zeros((batch, slots, *k.shape[2:]), k.dtype) for k in prompt_cache.keys),
-        tuple(jnp.zeros((batch, slots, *v.shape[2:]), v.dtype) for v in prompt_cache.values),
-        jnp.broadcast_to(canvas_pos, (batch, slots)),
-        jnp.zeros((batch, slots), bool),
-    )
-    cache = prompt_cache.append(empty)
+    cache = prompt_cache.for_decode(cfg, K * C)  # every canvas's slots, written as canvases finish
 
     def canvas_cond(c):
         return (c["k"] < K) & ~jnp.all(c["ended"])
@@ -504,22 +494,7 @@ def finish_canvas(model: DiffusionGemma, a, at, ended, ids, cache: Cache, at_ids
     after_eos = (seen > 0) & ~((seen == 1) & is_eos)
     out = jnp.where(ended[:, None] | after_eos, cfg.pad_id, a)
     _, new = model.encode(out, at, jnp.ones((batch, C), bool), cache)
-    write = functools.partial(_write_rows, offset=at_cache)
-    cache = Cache(
-        tuple(map(write, cache.keys, new.keys)),
-        tuple(map(write, cache.values, new.values)),
-        cache.positions,
-        write(cache.valid, jnp.ones((batch, C), bool)),
-    )
-    return _write_rows(ids, out, at_ids), ended | is_eos.any(-1), cache
-
-
-def _write_rows(array: jax.Array, new: jax.Array, offset: jax.Array) -> jax.Array:
-    """``new`` [B, n, ...] into ``array`` [B, L, ...] from position ``offset`` of axis 1: one
-    offset for every row, or each row's own [B]."""
-    if jnp.ndim(offset) == 0:
-        return jax.lax.dynamic_update_slice_in_dim(array, new, offset, 1)
-    return jax.vmap(lambda a, n, o: jax.lax.dynamic_update_slice_in_dim(a, n, o, 0))(array, new, offset)
+    return write_rows(ids, out, at_ids), ended | is_eos.any(-1), cache.with_canvas(cfg, new, at_cache)
 
 
 def _padded_replay(draws: Draws, batch: int, canvases: int, steps: int, canvas: int) -> tuple[Draws, tuple[int, int]]:

@@ -45,15 +45,17 @@ class CanvasRows:
 
 def empty_rows(cfg, dtype, batch: int, prompt_length: int, program: SamplerProgram) -> CanvasRows:
     """``batch`` empty (ended) rows for prompts of ``prompt_length`` and ``program``'s canvases,
-    the cache in the model's ``dtype``."""
+    the cache (``Cache.for_decode``'s layout) in the model's ``dtype``."""
     canvases = program.canvases(cfg.canvas_length)
-    slots = prompt_length + canvases * cfg.canvas_length
-    shapes = [cfg.kv_shape(GROUPS[kind]) for kind in cfg.layer_types]
-    zeros = lambda: tuple(jnp.zeros((batch, slots, kv, hd), dtype) for kv, hd in shapes)  # noqa: E731
-    positions = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), (batch, slots))
+    n = cfg.n_layers
+    zeros = lambda: tuple(  # noqa: E731
+        jnp.zeros((batch, prompt_length, *cfg.kv_shape(GROUPS[kind])), dtype) for kind in cfg.layer_types
+    )
+    positions = jnp.broadcast_to(jnp.arange(prompt_length, dtype=jnp.int32), (batch, prompt_length))
+    prompt = Cache(zeros(), zeros(), (positions,) * n, (jnp.zeros((batch, prompt_length), bool),) * n)
     row = jnp.zeros((batch,), jnp.int32)
     return CanvasRows(
-        cache=Cache(zeros(), zeros(), positions, jnp.zeros((batch, slots), bool)),
+        cache=prompt.for_decode(cfg, canvases * cfg.canvas_length),
         canvas=row,
         canvases=row,
         ended=jnp.ones((batch,), bool),
@@ -80,15 +82,7 @@ def join_rows(
     batch, prompt_length = prompt_ids.shape
     positions = jnp.broadcast_to(jnp.arange(prompt_length, dtype=jnp.int32), (batch, prompt_length))
     _, prompt = model.encode(prompt_ids, positions, prompt_valid)
-    slots = state.cache.valid.shape[1] - prompt_length
-    fresh = prompt.append(
-        Cache(
-            tuple(jnp.zeros((batch, slots, *k.shape[2:]), k.dtype) for k in prompt.keys),
-            tuple(jnp.zeros((batch, slots, *v.shape[2:]), v.dtype) for v in prompt.values),
-            state.cache.positions[:, prompt_length:],
-            jnp.zeros((batch, slots), bool),
-        )
-    )
+    fresh = prompt.for_decode(model.config, state.ids.shape[1])
     pick = lambda new, old: jnp.where(joined.reshape(-1, *[1] * (old.ndim - 1)), new.astype(old.dtype), old)  # noqa: E731
     zero = jnp.zeros_like(state.canvas)
     restarted = CanvasRows(
@@ -110,7 +104,8 @@ def advance_rows(graphdef, params, state: CanvasRows, program: SamplerProgram) -
     """One canvas for every row still decoding, each at its own canvas; the others unchanged."""
     model = nnx.merge(graphdef, params)
     C = model.config.canvas_length
-    prompt_length = state.cache.valid.shape[1] - state.ids.shape[1]
+    full = [GROUPS[kind] for kind in model.config.layer_types].index("full")  # a full layer keeps every slot
+    prompt_length = state.cache.valid[full].shape[1] - state.ids.shape[1]
     live = ~state.ended
     k = jnp.minimum(state.canvas, state.ids.shape[1] // C - 1)  # an ended row's index stays in range
     at = prompt_length + k[:, None] * C + jnp.arange(C, dtype=jnp.int32)

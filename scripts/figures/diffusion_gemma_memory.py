@@ -7,8 +7,9 @@ materialised (``jax.eval_shape`` / ``ShapeDtypeStruct`` under the real ``param_s
 
 * parameters: exact from shapes and shardings (experts over ``expert``, heads, MLP units and the
   vocabulary over ``model``);
-* cache: the encoder's keys and values of every layer for the prompt and every canvas,
-  ``[B, P + K * C, KV, hd]`` (exact from shapes; rows split as ``batch_sharding`` splits them);
+* cache: the encoder's keys and values of every full layer for the prompt and every canvas,
+  ``[B, P + K * C, KV, hd]``, of every sliding layer its last ``window - 1`` positions (exact from
+  shapes; rows split as ``batch_sharding`` splits them);
 * the compiled program's memory analysis: arguments (parameters and inputs), temp (the cache, the
   float32 logits ``[B, C, V]`` of a step and the self-conditioning logits carried to the next, and
   the other activations) and output.
@@ -58,11 +59,13 @@ MESHES = {"TPU v5e-8": "expert=8", "TPU v4-8": "expert=4", "GPU 80GB": "data=1,m
 
 def cache_bytes(cfg, batch: int, gen: int, rows_split: int) -> int:
     """The encoder's cache for the prompt and every canvas, bfloat16, per device (rows split
-    ``rows_split`` ways): keys and values of every layer, ``[B, P + K * C, KV, hd]``."""
+    ``rows_split`` ways): keys and values of a full layer ``[B, P + K * C, KV, hd]``, of a sliding
+    layer its last ``window - 1`` positions or all of them if fewer (``models.diffusion_gemma.Cache.for_decode``)."""
     canvases = math.ceil(gen / cfg.canvas_length)
-    slots = PROMPT + canvases * cfg.canvas_length
-    per_token = sum(2 * math.prod(cfg.kv_shape(group)) * len(cfg.group_layers(group)) for group in ("sliding", "full"))
-    return 2 * per_token * slots * batch // rows_split
+    full = PROMPT + canvases * cfg.canvas_length
+    slots = {"full": full, "sliding": min(cfg.sliding_window - 1, full)}
+    per_row = sum(2 * math.prod(cfg.kv_shape(group)) * len(cfg.group_layers(group)) * slots[group] for group in slots)
+    return 2 * per_row * batch // rows_split
 
 
 def measure(cfg, mesh, batch: int, gen: int, options: dict | None) -> dict:
