@@ -244,15 +244,11 @@ class LoadedModel(PromptIO):
 
 def _load_entropy_bound_model(path: Path, cfg, dtype: str, mesh, quantize: str | None):
     """DiffusionGemma (``diffusion_gemma_api``): weights in ``dtype`` (``quantize``: its
-    projections and experts as qwix integers), on one device or a mesh of one process's devices.
-    Several processes are refused by name rather than ignored."""
+    projections and experts as qwix integers), on one device or a mesh (several processes: by
+    default one mesh over all of their devices, as for the other families)."""
     from .diffusion_gemma_api import load_diffusion_gemma
 
-    if process_count() > 1:
-        raise InputError(
-            "DiffusionGemma runs in one process (one device or a mesh of its devices): several processes are not supported for it yet"
-        )
-    if isinstance(mesh, str):
+    if isinstance(mesh, str) or (mesh is None and process_count() > 1):
         mesh = make_mesh(mesh)
     return load_diffusion_gemma(path, cfg, DTYPES[dtype], load_tokenizer, mesh, quantize)
 

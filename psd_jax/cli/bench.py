@@ -46,6 +46,7 @@ from ..api import LoadedModel, load_model
 from ..core.config import (
     CACHE_NAME_HELP,
     ENTROPY_BOUND_FAMILY,
+    ENTROPY_BOUND_FIELDS,
     DecodeConfig,
     DecodeConfigError,
     cache_fields,
@@ -365,7 +366,9 @@ def pareto_plot(
     plt.close(fig)
 
 
-MATRIX_FIELDS = ("gen_length", "block_length", "cache")  # the DecodeConfig fields every setting shares
+# The DecodeConfig fields every setting shares, and DiffusionGemma's sampler fields (over its
+# release's settings: the baseline; a named setting is whole, its parts left out the release's).
+MATRIX_FIELDS = ("gen_length", "block_length", "cache", *ENTROPY_BOUND_FIELDS)
 BENCH_DEFAULTS = {"cache": "dual"}  # the fast mode the documentation's tables use, unless asked otherwise
 
 

@@ -35,6 +35,7 @@ from flax import nnx
 
 from models.diffusion_gemma import Cache, DiffusionGemma, write_rows
 
+from ..parallel.multihost import to_host
 from .config import DecodeConfig, DecodeConfigError
 from .errors import InputError
 
@@ -273,7 +274,7 @@ class Prepared:
 
     def finish(self, out: dict[str, Any]) -> Decoded:
         """The program's output as a ``Decoded``; a replay that ran past its recording is refused."""
-        out = jax.device_get(out)
+        out = to_host(out)  # several processes: each gets the whole batch
         if self.recorded is not None and (
             int(out["canvases"]) > self.recorded[0] or int(out["nfe"]) > self.recorded[1]
         ):
