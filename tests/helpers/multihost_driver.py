@@ -8,7 +8,8 @@ prompt and one token-id prompt in one batch, JSON out), ``python -m psd_jax.benc
 ``python -m psd_jax.evaluate`` on MODEL_DIR (``word_model.with_tokenizer``), each through its
 ``main`` with the given multi-process flags, so the processes of a cluster share one start-up
 and the programs one compile. Writes OUT_DIR/run-<process>.json: what each command printed and
-its exit code; bench and evaluate write their files under OUT_DIR/bench-<process> and
+its exit code (and ``generate`` of the tiny DiffusionGemma checkpoint); bench and evaluate write
+their files under OUT_DIR/bench-<process> and
 OUT_DIR/eval-<process>. With ``--serve PORT`` it then runs ``python -m psd_jax.serve`` (``SERVE``
 settings; process 0 listens on PORT) until the server stops.
 """
@@ -21,9 +22,9 @@ import json
 import sys
 from pathlib import Path
 
-from paths import ROOT
+from paths import GOLDENS, ROOT
 
-from sharded_decode import CACHED, DECODERS, block_decode_rows
+from sharded_decode import CACHED, DECODERS, DG_CASE, DG_OWN, DG_OWN_MESH, block_decode_rows
 from word_model import PROMPTS, TASK, converted, text
 
 # (mesh, setting of sharded_decode): rows over `data` (one process each) with heads over `model`,
@@ -90,6 +91,23 @@ def run_front_ends(model: Path, out: Path, cluster: list[str], settings_run: lis
     return runs
 
 
+def diffusion_gemma_generate(cluster: list[str]) -> dict:
+    """``python -m psd_jax.generate`` on the tiny DiffusionGemma checkpoint over ``DG_OWN_MESH``
+    with ``DG_OWN``'s settings and the golden ``DG_CASE``'s prompts: its rows split across the
+    processes (sharded_decode decodes the same on that mesh in one process)."""
+    from diffusion_gemma_goldens import golden_case
+
+    from psd_jax.cli import generate
+
+    c = golden_case(DG_CASE)
+    argv = ["--model", str(GOLDENS / "diffusion-gemma-tiny"), "--mesh", DG_OWN_MESH, "--json"]
+    argv += ["--gen-length", str(DG_OWN["gen_length"]), "--max-denoising-steps", str(DG_OWN["max_denoising_steps"])]
+    argv += ["--seed", str(DG_OWN["seed"])]
+    for ids, mask in zip(c["prompt"], c["attention_mask"]):
+        argv += ["--prompt-ids", ",".join(map(str, ids[mask.astype(bool)]))]
+    return captured(generate.main, argv + cluster)
+
+
 def serve_argv(model: Path, port: int) -> list[str]:
     argv = ["--model", str(model), "--mesh", SERVE_MESH, "--prompt-bucket", PROMPT_BUCKET, *SERVE]
     return [*argv, "--served-model-name", SERVED_NAME, "--port", str(port), "--log-level", "warning"]
@@ -111,6 +129,7 @@ def main(model: str, out: str, *rest: str) -> None:
     multihost.start(multihost.cluster_from(args))  # before any output is captured
     out_dir = Path(out)
     runs = run_front_ends(Path(model), out_dir, cluster)
+    runs["generate diffusion_gemma"] = diffusion_gemma_generate(cluster)
     # A running batch that grows, takes joined rows and shrinks, its programs split over both processes.
     runs["block_decode"] = block_decode_rows(load_model(model, mesh=SERVE_MESH))
     # Written whole under a temporary name, then renamed: a reader never sees a part of it. A server

@@ -110,6 +110,21 @@ def test_generate_equals_one_process(cluster, sharded_run, setting):
         assert reference["code"] == 0 and untimed(run["stdout"]) == untimed(reference["stdout"])
 
 
+def test_diffusion_gemma_generate_equals_one_process(cluster, sharded_run):
+    """DiffusionGemma's sampler with its rows over ``data`` across the two processes and heads over
+    ``model``: process 0 prints the ids, calls and decoder passes of the same decode on that mesh in
+    one process (and of one device)."""
+    from sharded_decode import DG_OWN_MESH
+
+    run = cluster.run(0)["generate diffusion_gemma"]
+    assert run["code"] == 0
+    rows = [json.loads(line) for line in run["stdout"].splitlines()]
+    got = [[r["output_ids"], r["nfe"], r["decoder_passes"]] for r in rows]
+    assert (
+        got == sharded_run["diffusion_gemma"][DG_OWN_MESH]["decoded"] == sharded_run["diffusion_gemma"]["own_reference"]
+    )
+
+
 def test_converted_checkpoint_restores_each_process_blocks(cluster, sharded_run):
     """The float32 Orbax conversion, restored by every process with the mesh's sharding, decodes as
     the safetensors directory does, and as one process does."""
