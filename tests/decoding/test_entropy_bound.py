@@ -69,23 +69,6 @@ def test_replayed_draws_decode_exactly_as_upstream(model, name):
     np.testing.assert_allclose(tokens / out.decoder_passes, c["tokens_per_forward"], rtol=1e-6)
 
 
-def test_own_draws_give_a_row_its_ids_whatever_its_batch(model):
-    """Each row draws from its own seed's key: a prompt decodes to the same ids alone and beside
-    another row, a seed repeats its decode, and another seed gives another one."""
-    c = generate_case("eb1_s32_stop_p2")
-    settings = settings_of(c)
-    prompt, valid = c["prompt"], c["attention_mask"].astype(bool)
-    alone = decode(model, prompt, valid, settings, Draws.from_seed([7]))
-    pair = decode(model, np.concatenate([prompt, prompt]), np.concatenate([valid, valid]), settings,
-                  Draws.from_seed([3, 7]))  # fmt: skip
-    assert np.array_equal(pair.output_ids[1], alone.output_ids[0])
-    assert not np.array_equal(pair.output_ids[0], pair.output_ids[1])
-    again = decode(model, prompt, valid, settings, Draws.from_seed([7]))
-    assert np.array_equal(again.output_ids, alone.output_ids) and again.nfe == alone.nfe
-    assert 0 < alone.nfe <= settings.canvases(32) * settings.max_denoising_steps
-    assert ((alone.output_ids >= 0) & (alone.output_ids < model.config.vocab_size)).all()
-
-
 @pytest.mark.parametrize(
     "fields, message",
     [

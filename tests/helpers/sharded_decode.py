@@ -330,8 +330,9 @@ def main(
     print(json.dumps(out))
 
 
-# DiffusionGemma: an upstream decode replayed on an expert mesh (experts over ``expert``, rows over
-# nothing: 2 rows, data=1), and the engine's own draws on a data x model mesh against one device.
+# DiffusionGemma: an upstream decode replayed on an expert mesh (experts over ``expert``, heads over
+# ``model``, rows over nothing: 2 rows, data=1), and the engine's own draws on one device, which
+# tests/parallel/test_multihost.py's two processes decode on a data x model mesh (``DG_OWN_MESH``).
 DG_REPLAY_MESH, DG_OWN_MESH = "data=1,expert=4,model=2", "data=2,model=4"
 DG_CASE = "generate_eb2_s8_nostop_batch_p0p2"  # 3 canvases of 8 steps, a row ending in canvas 2
 DG_REPLAY = dict(gen_length=96, max_denoising_steps=8, entropy_bound=2.0, t_min=0.2, t_max=1.0,
@@ -340,8 +341,9 @@ DG_OWN = dict(gen_length=64, max_denoising_steps=6, seed=3)
 
 
 def diffusion_gemma_meshes(ckpt: str) -> dict:
-    """The replayed golden's rows on ``DG_REPLAY_MESH`` (ids, nfe, decoder passes), the own-draws
-    rows on ``DG_OWN_MESH`` and on one device, and which parameters each mesh split."""
+    """The replayed golden's rows on ``DG_REPLAY_MESH`` (ids, nfe, decoder passes) and which
+    parameters it split; the own-draws rows on one device (``DG_OWN_MESH``'s decode is
+    tests/parallel/test_multihost.py's, across two processes)."""
     from diffusion_gemma_goldens import golden_case
 
     from psd_jax.diffusion_gemma_api import read_draws
@@ -351,15 +353,10 @@ def diffusion_gemma_meshes(ckpt: str) -> dict:
     prompts = [ids[mask.astype(bool)].tolist() for ids, mask in zip(c["prompt"], c["attention_mask"])]
     rows = lambda out: [[g.output_ids, g.nfe, g.stats["decoder_passes"]] for g in out]  # noqa: E731
     draws = read_draws(f"{Path(ckpt).parent / 'diffusion_gemma_cases.safetensors'}:diffusion-gemma-tiny.{DG_CASE}")
-    out = {}
-    for mesh in (DG_REPLAY_MESH, DG_OWN_MESH):
-        lm = load_model(ckpt, mesh=mesh)
-        split = {path[-1]: str(p[...].sharding.spec) for path, p in lm.params.flat_state()
-                 if not p[...].sharding.is_fully_replicated}  # fmt: skip
-        decoded = (
-            lm.generate(prompts, draws=draws, **DG_REPLAY) if mesh == DG_REPLAY_MESH else lm.generate(prompts, **DG_OWN)
-        )
-        out[mesh] = {"decoded": rows(decoded), "split_params": split}
+    lm = load_model(ckpt, mesh=DG_REPLAY_MESH)
+    split = {path[-1]: str(p[...].sharding.spec) for path, p in lm.params.flat_state()
+             if not p[...].sharding.is_fully_replicated}  # fmt: skip
+    out = {DG_REPLAY_MESH: {"decoded": rows(lm.generate(prompts, draws=draws, **DG_REPLAY)), "split_params": split}}
     out["own_reference"] = rows(load_model(ckpt).generate(prompts, **DG_OWN))
     print(f"diffusion_gemma meshes: {time.perf_counter() - start:.1f}s", file=sys.stderr)
     return out

@@ -112,17 +112,12 @@ def test_generate_equals_one_process(cluster, sharded_run, setting):
 
 def test_diffusion_gemma_generate_equals_one_process(cluster, sharded_run):
     """DiffusionGemma's sampler with its rows over ``data`` across the two processes and heads over
-    ``model``: process 0 prints the ids, calls and decoder passes of the same decode on that mesh in
-    one process (and of one device)."""
-    from sharded_decode import DG_OWN_MESH
-
+    ``model``: process 0 prints the ids, calls and decoder passes of the same decode on one device."""
     run = cluster.run(0)["generate diffusion_gemma"]
     assert run["code"] == 0
     rows = [json.loads(line) for line in run["stdout"].splitlines()]
     got = [[r["output_ids"], r["nfe"], r["decoder_passes"]] for r in rows]
-    assert (
-        got == sharded_run["diffusion_gemma"][DG_OWN_MESH]["decoded"] == sharded_run["diffusion_gemma"]["own_reference"]
-    )
+    assert len(got) == 2 and got == sharded_run["diffusion_gemma"]["own_reference"]
 
 
 def test_converted_checkpoint_restores_each_process_blocks(cluster, sharded_run):
