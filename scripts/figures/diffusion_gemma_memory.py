@@ -32,8 +32,6 @@ import argparse
 import importlib.util
 import json
 import math
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,11 +40,11 @@ from scripts.figures.memory_table import (
     COMPILER_OPTIONS,
     DEFAULT_TARGETS,
     HF,
-    REPO,
     TARGETS,
     _leaf_bytes,
     gib,
     memory_sizes,
+    run_worker,
     target_devices,
 )
 
@@ -188,21 +186,9 @@ def main() -> int:
         return 0
     if args.compiler == "tpu" and importlib.util.find_spec("libtpu") is None:
         parser.error('--compiler tpu needs libtpu in this environment: pip install "jax[tpu]"')
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
-    if args.compiler == "cpu":
-        env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    else:
-        env.setdefault("TPU_ACCELERATOR_TYPE", "none")  # no local TPU to probe: compile only
     cmd = [sys.executable, "-m", "scripts.figures.diffusion_gemma_memory", "--worker", "--batches", args.batches]
     cmd += ["--gens", args.gens, "--compiler", args.compiler, "--targets", ",".join(targets), "--mesh", args.mesh]
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, cwd=REPO)
-    if proc.returncode:
-        return proc.returncode
-    rows = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(markdown(rows))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
-    return 0
+    return run_worker(cmd, args.compiler, markdown, args.json)
 
 
 if __name__ == "__main__":

@@ -410,22 +410,29 @@ def main() -> int:
         return 0
     if args.compiler == "tpu" and importlib.util.find_spec("libtpu") is None:
         parser.error('--compiler tpu needs libtpu in this environment: pip install "jax[tpu]"')
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    if args.compiler == "cpu":
-        env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    else:
-        env.setdefault("TPU_ACCELERATOR_TYPE", "none")  # no local TPU to probe: compile only
-    cmd = [sys.executable, __file__, "--worker", "--batches", args.batches, "--gens", args.gens]
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--batches", args.batches, "--gens", args.gens]
     cmd += ["--compiler", args.compiler, "--models", ",".join(models), "--mesh", args.mesh]
     cmd += ["--targets", ",".join(targets)] + (["--quantize", args.quantize] if args.quantize else [])
     cmd += ["--decode"] if args.decode else []
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    return run_worker(cmd, args.compiler, markdown, args.json)
+
+
+def run_worker(cmd: list[str], compiler: str, render, json_out: Path | None) -> int:
+    """``cmd`` (this table's ``--worker``) in a process of its own, where XLA is set up for
+    ``compiler`` (8 simulated CPU devices, or the TPU compiler without a TPU), from the repository
+    root; its rows printed by ``render`` and written to ``json_out``. Returns its exit code."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    if compiler == "cpu":
+        env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    else:
+        env.setdefault("TPU_ACCELERATOR_TYPE", "none")  # no local TPU to probe: compile only
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, cwd=REPO)
     if proc.returncode:
         return proc.returncode
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(markdown(rows))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    print(render(rows))
+    if json_out:
+        json_out.write_text(json.dumps(rows, indent=2) + "\n")
     return 0
 
 
