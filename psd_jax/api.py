@@ -39,7 +39,7 @@ from .core.runtime import Program, RowValues, row_keys
 from .model_dir import model_directory
 from .parallel.multihost import process_count, to_host
 from .parallel.sharding import batch_sharding, make_mesh, param_shardings
-from .prompts import PromptIO, check_seed, left_pad
+from .prompts import PromptIO, left_pad
 from .tokenizer import load_tokenizer, resolve_special_ids
 
 DTYPES = {name: getattr(jnp, name) for name in DTYPE_NAMES}
@@ -147,11 +147,8 @@ class LoadedModel(PromptIO):
         """``start_blocks`` with each row's own settings (all of one compiled program:
         ``runtime.Program``) and seed: row r draws as ``generate([prompts[r]],
         settings[r], seed=seeds[r])``'s only row does (a server's requests)."""
-        checked = [self.settings(s) for s in settings]
-        for seed in seeds:
-            check_seed(seed)
-        ids = self.prompt_ids(prompts)
-        return self._start_rows(ids, checked, row_keys(seeds, [0] * len(ids)), batch_size, prompt_bucket, gen_length)
+        checked, ids, keys = self.row_requests(prompts, settings, seeds)
+        return self._start_rows(ids, checked, keys, batch_size, prompt_bucket, gen_length)
 
     def _start_rows(self, ids, settings, keys, batch_size, prompt_bucket, gen_length) -> BlockDecode:
         rows = batch_size or len(ids)

@@ -45,7 +45,7 @@ from .core.runtime import row_keys
 from .diffusion_gemma_session import CanvasSession, start_session
 from .model_dir import canvas_fields, model_settings
 from .parallel.sharding import batch_sharding, param_shardings
-from .prompts import PromptIO, check_seed, left_pad
+from .prompts import PromptIO, left_pad
 
 DRAW_NAMES = ("init_canvas", "sample", "renoise")  # a recording's arrays, as the goldens lay them out
 
@@ -98,15 +98,14 @@ class LoadedDiffusionGemma(PromptIO):
             self._compiled.popitem(last=False)
         return self._compiled[key], time.perf_counter() - began
 
-    def program(self, name: str, fn, args: tuple, static: dict) -> tuple[Any, float]:
-        """A ``core.entropy_bound_rows`` function compiled for ``args``' shapes and ``static``
-        (called with ``args``; the model's parameters come first for those that take them)."""
+    def program(self, name: str, fn, args: tuple, static: dict, with_model: bool = False) -> tuple[Any, float]:
+        """A ``core.entropy_bound_rows`` function compiled for ``args``' shapes and ``static``,
+        called with ``args``; ``with_model``: ``fn`` takes the model (its graph and parameters) first."""
         shapes = tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(args))
-        takes_model = name in ("join", "advance")
         key = (name, shapes, tuple(sorted(static.items())))
 
         def compile_program():
-            if takes_model:
+            if with_model:
                 compiled = fn.lower(self.graphdef, self.params, *args, **static).compile()
                 return lambda *a: compiled(self.params, *a)
             return fn.lower(*args, **static).compile()
@@ -126,11 +125,8 @@ class LoadedDiffusionGemma(PromptIO):
         """A session decoding one canvas per ``advance`` (a server's continuous batching), row r as
         ``generate([prompts[r]], settings[r], seed=seeds[r])``'s only row; ``batch_size`` rows in
         all (the rest start done), ``gen_length`` the longest a row may ask for later."""
-        checked = [self.settings(s) for s in settings]
-        for seed in seeds:
-            check_seed(seed)
-        ids = self.prompt_ids(prompts)
-        return start_session(self, ids, checked, row_keys(seeds, [0] * len(ids)), batch_size, prompt_bucket, gen_length)
+        checked, ids, keys = self.row_requests(prompts, settings, seeds)
+        return start_session(self, ids, checked, keys, batch_size, prompt_bucket, gen_length)
 
     def start_blocks(
         self,

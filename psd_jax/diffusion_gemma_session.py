@@ -47,10 +47,15 @@ class CanvasSession:
         self.done = True
         self._state: CanvasRows = empty_rows(lm.config, lm.model.dtype, size, prompt_length, program)
 
-    def _run(self, name: str, fn, *args, **static):
-        program, seconds = self.lm.program(name, fn, args, static)
+    def _program(self, name: str, fn, args: tuple, static: dict, with_model: bool = False):
+        """``fn`` compiled for ``args`` (by the model's program cache), its compilation counted here."""
+        program, seconds = self.lm.program(name, fn, args, static, with_model)
         self.compiles += seconds > 0.0
         self.compile_seconds += seconds
+        return program
+
+    def _run(self, name: str, fn, *args, with_model: bool = False, **static):
+        program = self._program(name, fn, args, static, with_model)
         began = time.perf_counter()
         out = program(*args)
         self.seconds += time.perf_counter() - began
@@ -87,13 +92,15 @@ class CanvasSession:
         joined = np.zeros(self.size, bool)
         joined[list(rows)] = True
         values = SamplerValues.of(row_samplers)
-        self._state = self._run("join", join_rows, self._state, joined, ids, valid, row_keys_, canvases, values)
+        self._state = self._run(
+            "join", join_rows, self._state, joined, ids, valid, row_keys_, canvases, values, with_model=True
+        )
         self.done = False
 
     def advance(self) -> CanvasProgress:
         """One canvas of every decoding row."""
         if not self.done:
-            self._state = self._run("advance", advance_rows, self._state, program=self.program)
+            self._state = self._run("advance", advance_rows, self._state, with_model=True, program=self.program)
         s = self._state  # the rows' small arrays to the host, never the cache
         ids, canvas, ended, nfe, canvases = jax.device_get((s.ids, s.canvas, s.ended, s.row_nfe, s.canvases))
         self.done = bool(ended.all())
@@ -107,10 +114,7 @@ class CanvasSession:
 
     def prepare_regroup(self, size: int):
         """Compile the move to ``size`` rows now (a server's warm-up)."""
-        index = np.zeros(size, np.int32)
-        program, seconds = self.lm.program("regroup", regroup_rows, (self._state, index), {})
-        self.compiles += seconds > 0.0
-        return program
+        return self._program("regroup", regroup_rows, (self._state, np.zeros(size, np.int32)), {})
 
     def stop(self, rows: Sequence[int]) -> None:
         """Stop decoding ``rows`` from the next ``advance`` on."""

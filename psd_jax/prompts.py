@@ -15,6 +15,7 @@ from models import ModelConfig
 from .core.config import DecodeConfig, check_fields_for_model, check_for_model, settings_from
 from .core.errors import InputError
 from .core.lengths import check_context
+from .core.runtime import row_keys
 from .tokenizer import TokenizerError, encode_prompt
 
 SEED_LIMIT = 2**32  # jax.random.key takes an unsigned 32-bit seed without 64-bit mode
@@ -89,6 +90,18 @@ class PromptIO:
         check_seed(seed)
         check_prompt_bucket(prompt_bucket)
         return dcfg, self.prompt_ids(prompts, chat)
+
+    def row_requests(
+        self, prompts: Sequence[Sequence[int]], settings: Sequence[DecodeConfig], seeds: Sequence[int]
+    ) -> tuple[list[DecodeConfig], list[list[int]], np.ndarray]:
+        """Every check of a ``start_rows`` call (rows of their own settings and seeds) before any
+        model work: (settings, prompt ids, PRNG keys), row r keyed as ``generate([prompts[r]],
+        seed=seeds[r])``'s only row."""
+        checked = [self.settings(s) for s in settings]
+        for seed in seeds:
+            check_seed(seed)
+        ids = self.prompt_ids(prompts)
+        return checked, ids, row_keys(seeds, [0] * len(ids))
 
     @property
     def has_chat_template(self) -> bool:

@@ -114,14 +114,15 @@ class Row:
         return len(self.correct_by_problem)
 
     def summary(self) -> dict:
-        if "decoder_passes" in self.extra:  # DiffusionGemma: TPF as upstream's tokens_per_forward
-            self.extra["tokens_per_forward"] = self.extra["generated_ids"] / max(self.extra["decoder_passes"], 1)
+        extra = dict(self.extra)
+        if "decoder_passes" in extra:  # DiffusionGemma: TPF as upstream's tokens_per_forward, over every row
+            extra["tokens_per_forward"] = extra["generated_ids"] / max(extra["decoder_passes"], 1)
         return {
             "name": self.name,
             "accuracy": sum(self.correct_by_problem) / max(self.n, 1),
             "n": self.n,
             "nfe_per_prompt": self.nfe / max(self.n, 1),
-            "tpf": self.extra.get("tokens_per_forward", self.tokens / max(self.nfe, 1)),
+            "tpf": extra.get("tokens_per_forward", self.tokens / max(self.nfe, 1)),
             "tokens": self.tokens,
             "sequence_forwards": self.sequence_forwards,
             "tokens_per_second": self.tokens / self.seconds if self.seconds else float("nan"),
@@ -131,7 +132,7 @@ class Row:
             "settings": self.settings,
             "correct_by_problem": "".join(map(str, self.correct_by_problem)),
             "calls": list(self.calls.values()),
-            **self.extra,
+            **extra,
         }
 
     def add_calls(self, calls: list[dict]) -> None:

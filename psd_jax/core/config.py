@@ -438,15 +438,11 @@ def check_for_model(c: DecodeConfig, mcfg: ModelConfig) -> None:
     """Bounds of ``c`` that depend on the model (``mcfg``: a ``models`` config): the context,
     the vocabulary RPS ranks, what the family supports. Every front end calls this before any
     model work (the benchmark and evaluation before loading weights)."""
-    if mcfg.family == ENTROPY_BOUND_FAMILY:
-        _check_for_entropy_bound(c, mcfg)
-    else:
-        changed = [f"{name}={getattr(c, name)!r}" for name in ENTROPY_BOUND_FIELDS if name in c.changed()]
-        if changed:
-            _fail(
-                f"{', '.join(changed)}: used only by DiffusionGemma's entropy-bound sampler, not by {mcfg.family} "
-                "(a mask-token family)"
-            )
+    check_fields_for_model(c.changed(), mcfg)
+    # DiffusionGemma's block is its canvas (``model_dir.canvas_fields`` rounds a length up to whole
+    # canvases, as upstream's ``generate`` does).
+    if mcfg.family == ENTROPY_BOUND_FAMILY and c.block_length != mcfg.canvas_length:
+        _fail(f"block_length {c.block_length}: DiffusionGemma decodes in canvases of {mcfg.canvas_length} (its config)")
     if c.gen_length >= mcfg.max_length:
         _fail(
             f"gen_length {c.gen_length} leaves no room for a prompt in the model's context of {mcfg.max_length} tokens"
@@ -477,10 +473,11 @@ ENTROPY_BOUND_FAMILY = "diffusion_gemma"  # the family decoded by the entropy-bo
 
 
 def check_fields_for_model(fields: dict[str, Any], mcfg: ModelConfig) -> None:
-    """The fields a user gave (a request's, a command line's) against the model's family, whatever
-    their values: ``check_for_model`` sees only the settings, where a field given at its default
-    (``threshold=0.9`` to DiffusionGemma, ``entropy_bound=0.1`` to LLaDA) looks unset and would be
-    silently ignored."""
+    """``fields`` against the model's family: DiffusionGemma reads the lengths and
+    ``ENTROPY_BOUND_FIELDS`` only, the mask-token families none of those. ``check_for_model`` passes
+    the settings' changed fields; a front end also passes the fields a user gave, whatever their
+    values (a field given at its default, ``threshold=0.9`` to DiffusionGemma, looks unset in the
+    settings and would be silently ignored)."""
     if mcfg.family == ENTROPY_BOUND_FAMILY:
         ignored = [name for name in fields if name not in ("gen_length", "block_length", *ENTROPY_BOUND_FIELDS)]
         if ignored:
@@ -495,20 +492,6 @@ def check_fields_for_model(fields: dict[str, Any], mcfg: ModelConfig) -> None:
                 f"{', '.join(f'{n}={fields[n]!r}' for n in foreign)}: used only by DiffusionGemma's entropy-bound "
                 f"sampler, not by {mcfg.family} (a mask-token family)"
             )
-
-
-def _check_for_entropy_bound(c: DecodeConfig, mcfg: Any) -> None:
-    """DiffusionGemma reads the lengths and ``ENTROPY_BOUND_FIELDS`` only: any other field set is
-    refused by name, and the block is the model's canvas (``model_dir.canvas_fields`` rounds a
-    length up to whole canvases, as upstream's ``generate`` does)."""
-    ignored = sorted(set(c.changed()) - {"gen_length", "block_length", *ENTROPY_BOUND_FIELDS})
-    if ignored:
-        _fail(
-            f"{', '.join(f'{n}={getattr(c, n)!r}' for n in ignored)}: not used by DiffusionGemma's entropy-bound "
-            f"sampler (its settings: gen_length, {', '.join(ENTROPY_BOUND_FIELDS)})"
-        )
-    if c.block_length != mcfg.canvas_length:
-        _fail(f"block_length {c.block_length}: DiffusionGemma decodes in canvases of {mcfg.canvas_length} (its config)")
 
 
 # Settings read only under some policy or decoder: (condition, what it needs). Setting one of them
