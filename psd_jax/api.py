@@ -107,6 +107,8 @@ class LoadedModel(PromptIO):
             start = time.perf_counter()
             out: DecodeOutput = jax.block_until_ready(compiled(*args))
             seconds = time.perf_counter() - start
+        # The canvas holds whole blocks; a generation that ends inside its last (decoder "edit") is cut.
+        out = out._replace(canvas=out.canvas[:, : args[1].shape[1] + dcfg.gen_length])
         return self._results(out, args[1].shape[1], seconds, compile_seconds, Program.of(dcfg))
 
     def start_blocks(

@@ -24,7 +24,7 @@ POLICIES = ("fixed", "threshold", "factor", "dream", "threshold_schedule", "sequ
 # Policies that take ``steps`` per block, as their upstream decoders (LLaDA2.0's and SDAR's) do.
 PER_BLOCK_STEPS = ("threshold_schedule", "sequential")
 CONFIDENCES = ("prob", "margin", "entropy", "random")
-DECODERS = ("plain", "psd", "rps")
+DECODERS = ("plain", "psd", "rps", "edit")
 ACCEPTANCES = ("tokens", "strict")
 CACHES = ("none", "prefix", "dual")
 
@@ -63,6 +63,8 @@ class BlockCounts:
     block_length: int
     steps: int | None
     policy: str
+    decoder: str
+    minimal_topk: int
 
     @property
     def total_steps(self) -> int:
@@ -73,7 +75,9 @@ class BlockCounts:
 
     @property
     def num_blocks(self) -> int:
-        return self.gen_length // self.block_length
+        """Blocks of the generation (a last, partial one counts: only ``decoder="edit"`` allows a
+        gen_length that the block length does not divide, as LLaDA2.1's pipeline)."""
+        return -(-self.gen_length // self.block_length)
 
     @property
     def steps_per_block(self) -> int:
@@ -81,7 +85,10 @@ class BlockCounts:
         block, as LLaDA2.0's and SDAR's decoders (default block_length: one token per step); the
         others split the total."""
         if self.policy in PER_BLOCK_STEPS:
-            return self.block_length if self.steps is None else self.steps
+            steps = self.block_length if self.steps is None else self.steps
+            if self.decoder == "edit":  # LLaDA2.1's pipeline: min(num_inference_steps, gen_length // minimal_topk)
+                steps = min(steps, self.gen_length // self.minimal_topk)
+            return steps
         return self.total_steps // self.num_blocks
 
 
@@ -102,7 +109,7 @@ class DecodeConfig(BlockCounts):
     confidence_eos_eot_inf: bool = False
     eos_early_stop: bool = True
     dream_eps: float = 1e-3
-    decoder: Literal["plain", "psd", "rps"] = "plain"
+    decoder: Literal["plain", "psd", "rps", "edit"] = "plain"
     # PSD
     depth: int = 3
     acceptance: Literal["tokens", "strict"] = "tokens"
@@ -117,6 +124,10 @@ class DecodeConfig(BlockCounts):
     cache: Literal["none", "prefix", "dual"] = "none"  # block KV cache (Fast-dLLM)
     refresh_every: int = 0  # cache: a full forward after this many window calls (0: block starts only)
     vicinity: int = 0  # dual cache: the window also recomputes this many positions after the block
+    # LLaDA2.1's token editing (decoder "edit"; diffusers' LLaDA2Pipeline arguments of the same names)
+    editing_threshold: float = 0.0  # 0 or negative: off
+    max_post_steps: int = 16
+    minimal_topk: int = 1
     # DiffusionGemma's entropy-bound sampler (upstream generate's arguments; defaults: the released
     # generation_config.json). Mask families refuse them, DiffusionGemma refuses the fields above.
     entropy_bound: float = 0.1
@@ -199,7 +210,8 @@ FIELD_HELP: dict[str, str] = {
     "confidence_eos_eot_inf": "remove EOT before the confidence softmax (LLaDA's generate.py option)",
     "eos_early_stop": "stop a row once a finished block holds EOS/EOT",
     "dream_eps": "dream policy: the final timestep of Dream's schedule",
-    "decoder": "plain (the policy alone), psd (parallel speculative decoding) or rps (ripple-pivot search)",
+    "decoder": "plain (the policy alone), psd (parallel speculative decoding), rps (ripple-pivot search) or "
+    "edit (LLaDA2.1's token editing, as diffusers' LLaDA2Pipeline: policy threshold_schedule, block-causal models)",
     "depth": "PSD: draft levels verified per call (D)",
     "acceptance": "PSD: tokens (a level is accepted if its tokens are the verifier's argmax) or strict (lossless)",
     "accept_confidence": "PSD, tokens acceptance: a drafted token is accepted only where the verifier's "
@@ -216,6 +228,11 @@ FIELD_HELP: dict[str, str] = {
     "since its last one (0: at block starts only, Fast-dLLM)",
     "vicinity": "dual cache: the window also recomputes this many positions after the block "
     "(0: the block alone, Fast-dLLM)",
+    "editing_threshold": "edit: also rewrite a written (non-prompt) position of the current block whenever the "
+    "model now prefers another token with probability > this (0 or negative: editing off, the fill rule alone)",
+    "max_post_steps": "edit: after a block's last mask is filled, re-run it while the previous call edited, at most "
+    "this many + 1 calls",
+    "minimal_topk": "edit: steps per block are at most gen_length // this (the pipeline's minimal_topk)",
     "entropy_bound": "DiffusionGemma: each step keeps the lowest-entropy positions whose entropies before them "
     "add up to at most this (the lowest is always kept); the others are re-noised",
     "max_denoising_steps": "DiffusionGemma: denoising steps per canvas (N)",
@@ -250,6 +267,8 @@ INT_FIELDS = (
     "k_max",
     "refresh_every",
     "vicinity",
+    "max_post_steps",
+    "minimal_topk",
     "max_denoising_steps",
     "stability_threshold",
 )
@@ -263,6 +282,7 @@ FLOAT_FIELDS = (
     "ratio",
     "pivot_tau",
     "lam",
+    "editing_threshold",
     "entropy_bound",
     "t_min",
     "t_max",
@@ -331,6 +351,9 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "lam": (lambda v: 0 <= v <= MAX_SCALE, f"(RPS) must be in [0, {MAX_SCALE:g}]"),
     "refresh_every": (lambda v: v >= 0, "(block KV cache) must be >= 0 (0: at block starts only)"),
     "vicinity": (lambda v: v >= 0, "(dual cache) must be >= 0 (0: the block alone)"),
+    "editing_threshold": (lambda v: v <= 1.0, "(edit) must be at most 1 (0 or negative: editing off)"),
+    "max_post_steps": (lambda v: v >= 0, "(edit) must be >= 0"),
+    "minimal_topk": (lambda v: v >= 1, "(edit) must be >= 1"),
     "entropy_bound": (lambda v: 0 <= v <= MAX_ENTROPY_BOUND, f"must be in [0, {MAX_ENTROPY_BOUND:g}]"),
     "max_denoising_steps": (lambda v: 1 <= v <= MAX_DENOISING_STEPS, f"must be in [1, {MAX_DENOISING_STEPS}]"),
     "t_min": (
@@ -360,8 +383,13 @@ def _check_values(c: DecodeConfig) -> None:
             cast = _as_float32(value)
         if not ok(cast):
             _fail(f"{name} {message}, got {value!r} ({cast!r} as float32, the decode's precision)")
-    if c.gen_length % c.block_length:
-        _fail(f"block_length {c.block_length} does not divide gen_length {c.gen_length}")
+    if c.gen_length % c.block_length and c.decoder != "edit":
+        _fail(
+            f"block_length {c.block_length} does not divide gen_length {c.gen_length} "
+            "(only decoder 'edit' decodes a last, partial block)"
+        )
+    if c.decoder == "edit" and c.minimal_topk > c.gen_length:
+        _fail(f"minimal_topk {c.minimal_topk} (edit) exceeds gen_length {c.gen_length}: no step would be left")
     if c.policy not in PER_BLOCK_STEPS and c.total_steps % c.num_blocks:
         _fail(
             f"steps {c.total_steps} is not divisible by the number of blocks {c.num_blocks} (gen_length / block_length)"
@@ -412,6 +440,10 @@ def _check_work(c: DecodeConfig) -> None:
             _fail(f"draft_rate {c.draft_rate} (PSD) exceeds block_length {c.block_length}")
         if c.draft_next_block:
             _check_next_block_drafts(c)
+    if c.decoder == "edit" and c.policy != "threshold_schedule":
+        _fail(
+            f"decoder 'edit' fills masks with policy 'threshold_schedule' (LLaDA2.1's pipeline), not {c.policy!r}"
+        )
     if c.decoder == "rps" and c.k_max + 1 > MAX_BRANCHES:
         _fail(f"k_max {c.k_max} (RPS) exceeds {MAX_BRANCHES - 1}: at most {MAX_BRANCHES} canvases per row per call")
 
@@ -449,6 +481,10 @@ def check_for_model(c: DecodeConfig, mcfg: ModelConfig) -> None:
         )
     if mcfg.family == ENTROPY_BOUND_FAMILY:
         return  # the checks below are the mask-token decoders'
+    if c.decoder == "edit" and not mcfg.block_causal:
+        _fail(
+            f"decoder 'edit' (LLaDA2.1's token editing) needs a block-causal model (llada2_moe, sdar), not {mcfg.family}"
+        )
     if c.decoder == "rps" and c.k_max > mcfg.vocab_size:
         _fail(f"k_max {c.k_max} exceeds the vocabulary of {mcfg.vocab_size}")
     if mcfg.block_causal and c.cfg_scale > 0:
@@ -524,6 +560,9 @@ USED_ONLY_WITH: dict[str, tuple[Callable[[DecodeConfig], bool], str]] = {
     "lam": (lambda c: c.decoder == "rps", "decoder 'rps'"),
     "refresh_every": (lambda c: c.cache != "none", "a block KV cache (cache 'prefix' or 'dual')"),
     "vicinity": (lambda c: c.cache == "dual", "cache 'dual' (the prefix cache's window already reaches the end)"),
+    "editing_threshold": (lambda c: c.decoder == "edit", "decoder 'edit'"),
+    "max_post_steps": (lambda c: c.decoder == "edit", "decoder 'edit'"),
+    "minimal_topk": (lambda c: c.decoder == "edit", "decoder 'edit'"),
 }
 
 

@@ -208,6 +208,17 @@ class Loop:
         start = self.block_span(nxt)[0]
         return rules.committable(jnp, state.canvas, start, ~live, self.program.block_length, self.mcfg.mask_id)
 
+    def decoder_positions(self, state: DecodeState, frozen: jax.Array) -> jax.Array | None:
+        """[B, N] the positions a decoder reads beyond its block's masks (``Decoder.candidates``'
+        ``ahead``), none of a ``frozen`` row's: the next block's masks PSD drafts into
+        (``draft_next_block``), the current block's written positions the edit decoder may rewrite
+        (``layouts.EditingLayout.editable``); None for the others."""
+        if self.program.draft_next_block:
+            return self.next_block_drafts(state, ~frozen)
+        if self.program.decoder == "edit":
+            return self.layout.editable(self, state.canvas, state.block, frozen)
+        return None
+
     def advance(self, canvas, block, step, done, values: RowValues, before=None):
         """Move rows whose block is complete to the next block; stop rows at their last block
         (``values.num_blocks``) or at EOS (``Layout.advance``).
@@ -272,7 +283,7 @@ def step(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> DecodeSta
         return step_cached(loop, attention_mask, state)
     fresh, values = state.fresh, state.values
     valid = loop.committable(state) & ~fresh[:, None]
-    ahead = loop.next_block_drafts(state, ~fresh) if loop.program.draft_next_block else None
+    ahead = loop.decoder_positions(state, fresh | state.done)
     proposal = propose(state.pred, state.canvas, valid, state.step, loop.program, values, ahead)
     # A row is live if it still decodes after its policy commit; only live rows need a forward.
     _, _, _, done_after_s0 = loop.advance(proposal.s0, state.block, state.step + 1, state.done, values, state.canvas)
@@ -392,7 +403,7 @@ def step_cached(loop: Loop, attention_mask: jax.Array, state: DecodeState) -> De
 
     frozen = state.done | waiting | primed  # waiting rows are frozen like finished ones
     valid = loop.committable(state.replace(done=frozen))
-    ahead = loop.next_block_drafts(state, ~frozen) if program.draft_next_block else None
+    ahead = loop.decoder_positions(state, frozen)
     proposal = propose(pred, state.canvas, valid, state.step, program, state.values, ahead)
     _, block_after_s0, _, done_after_s0 = loop.advance(
         proposal.s0, state.block, state.step + 1, frozen, state.values, state.canvas

@@ -35,6 +35,7 @@ from ..parallel.sharding import constrain_kv_cache
 from . import rules
 from .block_layout import BlockLayout, canvas_length, initial_canvas, output_canvas
 from .calls import CallShape, call_shapes
+from .decoders.edit import block_end
 from .predict import ForwardFn, LogitWindow, logits_to_prediction, on_canvas, predict_prefill
 from .runtime import Program, RowValues
 
@@ -290,10 +291,15 @@ class BlockCausalLayout(Layout):
 
     def model_calls(self, model: Any, program: Program) -> ModelCalls:
         """Every call passes ``block_length`` and the rows' own positions (canvas index minus the
-        row's block padding). The prefill takes ``into`` as the flat models' does: its keys/values
+        row's block padding, the first position its mask shows). The prefill takes ``into`` as the flat models' does: its keys/values
         of ``rows`` are selected into the given cache."""
         b = program.block_length
-        positions = lambda mask, batch=None, n=None: jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0)  # noqa: E731
+
+        def positions(mask, batch=None, n=None):
+            # From the row's first visible position on, whatever is hidden after it (the tail of
+            # ``EditingLayout``, whose positions run on as the pipeline's ``arange``).
+            first = jnp.argmax(mask, axis=-1)
+            return jnp.maximum(jnp.arange(mask.shape[-1])[None, :] - first[:, None], 0)
 
         def full(call):
             return lambda tokens, mask, **kw: call(tokens, mask, positions=positions(mask), block_length=b, **kw)
@@ -348,7 +354,7 @@ class BlockCausalLayout(Layout):
             first = jnp.where(jnp.any(eos, axis=-1), jnp.argmax(eos, axis=-1), -1)
             filled = ~jnp.any(masked & generated & (pos < first[:, None]), axis=-1)
             stop |= ~done & placed & (first >= 0) & filled
-        last = self.rows.last_block(values.num_blocks * loop.program.block_length)
+        last = self.rows.last_block(values.gen_length)
         new_done = done | stop | (complete & (block >= last))
         block = jnp.where(complete & ~new_done, block + 1, block)
         return canvas, block, jnp.where(complete, 0, step), new_done
@@ -377,7 +383,7 @@ class BlockCausalLayout(Layout):
             tokens = jnp.take_along_axis(state.canvas, index, axis=1)[:, None]
             positions = jnp.take_along_axis(loop.positions(attention_mask, batch, n), index, axis=1)[:, None]
             earlier = attention_mask.astype(bool) & (jnp.arange(n)[None, :] < previous[:, None])
-            window = jnp.ones((batch, 2 * b), bool)
+            window = index < loop.row_end(state.values)[:, None]  # a row's tail keys (``EditingLayout``)
             logits, k, v = loop.window(tokens, positions, *state.cache, earlier, window, 2 * b, return_kv=True)
             pred = logits_to_prediction(logits[:, 0, b:], keys, state.values.sampling(), loop.mcfg, loop.program)
             pred = on_canvas(pred, state.canvas, loop.prompt_length, LogitWindow(start, b))
@@ -413,6 +419,63 @@ class BlockCausalLayout(Layout):
         return out, jnp.clip(pieces, 0, num_blocks)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class EditingLayout(BlockCausalLayout):
+    """Block-causal models decoded by LLaDA2.1's token editing (``decoders.edit``), as diffusers'
+    ``LLaDA2Pipeline`` runs them: a row's generation need not fill its last block, and the
+    positions after it (the block-aligned tail) are decoded but hidden as keys; a block ends by the
+    editing decoder's rule (``decoders.edit.block_end``), a row at the pipeline's EOS rule; the
+    output is the generated positions as left (only positions never written read EOS)."""
+
+    def attention_mask(
+        self, prompt_mask: jax.Array, total_length: int, program: Program, values: RowValues | None
+    ) -> jax.Array:
+        """The row's left padding and its tail (positions past its own generation) masked."""
+        gen = program.gen_length if values is None else values.gen_length
+        index = jnp.arange(total_length)[None, :]
+        return ((index >= self.rows.pad[:, None]) & (index < (self.rows.gen_start + gen)[:, None])).astype(jnp.int32)
+
+    def row_end(self, loop: Loop, values: RowValues) -> jax.Array:
+        """After the row's own generation: a window's keys past it (the tail) are hidden."""
+        return self.rows.gen_start + values.gen_length
+
+    def editable(self, loop: Loop, canvas: jax.Array, block: jax.Array, frozen: jax.Array) -> jax.Array:
+        """[B, N] the positions the decoder may rewrite: the current block's written, generated
+        (not prompt) positions, none of a ``frozen`` row's."""
+        generated = jnp.arange(canvas.shape[1])[None, :] >= self.rows.gen_start[:, None]
+        return loop.in_block(block) & generated & (canvas != loop.mcfg.mask_id) & ~frozen[:, None]
+
+    def advance(self, loop: Loop, canvas, block, step, done, values: RowValues, before):
+        """One decision of the edit decoder (``step``: the row's counter + 1): the block ends by
+        ``block_end``; a row stops after its last block, or (``eos_early_stop``) when this call wrote
+        an EOS and the first EOS of the row is generated with no mask before it (the pipeline's
+        rule: an EOS written while an earlier position is a mask stops nothing, then or later)."""
+        mask_id, eos_id = loop.mcfg.mask_id, loop.mcfg.eos_id
+        inside = loop.in_block(block)
+        had_mask = jnp.any(inside & (before == mask_id), axis=-1)
+        has_mask = jnp.any(inside & (canvas == mask_id), axis=-1)
+        changed = inside & (canvas != before)
+        edited = jnp.any(changed & (before != mask_id), axis=-1)
+        ends, counter = block_end(jnp, had_mask, has_mask, edited, step, loop.program.steps_per_block, values)
+        stop = jnp.zeros_like(done)
+        if loop.program.eos_early_stop:
+            pos = jnp.arange(loop.total_length)[None, :]
+            is_eos = (canvas == eos_id) & (pos >= self.rows.pad[:, None])  # the row's x[:W]: later blocks are masks
+            first = jnp.where(jnp.any(is_eos, axis=-1), jnp.argmax(is_eos, axis=-1), loop.total_length)
+            gen_start = self.rows.gen_start[:, None]
+            filled = ~jnp.any((canvas == mask_id) & (pos >= gen_start) & (pos < first[:, None]), axis=-1)
+            wrote = jnp.any(changed & (canvas == eos_id), axis=-1)
+            stop = wrote & (first >= self.rows.gen_start) & (first < loop.total_length) & filled
+        last = self.rows.last_block(values.gen_length)
+        new_done = done | stop | (ends & (block >= last))
+        block = jnp.where(ends & ~new_done, block + 1, block)
+        return canvas, block, jnp.where(ends, 0, counter), new_done
+
+    def output_canvas(self, canvas: jax.Array, mcfg: ModelConfig, program: Program) -> jax.Array:
+        """The generated positions as left, not cut at EOS (the pipeline's ``sequences``)."""
+        return output_canvas(canvas, self.rows, mcfg, program, cut_after_eos=False)
+
+
 FLAT = FlatLayout()
 
 
@@ -426,6 +489,7 @@ def layout_for(mcfg: ModelConfig, program: Program, prompt_mask: jax.Array) -> L
     if not mcfg.block_causal:
         return FLAT
     lengths = prompt_mask.astype(jnp.int32).sum(axis=1)
-    return BlockCausalLayout(
+    kind = EditingLayout if program.decoder == "edit" else BlockCausalLayout
+    return kind(
         BlockLayout(lengths, prompt_mask.shape[1], program.block_length), BLOCK_STOP_RULES[mcfg.family]
     )

@@ -27,9 +27,10 @@ from .config import BlockCounts, DecodeConfig
 # The one list of the DecodeConfig fields that are per-row inputs of a compiled decode; every other
 # field is one of the Program's (a test holds the two lists to DecodeConfig's fields).
 RUNTIME_FIELDS = (
-    "threshold", "factor", "temperature", "top_p", "top_k", "cfg_scale", "ratio", "pivot_tau", "lam", "accept_confidence"
+    "threshold", "factor", "temperature", "top_p", "top_k", "cfg_scale", "ratio", "pivot_tau", "lam", "accept_confidence",
+    "editing_threshold", "max_post_steps",
 )  # fmt: skip
-_INT_FIELDS = ("top_k",)
+_INT_FIELDS = ("top_k", "max_post_steps")
 # The code paths the runtime values switch on (DecodeConfig properties of the same names).
 FLAGS = ("samples", "filters", "guided", "gated")
 
@@ -49,7 +50,7 @@ class Program(BlockCounts):
     confidence_eos_eot_inf: bool
     eos_early_stop: bool
     dream_eps: float
-    decoder: Literal["plain", "psd", "rps"]
+    decoder: Literal["plain", "psd", "rps", "edit"]
     depth: int
     acceptance: str
     draft_rate: int | None
@@ -58,6 +59,7 @@ class Program(BlockCounts):
     cache: Literal["none", "prefix", "dual"]
     refresh_every: int
     vicinity: int
+    minimal_topk: int
     samples: bool  # some row draws its tokens (temperature > 0); a row at 0 stays greedy
     filters: bool  # some row filters by top-p/top-k; each row's own values apply
     guided: bool  # classifier-free guidance: every row's unconditional forward is made
@@ -69,7 +71,12 @@ class Program(BlockCounts):
         (``None``: the settings' own; longer, a multiple of the block, when the row shares a batch
         with longer ones: ``fixed``/``dream`` then keep their steps per block)."""
         fields = {f.name: getattr(settings, f.name) for f in dataclasses.fields(cls)}
-        if gen_length is not None and gen_length != settings.gen_length:
+        if settings.decoder == "edit":
+            # The canvas holds whole blocks (each row's own length is its ``RowValues.gen_length``),
+            # and the steps per block are the row's own (``BlockCounts.steps_per_block``).
+            fields["gen_length"] = settings.num_blocks * settings.block_length
+            fields["steps"] = settings.steps_per_block
+        if gen_length is not None and gen_length != fields["gen_length"]:
             if gen_length % settings.block_length or gen_length < settings.gen_length:
                 raise ValueError(
                     f"canvas gen_length {gen_length} must be a multiple of block_length {settings.block_length} "
@@ -95,7 +102,10 @@ class RowValues:
     pivot_tau: jax.Array
     lam: jax.Array
     accept_confidence: jax.Array
+    editing_threshold: jax.Array
+    max_post_steps: jax.Array  # int32
     num_blocks: jax.Array  # int32: the row's gen_length / block_length (its last block + 1)
+    gen_length: jax.Array  # int32: the row's generated positions (decoder "edit": not always whole blocks)
 
     @classmethod
     def of(cls, settings: Sequence[DecodeConfig]) -> RowValues:
@@ -104,7 +114,8 @@ class RowValues:
             name: np.asarray([getattr(s, name) for s in settings], np.int32 if name in _INT_FIELDS else np.float32)
             for name in RUNTIME_FIELDS
         }
-        return cls(**fields, num_blocks=np.asarray([s.num_blocks for s in settings], np.int32))
+        blocks = np.asarray([s.num_blocks for s in settings], np.int32)
+        return cls(**fields, num_blocks=blocks, gen_length=np.asarray([s.gen_length for s in settings], np.int32))
 
     def repeat(self, times: int) -> RowValues:
         """Each row's values ``times`` times in a row ([B] -> [B * times])."""

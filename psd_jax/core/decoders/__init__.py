@@ -1,4 +1,4 @@
-"""The decoders behind one interface (``base.Decoder``): plain, PSD and RPS.
+"""The decoders behind one interface (``base.Decoder``): plain, PSD, RPS and token editing.
 
 ``decoder_for`` is the one place a ``Program`` maps to its decoder; the engine and the
 tests reach decoders only through it (``propose``/``choose`` are its two steps as functions).
@@ -13,11 +13,12 @@ from ..predict import Prediction
 from ..rules import Settings
 from ..runtime import Program, RowValues
 from .base import Choice, Decoder, Proposal, forward_size_index, forward_sizes, spatial_commit, zero_stats
+from .edit import Edit
 from .plain import Plain
 from .psd import PSD, PSDState
 from .rps import RPS, RPSState
 
-DECODERS: dict[str, type] = {"plain": Plain, "psd": PSD, "rps": RPS}
+DECODERS: dict[str, type] = {"plain": Plain, "psd": PSD, "rps": RPS, "edit": Edit}
 assert tuple(DECODERS) == DECODER_NAMES, "config.DECODERS lists the decoders' names"
 
 
@@ -43,7 +44,7 @@ def propose(
     ahead: jax.Array | None = None,
 ) -> Proposal:
     """The policy's commit and the decoder's candidates built on it (no model call); ``ahead``:
-    the next block's positions PSD may draft (``draft_next_block``)."""
+    the positions the decoder reads beyond the block's masks (``Loop.decoder_positions``)."""
     chosen, s0 = spatial_commit(pred, canvas, valid, step, program, values)
     return decoder_for(program, values).candidates(pred, s0, chosen, valid, step, ahead)
 
@@ -52,6 +53,7 @@ __all__ = [
     "Choice",
     "DECODERS",
     "Decoder",
+    "Edit",
     "PSD",
     "PSDState",
     "Plain",
