@@ -156,7 +156,8 @@ class LoadedModel(PromptIO):
         rows = batch_size or len(ids)
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < len(ids):
             raise InputError(f"batch_size must be an integer >= the {len(ids)} prompts, got {batch_size!r}")
-        canvas = settings[0].gen_length if gen_length is None else gen_length
+        # Whole blocks (a generation may end inside its last: decoder "edit").
+        canvas = settings[0].num_blocks * settings[0].block_length if gen_length is None else gen_length
         try:
             programs = {Program.of(s, canvas) for s in settings}
         except ValueError as exc:

@@ -131,10 +131,9 @@ class BlockDecode:
             mcfg=self.lm.config,
             program=self.program,
         )
-        done, canvas, final, nfe, num_blocks = to_host((state.done, canvas, final, state.row_nfe, num_blocks))
+        done, canvas, final, nfe, gen = to_host((state.done, canvas, final, state.row_nfe, state.values.gen_length))
         self.seconds += time.perf_counter() - began
         self.done = bool(done.all())
-        gen = num_blocks * self.program.block_length
         return BlockProgress(canvas[:, self.prompt_length :], final, done, nfe, gen)
 
     def regroup(self, index: Sequence[int]) -> None:
@@ -180,8 +179,7 @@ class BlockDecode:
             program=self.program,
         )
         out = to_host(finish(state, canvas))
-        first_blocks = int(to_host(state.values.num_blocks)[0])
-        n, end = self.rows, self.prompt_length + first_blocks * self.program.block_length
+        n, end = self.rows, self.prompt_length + int(to_host(state.values.gen_length)[0])
         rows = DecodeOutput(out.canvas[:n, :end], out.row_nfe[:n], out.nfe, out.sequence_forwards, out.iterations, {})
         rows = rows._replace(stats={k: v[:n] for k, v in out.stats.items()}, calls=out.calls)
         return self.lm._results(rows, self.prompt_length, self.seconds, self.compile_seconds)

@@ -481,9 +481,10 @@ def check_for_model(c: DecodeConfig, mcfg: ModelConfig) -> None:
         )
     if mcfg.family == ENTROPY_BOUND_FAMILY:
         return  # the checks below are the mask-token decoders'
-    if c.decoder == "edit" and not mcfg.block_causal:
+    if c.decoder == "edit" and not mcfg.block_causal and c.gen_length % c.block_length:
         _fail(
-            f"decoder 'edit' (LLaDA2.1's token editing) needs a block-causal model (llada2_moe, sdar), not {mcfg.family}"
+            f"block_length {c.block_length} does not divide gen_length {c.gen_length}: decoder 'edit' decodes a last, "
+            f"partial block on block-causal models only, not the bidirectional {mcfg.family}"
         )
     if c.decoder == "rps" and c.k_max > mcfg.vocab_size:
         _fail(f"k_max {c.k_max} exceeds the vocabulary of {mcfg.vocab_size}")

@@ -446,37 +446,66 @@ class EditingLayout(BlockCausalLayout):
         return loop.in_block(block) & generated & (canvas != loop.mcfg.mask_id) & ~frozen[:, None]
 
     def advance(self, loop: Loop, canvas, block, step, done, values: RowValues, before):
-        """One decision of the edit decoder (``step``: the row's counter + 1): the block ends by
-        ``block_end``; a row stops after its last block, or (``eos_early_stop``) when this call wrote
-        an EOS and the first EOS of the row is generated with no mask before it (the pipeline's
-        rule: an EOS written while an earlier position is a mask stops nothing, then or later)."""
-        mask_id, eos_id = loop.mcfg.mask_id, loop.mcfg.eos_id
-        inside = loop.in_block(block)
-        had_mask = jnp.any(inside & (before == mask_id), axis=-1)
-        has_mask = jnp.any(inside & (canvas == mask_id), axis=-1)
-        changed = inside & (canvas != before)
-        edited = jnp.any(changed & (before != mask_id), axis=-1)
-        ends, counter = block_end(jnp, had_mask, has_mask, edited, step, loop.program.steps_per_block, values)
-        stop = jnp.zeros_like(done)
-        if loop.program.eos_early_stop:
-            pos = jnp.arange(loop.total_length)[None, :]
-            is_eos = (canvas == eos_id) & (pos >= self.rows.pad[:, None])  # the row's x[:W]: later blocks are masks
-            first = jnp.where(jnp.any(is_eos, axis=-1), jnp.argmax(is_eos, axis=-1), loop.total_length)
-            gen_start = self.rows.gen_start[:, None]
-            filled = ~jnp.any((canvas == mask_id) & (pos >= gen_start) & (pos < first[:, None]), axis=-1)
-            wrote = jnp.any(changed & (canvas == eos_id), axis=-1)
-            stop = wrote & (first >= self.rows.gen_start) & (first < loop.total_length) & filled
+        """``edit_advance`` from the row's first generated position, after its own last block."""
         last = self.rows.last_block(values.gen_length)
-        new_done = done | stop | (ends & (block >= last))
-        block = jnp.where(ends & ~new_done, block + 1, block)
-        return canvas, block, jnp.where(ends, 0, counter), new_done
+        return edit_advance(loop, canvas, block, step, done, values, before, self.rows.gen_start, self.rows.pad, last)
 
     def output_canvas(self, canvas: jax.Array, mcfg: ModelConfig, program: Program) -> jax.Array:
         """The generated positions as left, not cut at EOS (the pipeline's ``sequences``)."""
         return output_canvas(canvas, self.rows, mcfg, program, cut_after_eos=False)
 
 
+@dataclasses.dataclass(frozen=True)
+class FlatEditingLayout(FlatLayout):
+    """Bidirectional models decoded by the edit decoder: LLaDA's canvas (later blocks' masks
+    visible, as LLaDA's ``generate``), the editing decoder's block end and EOS rule
+    (``edit_advance``), the generated positions as left (only positions never written read EOS)."""
+
+    def editable(self, loop: Loop, canvas: jax.Array, block: jax.Array, frozen: jax.Array) -> jax.Array:
+        """[B, N] the current block's written positions, none of a ``frozen`` row's."""
+        return loop.in_block(block) & (canvas != loop.mcfg.mask_id) & ~frozen[:, None]
+
+    def advance(self, loop: Loop, canvas, block, step, done, values: RowValues, before):
+        """``edit_advance``; EOS is looked for among the generated positions only (left padding
+        may be the EOS id)."""
+        start = jnp.full(done.shape, loop.prompt_length, jnp.int32)
+        return edit_advance(loop, canvas, block, step, done, values, before, start, start, values.num_blocks - 1)
+
+    def output_canvas(self, canvas: jax.Array, mcfg: ModelConfig, program: Program) -> jax.Array:
+        """The canvas as left; a position never written (a row stopped at EOS) reads EOS."""
+        return jnp.where(canvas == mcfg.mask_id, mcfg.eos_id, canvas)
+
+
+def edit_advance(loop: Loop, canvas, block, step, done, values: RowValues, before, gen_start, scan_from, last):
+    """One decision of the edit decoder (``step``: the row's counter + 1; ``before``: the canvas
+    before it): the block ends by ``decoders.edit.block_end``; a row stops after its ``last`` block
+    [B], or (``eos_early_stop``) when this call wrote an EOS and the row's first EOS from
+    ``scan_from`` [B] is generated (at or after ``gen_start`` [B]) with no mask before it (the
+    pipeline's rule: an EOS written while an earlier position is a mask stops nothing, then or
+    later). Returns (canvas, block, step, done) as ``Layout.advance``."""
+    mask_id, eos_id = loop.mcfg.mask_id, loop.mcfg.eos_id
+    inside = loop.in_block(block)
+    had_mask = jnp.any(inside & (before == mask_id), axis=-1)
+    has_mask = jnp.any(inside & (canvas == mask_id), axis=-1)
+    changed = inside & (canvas != before)
+    edited = jnp.any(changed & (before != mask_id), axis=-1)
+    ends, counter = block_end(jnp, had_mask, has_mask, edited, step, loop.program.steps_per_block, values)
+    stop = jnp.zeros_like(done)
+    if loop.program.eos_early_stop:
+        n = canvas.shape[1]
+        pos = jnp.arange(n)[None, :]
+        is_eos = (canvas == eos_id) & (pos >= scan_from[:, None])  # x[:W]: later blocks are masks
+        first = jnp.where(jnp.any(is_eos, axis=-1), jnp.argmax(is_eos, axis=-1), n)
+        filled = ~jnp.any((canvas == mask_id) & (pos >= gen_start[:, None]) & (pos < first[:, None]), axis=-1)
+        wrote = jnp.any(changed & (canvas == eos_id), axis=-1)
+        stop = wrote & (first >= gen_start) & filled
+    new_done = done | stop | (ends & (block >= last))
+    block = jnp.where(ends & ~new_done, block + 1, block)
+    return canvas, block, jnp.where(ends, 0, counter), new_done
+
+
 FLAT = FlatLayout()
+FLAT_EDITING = FlatEditingLayout()
 
 
 def layout_type(mcfg: ModelConfig) -> type[Layout]:
@@ -487,7 +516,7 @@ def layout_type(mcfg: ModelConfig) -> type[Layout]:
 def layout_for(mcfg: ModelConfig, program: Program, prompt_mask: jax.Array) -> Layout:
     """The layout of one decode of left-padded prompts (mask [B, P]): chosen here, once."""
     if not mcfg.block_causal:
-        return FLAT
+        return FLAT_EDITING if program.decoder == "edit" else FLAT
     lengths = prompt_mask.astype(jnp.int32).sum(axis=1)
     kind = EditingLayout if program.decoder == "edit" else BlockCausalLayout
     return kind(

@@ -213,11 +213,12 @@ class Batcher:
     def canvas_length(self, settings: DecodeConfig, prompt_length: int) -> int:
         """The canvas's generation length for a request: its own rounded up to the generation
         bucket (and a whole number of its blocks), if that still fits the context."""
+        whole = settings.num_blocks * settings.block_length  # decoder "edit" may end inside its last block
         if not self.gen_bucket:
-            return settings.gen_length
+            return whole
         step = math.lcm(self.gen_bucket, settings.block_length)
         canvas = -(-settings.gen_length // step) * step
-        return canvas if prompt_length + canvas <= self.lm.config.max_length else settings.gen_length
+        return canvas if prompt_length + canvas <= self.lm.config.max_length else whole
 
     def batch_key(self, request: DecodeRequest) -> tuple:
         """Requests with equal keys run in one compiled program and may share a batch."""

@@ -22,7 +22,7 @@ def test_every_setting_is_either_a_program_field_or_a_runtime_value():
     program = {f.name for f in dataclasses.fields(Program)}
     assert set(RUNTIME_FIELDS) <= settings and not set(RUNTIME_FIELDS) & program
     assert program == (settings - set(RUNTIME_FIELDS)) | set(FLAGS)
-    assert {f.name for f in dataclasses.fields(RowValues)} == set(RUNTIME_FIELDS) | {"num_blocks"}
+    assert {f.name for f in dataclasses.fields(RowValues)} == set(RUNTIME_FIELDS) | {"num_blocks", "gen_length"}
 
 
 @pytest.mark.parametrize(

@@ -105,6 +105,7 @@ def test_every_used_only_setting_is_accepted_where_it_is_used():
         "lam": {"decoder": "rps"},
         "refresh_every": {"cache": "prefix"},
         "vicinity": {"cache": "dual"},
+        **{name: {"decoder": "edit", "policy": "threshold_schedule"} for name in ("editing_threshold", "max_post_steps", "minimal_topk")},
     }
     values = {
         "steps": 64,
@@ -122,6 +123,9 @@ def test_every_used_only_setting_is_accepted_where_it_is_used():
         "lam": 0.5,
         "refresh_every": 2,
         "vicinity": 4,
+        "editing_threshold": 0.5,
+        "max_post_steps": 2,
+        "minimal_topk": 2,
     }
     assert set(users) == set(USED_ONLY_WITH)
     for name, context in users.items():
