@@ -1,7 +1,7 @@
 """Setting names: the one spelling of a decoder setting that the benchmark, the tuner and the command
 lines read and write, so a name printed by one is accepted by the others.
 
-A name is ``[psd-[strict-] | rps-] POLICY [PSD parts] [RPS parts] [-tT]``, then optionally the
+A name is ``[psd-[strict-] | rps- | edit-] POLICY [PSD parts] [RPS parts] [edit parts] [-tT]``, then optionally the
 cache and the block length after slashes (``psd-fixed-1-d15-next-conf0.95/dual+v16/b16``):
 
 - POLICY: ``fixed-N`` (N tokens per step: ``steps = gen_length / N``), ``fixed-sS`` and ``dream-sS``
@@ -10,6 +10,8 @@ cache and the block length after slashes (``psd-fixed-1-d15-next-conf0.95/dual+v
 - PSD: ``-dD`` depth, ``-rR`` draft rate, ``-next`` drafts into the next block, ``-confC`` the
   verifier's confidence gate; ``strict-`` lossless acceptance;
 - RPS: ``-kK`` k_max, ``-ratioR``, ``-tauT`` pivot_tau, ``-lamL`` lam (each only when not the default);
+- token editing (``edit-schedule-T[-sS]``): ``-eE`` editing_threshold (left out: editing off),
+  ``-postP`` max_post_steps, ``-mtM`` minimal_topk (each only when not the default);
 - ``-tT``: sampling temperature T.
 
 DiffusionGemma's entropy-bound sampler has names of its own, ``entropy-bound-B[-sN][-stopC]
@@ -28,12 +30,13 @@ from .core.config import DecodeConfig, DecodeConfigError, cache_fields
 
 _NUMBER = r"\d+(?:\.\d+)?"
 _PATTERN = re.compile(
-    rf"""(?:(?P<decoder>psd|rps)-)?(?P<strict>strict-)?
+    rf"""(?:(?P<decoder>psd|rps|edit)-)?(?P<strict>strict-)?
     (?:fixed-(?P<per_step>\d+)|fixed-s(?P<fixed_steps>\d+)|dream-s(?P<dream_steps>\d+)
       |threshold-(?P<threshold>{_NUMBER})|schedule-(?P<schedule>{_NUMBER})(?:-s(?P<schedule_steps>\d+))?
       |sequential-s(?P<sequential_steps>\d+)|factor-(?P<factor>{_NUMBER}))
     (?:-d(?P<depth>\d+))?(?:-r(?P<draft_rate>\d+))?(?P<next>-next)?(?:-conf(?P<gate>{_NUMBER}))?
     (?:-k(?P<k_max>\d+))?(?:-ratio(?P<ratio>{_NUMBER}))?(?:-tau(?P<pivot_tau>{_NUMBER}))?(?:-lam(?P<lam>{_NUMBER}))?
+    (?:-e(?P<editing_threshold>{_NUMBER}))?(?:-post(?P<max_post_steps>\d+))?(?:-mt(?P<minimal_topk>\d+))?
     (?:-t(?P<temperature>{_NUMBER}))?""",
     re.VERBOSE,
 )
@@ -53,6 +56,7 @@ _ENTROPY_BOUND_PARTS = (
 )
 _PSD_PARTS = ("strict", "depth", "draft_rate", "next", "gate")
 _RPS_PARTS = ("k_max", "ratio", "pivot_tau", "lam")
+_EDIT_PARTS = ("editing_threshold", "max_post_steps", "minimal_topk")
 
 
 def setting_name(c: DecodeConfig) -> str:
@@ -73,6 +77,15 @@ def setting_name(c: DecodeConfig) -> str:
             if getattr(c, field) != getattr(defaults, field)
         )
         name = f"rps-{name}{variant}"
+    elif c.decoder == "edit":
+        defaults = DecodeConfig()
+        variant = "".join(
+            f"-{label}{getattr(c, field):g}"
+            for field, label in (("editing_threshold", "e"), ("max_post_steps", "post"), ("minimal_topk", "mt"))
+            if getattr(c, field) != getattr(defaults, field)
+            and not (field == "editing_threshold" and c.editing_threshold <= 0)
+        )
+        name = f"edit-{name}{variant}"
     if c.temperature > 0:
         name += f"-t{c.temperature:g}"
     return name
@@ -136,15 +149,16 @@ def setting_fields(name: str, gen_length: int) -> dict[str, Any]:
     match = _PATTERN.fullmatch(setting)
     if match is None:
         raise DecodeConfigError(
-            f"unknown setting name {setting!r}: expected [psd-|rps-]POLICY[-dD][-next][-confC]..., "
+            f"unknown setting name {setting!r}: expected [psd-|rps-|edit-]POLICY[-dD][-next][-confC]..., "
             "POLICY one of fixed-N, fixed-sS, dream-sS, threshold-T, schedule-T, sequential-sS, factor-F"
         )
     parts = {key: value for key, value in match.groupdict().items() if value is not None}
     decoder = parts.pop("decoder", "plain")
-    for owner, names in (("psd", _PSD_PARTS), ("rps", _RPS_PARTS)):
+    for owner, names in (("psd", _PSD_PARTS), ("rps", _RPS_PARTS), ("edit", _EDIT_PARTS)):
         misplaced = [part for part in names if part in parts and decoder != owner]
         if misplaced:
-            raise DecodeConfigError(f"{setting!r}: {', '.join(misplaced)} belongs to a {owner}- name")
+            article = "an" if owner == "edit" else "a"
+            raise DecodeConfigError(f"{setting!r}: {', '.join(misplaced)} belongs to {article} {owner}- name")
     fields: dict[str, Any] = {"decoder": decoder, **_policy_fields(parts, gen_length, setting)}
     if "strict" in parts:
         fields["acceptance"] = "strict"
@@ -152,10 +166,10 @@ def setting_fields(name: str, gen_length: int) -> dict[str, Any]:
         fields["draft_next_block"] = True
     if "gate" in parts:
         fields["accept_confidence"] = float(parts["gate"])
-    for key in ("depth", "draft_rate", "k_max"):
+    for key in ("depth", "draft_rate", "k_max", "max_post_steps", "minimal_topk"):
         if key in parts:
             fields[key] = int(parts[key])
-    for key in ("ratio", "pivot_tau", "lam", "temperature"):
+    for key in ("ratio", "pivot_tau", "lam", "editing_threshold", "temperature"):
         if key in parts:
             fields[key] = float(parts[key])
     return {**fields, **_suffix_fields(rest, name)}

@@ -117,6 +117,8 @@ class Row:
         extra = dict(self.extra)
         if "decoder_passes" in extra:  # DiffusionGemma: TPF as upstream's tokens_per_forward, over every row
             extra["tokens_per_forward"] = extra["generated_ids"] / max(extra["decoder_passes"], 1)
+        if "answer_blocks" in extra:  # token editing: edits per block of the answers
+            extra["edits_per_block"] = extra["edits"] / max(extra["answer_blocks"], 1)
         return {
             "name": self.name,
             "accuracy": sum(self.correct_by_problem) / max(self.n, 1),
@@ -234,6 +236,9 @@ def add_batch(
         row.tokens += r.tokens
         for key, value in r.stats.items():
             row.extra[key] = (np.asarray(row.extra.get(key, 0)) + np.asarray(value)).tolist()
+        if "edits" in r.stats:  # token editing: the blocks the answer (up to its EOS) spans
+            spanned = min(-(-(r.tokens + 1) // settings.block_length), settings.num_blocks)
+            row.extra["answer_blocks"] = row.extra.get("answer_blocks", 0) + spanned
 
 
 def add_latency(
@@ -305,16 +310,20 @@ def _difference(summary: dict) -> str:
 
 
 def markdown_table(summaries: list[dict]) -> str:
+    edits = any("edits_per_block" in s for s in summaries)  # a token-editing row: its edits per block
     head = (
         "| decoder | tokens/s | speedup (tok/s) | accuracy | vs baseline (points) | TPF | TPF ratio | NFE/prompt "
-        "| latency p50 s | p95 s | compile s |\n"
+        "| latency p50 s | p95 s | compile s |" + (" edits/block |" if edits else "") + "\n"
     )
-    head += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    head += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (
+        " ---: |" if edits else ""
+    )
+    head += "\n"
     lines = [
         f"| {s['name']} | {s['tokens_per_second']:.1f} | {_cell(s, 'speedup_tokens_per_second', '{:.2f}x')} | "
         f"{100 * s['accuracy']:.1f}% | {_difference(s)} | {s['tpf']:.2f} | {_cell(s, 'speedup_tpf', '{:.2f}x')} | "
         f"{s['nfe_per_prompt']:.1f} | {_cell(s, 'latency_p50', '{:.3f}')} | {_cell(s, 'latency_p95', '{:.3f}')} | "
-        f"{s['compile_seconds']:.1f} |"
+        f"{s['compile_seconds']:.1f} |" + (f" {_cell(s, 'edits_per_block', '{:.2f}')} |" if edits else "")
         for s in summaries
     ]
     return head + "\n".join(lines) + "\n"

@@ -211,7 +211,7 @@ FIELD_HELP: dict[str, str] = {
     "eos_early_stop": "stop a row once a finished block holds EOS/EOT",
     "dream_eps": "dream policy: the final timestep of Dream's schedule",
     "decoder": "plain (the policy alone), psd (parallel speculative decoding), rps (ripple-pivot search) or "
-    "edit (LLaDA2.1's token editing, as diffusers' LLaDA2Pipeline: policy threshold_schedule, block-causal models)",
+    "edit (LLaDA2.1's token editing, as diffusers' LLaDA2Pipeline, with policy threshold_schedule)",
     "depth": "PSD: draft levels verified per call (D)",
     "acceptance": "PSD: tokens (a level is accepted if its tokens are the verifier's argmax) or strict (lossless)",
     "accept_confidence": "PSD, tokens acceptance: a drafted token is accepted only where the verifier's "
@@ -441,9 +441,7 @@ def _check_work(c: DecodeConfig) -> None:
         if c.draft_next_block:
             _check_next_block_drafts(c)
     if c.decoder == "edit" and c.policy != "threshold_schedule":
-        _fail(
-            f"decoder 'edit' fills masks with policy 'threshold_schedule' (LLaDA2.1's pipeline), not {c.policy!r}"
-        )
+        _fail(f"decoder 'edit' fills masks with policy 'threshold_schedule' (LLaDA2.1's pipeline), not {c.policy!r}")
     if c.decoder == "rps" and c.k_max + 1 > MAX_BRANCHES:
         _fail(f"k_max {c.k_max} (RPS) exceeds {MAX_BRANCHES - 1}: at most {MAX_BRANCHES} canvases per row per call")
 

@@ -519,6 +519,4 @@ def layout_for(mcfg: ModelConfig, program: Program, prompt_mask: jax.Array) -> L
         return FLAT_EDITING if program.decoder == "edit" else FLAT
     lengths = prompt_mask.astype(jnp.int32).sum(axis=1)
     kind = EditingLayout if program.decoder == "edit" else BlockCausalLayout
-    return kind(
-        BlockLayout(lengths, prompt_mask.shape[1], program.block_length), BLOCK_STOP_RULES[mcfg.family]
-    )
+    return kind(BlockLayout(lengths, prompt_mask.shape[1], program.block_length), BLOCK_STOP_RULES[mcfg.family])

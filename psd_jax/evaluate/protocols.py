@@ -537,6 +537,33 @@ def _llada2_mini() -> list[Protocol]:
     )
 
 
+def _llada21_mini() -> list[Protocol]:
+    """LLaDA2.1-mini's two decoding modes (token editing, ``decoder="edit"``) at diffusers'
+    ``LLaDA2Pipeline`` usage lengths."""
+    lengths = {"gen_length": 256, "block_length": 32, "steps": 32, "policy": "threshold_schedule", "decoder": "edit"}
+    modes = {
+        "quality": {"threshold": 0.7, "editing_threshold": 0.5, "max_post_steps": 16},
+        "speed": {"threshold": 0.5},
+    }
+    rows = []
+    for mode, fields in modes.items():
+        rows += _chat_settings_rows(
+            f"llada21-mini-{mode}",
+            group="LLaDA2.1-mini (the release's two modes)",
+            source="inclusionAI/LLaDA2.1-mini's modes (quality: threshold 0.7, editing_threshold 0.5; speed: "
+            "threshold 0.5, editing off) as the goldens of diffusers' LLaDA2Pipeline quote them, and the "
+            "pipeline's usage example (gen_length 256, block_length 32, num_inference_steps 32, max_post_steps 16, "
+            "temperature 0)",
+            model="inclusionAI/LLaDA2.1-mini",
+            family="llada2_moe",
+            decode={**lengths, **fields, "eos_early_stop": True},
+            published_source="the card's table (S and Q mode, score and TPF per benchmark) is not stored here",
+            differs="the card gives modes, not an evaluation protocol: task, shots, prompt and lengths are "
+            "this table's choice",
+        )
+    return rows
+
+
 def _sdar_chat() -> list[Protocol]:
     reported = {
         "gen_length": 512,
@@ -611,12 +638,14 @@ def _table() -> dict[str, Protocol]:
         *_llada_base(),
         *_llada_instruct(),
         *_llada2_mini(),
+        *_llada21_mini(),
         *_sdar_chat(),
         *_diffusion_gemma(),
     ]
     rows = list(published)
     for base in published:
-        if base.generates and base.family != "diffusion_gemma":  # its one sampler: no PSD or RPS on top
+        # DiffusionGemma's one sampler and token editing's own block end: no PSD or RPS on top.
+        if base.generates and base.family != "diffusion_gemma" and base.decode.get("decoder") != "edit":
             rows += [on_top(base, PSD, "psd"), on_top(base, RPS, "rps")]
     table = {p.name: p for p in rows}
     if len(table) != len(rows):
@@ -680,6 +709,13 @@ GROUP_NOTES: dict[str, str] = {
         "adaptive stopping) at the release's settings, 256 new tokens in one canvas; the prompt is the chat "
         "template encoded without added special tokens. The family has one sampler (no PSD or RPS rows) and no "
         "likelihood (no loglikelihood tasks)."
+    ),
+    "LLaDA2.1-mini (the release's two modes)": (
+        "LLaDA2.1's token editing (decoder edit, exact against diffusers' LLaDA2Pipeline): threshold_schedule fills "
+        "the block, every call also rewrites written tokens the model now prefers with probability above the editing "
+        "threshold, and a filled block is re-run while it edits (at most max_post_steps + 1 calls). Quality mode edits "
+        "at 0.5 over a 0.7 fill; speed mode fills at 0.5 without editing. The prompt is the chat template encoded "
+        "without added special tokens."
     ),
     "SDAR-8B-Chat (the reported inference settings)": (
         "SDAR's evaluation decoder at its reported settings (threshold_schedule with threshold 1: the "

@@ -58,7 +58,8 @@ def default_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
     eight of them and PSD on threshold-0.9 uncached, five and PSD on fixed-1 with the prefix cache;
     seven with the dual cache's window a quarter or half a block past the block (``vicinity``); PSD (tokens acceptance) at the searched depths on the fixed and the 0.9/0.95
     threshold bases, at depth 3 on the others; strict PSD on fixed-1 (both caches) and threshold-0.9; RPS on the
-    threshold bases with its defaults and two variants; deep PSD on fixed-1 uncached, and PSD
+    threshold bases with its defaults and two variants; LLaDA2.1's token editing in five settings;
+    deep PSD on fixed-1 uncached, and PSD
     drafting into the next block (``draft_next_block``) on fixed-1 and the 0.9/0.95 thresholds (uncached,
     and with the dual cache at a vicinity of a block), and
     on fixed-1 with its drafts gated by the verifier's confidence (``accept_confidence``, also
@@ -76,6 +77,7 @@ def default_space(gen_length: int, block_length: int) -> list[dict[str, Any]]:
         add({**bases[name], "decoder": "rps"})
     add({**bases["threshold-0.9"], "decoder": "rps", "k_max": 5})
     add({**bases["threshold-0.9"], "decoder": "rps", "pivot_tau": 0.8, "lam": 0.5})
+    _edit_candidates(add)
     other = other_block_length(gen_length, block_length)
     if other is not None:
         for name in ("fixed-1", "threshold-0.9", "factor-1"):
@@ -126,6 +128,18 @@ def _psd_candidates(add: Add, bases: dict[str, dict], block_length: int) -> None
         add({**bases["fixed-1"], "decoder": "psd", "depth": depth, "acceptance": "strict"}, cache="none")
     for depth in (7, block_length - 1):  # deep tokens-acceptance PSD uncached: no block-start refresh call
         add({**bases["fixed-1"], "decoder": "psd", "depth": min(depth, MAX_BRANCHES - 1)}, cache="none")
+
+
+def _edit_candidates(add: Add) -> None:
+    """LLaDA2.1's token editing over ``threshold_schedule`` (one step per position at most): its
+    quality mode (fill 0.7, edit 0.5; also uncached), its speed mode (fill 0.5, editing off), and a
+    low fill corrected by editing at 0.7 or 0.5."""
+    schedule = {"policy": "threshold_schedule", "decoder": "edit"}
+    add({**schedule, "threshold": 0.7, "editing_threshold": 0.5})
+    add({**schedule, "threshold": 0.7, "editing_threshold": 0.5}, cache="none")
+    add({**schedule, "threshold": 0.5})
+    for editing in (0.7, 0.5):
+        add({**schedule, "threshold": 0.5, "editing_threshold": editing})
 
 
 def _capped(reach: tuple[int, ...]) -> list[int]:

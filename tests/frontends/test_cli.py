@@ -61,6 +61,17 @@ TINY = ["--model", str(GOLDENS / "llada-tiny"), "--prompt-ids", "1,2,3"]
         (dict(gen_length=256, block_length=128, decoder="psd", depth=100), r"depth 100 \(PSD\) exceeds 63"),
         (dict(decoder="psd", policy="threshold", draft_rate=33), r"draft_rate 33 \(PSD\) exceeds block_length 32"),
         (dict(decoder="rps", k_max=64), r"k_max 64 \(RPS\) exceeds 63: at most 64 canvases per row per call"),
+        (dict(decoder="edit"), r"decoder 'edit' fills masks with policy 'threshold_schedule' .*not 'fixed'"),
+        (dict(gen_length=29, block_length=8), r"block_length 8 does not divide gen_length 29 \(only decoder 'edit'"),
+        (
+            dict(decoder="edit", policy="threshold_schedule", editing_threshold=1.5),
+            r"editing_threshold \(edit\) must be at most 1",
+        ),
+        (dict(decoder="edit", policy="threshold_schedule", minimal_topk=0), r"minimal_topk \(edit\) must be >= 1"),
+        (
+            dict(decoder="edit", policy="threshold_schedule", gen_length=32, minimal_topk=33),
+            "minimal_topk 33 .* exceeds gen_length 32",
+        ),
     ],
 )
 def test_every_field_is_checked(kwargs, message):
@@ -80,6 +91,7 @@ def test_every_field_is_checked(kwargs, message):
         (dict(factor=2.0), "factor", "policy 'factor'"),
         (dict(dream_eps=0.01), "dream_eps", "policy 'dream'"),
         (dict(policy="threshold", steps=64), "steps", "policy 'fixed' or 'dream'"),
+        (dict(editing_threshold=0.5), "editing_threshold", "decoder 'edit'"),
     ],
 )
 def test_a_setting_the_decoder_would_ignore_is_refused(kwargs, field, needs):
@@ -105,7 +117,10 @@ def test_every_used_only_setting_is_accepted_where_it_is_used():
         "lam": {"decoder": "rps"},
         "refresh_every": {"cache": "prefix"},
         "vicinity": {"cache": "dual"},
-        **{name: {"decoder": "edit", "policy": "threshold_schedule"} for name in ("editing_threshold", "max_post_steps", "minimal_topk")},
+        **{
+            name: {"decoder": "edit", "policy": "threshold_schedule"}
+            for name in ("editing_threshold", "max_post_steps", "minimal_topk")
+        },
     }
     values = {
         "steps": 64,

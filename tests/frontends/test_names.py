@@ -35,6 +35,9 @@ def test_every_candidate_of_the_tuners_space_reads_back_as_itself():
         dict(policy="threshold_schedule", threshold=0.95),
         dict(policy="threshold_schedule", threshold=0.9, steps=4),
         dict(policy="sequential", steps=4),
+        dict(
+            decoder="edit", policy="threshold_schedule", threshold=0.5, steps=8, editing_threshold=0.7, max_post_steps=4
+        ),
         dict(policy="factor", factor=0.5, temperature=0.7),
         dict(decoder="psd", policy="threshold", depth=5, draft_rate=2),
         dict(

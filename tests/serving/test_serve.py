@@ -220,6 +220,27 @@ def test_rows_of_other_lengths_and_thresholds_share_batches_and_equal_generate(s
         assert (choice.text, choice.token_ids) == (want.text, want.output_ids[: want.tokens]), kw
 
 
+def test_editing_requests_share_a_batch_and_stream_only_final_blocks(server, lm, defaults):
+    """Token editing asked per request (``decoder="edit"``, each its own editing threshold, one with
+    editing off): concurrent requests share one compiled program, each answer is its own
+    ``generate``'s, and a stream sends a block only once it is final (a block is rewritten while it
+    decodes), so its chunks join to the answer."""
+    api = client(server)
+    edit = {"decoder": "edit", "policy": "threshold_schedule", "threshold": 0.7}
+    asks = [dict(prompt=q, extra_body={**edit, "editing_threshold": e}) for q, e in zip(QUESTIONS[4:7], (0.5, 0.8, 0))]
+    ask = lambda kw: api.completions.create(model="default", **kw).choices[0]  # noqa: E731
+    with ThreadPoolExecutor(len(asks)) as pool:
+        got = list(pool.map(ask, asks))
+    edits = 0
+    for kw, choice in zip(asks, got):
+        (want,) = lm.generate([kw["prompt"]], defaults.replace(**kw["extra_body"]), prompt_bucket=BUCKET)
+        assert (choice.text, choice.token_ids) == (want.text, want.output_ids[: want.tokens]), kw
+        edits += want.stats["edits"]
+    assert edits > 0  # the shipped model is not trained to edit, but does
+    chunks = [c.choices[0].text for c in api.completions.create(model="default", stream=True, **asks[0])]
+    assert "".join(chunks) == got[0].text
+
+
 def test_stop_strings_cut_the_text(server, lm, defaults):
     (want,) = lm.generate([QUESTIONS[0]], defaults, prompt_bucket=BUCKET)
     stop = want.text[5:8]

@@ -205,7 +205,7 @@ def test_space_is_validated_with_reasons():
     mcfg = load_config(DEFAULT_MODEL_DIR)
     base = DecodeConfig(gen_length=48, block_length=16)
     space = build_space(default_space(48, 16), 48, mcfg, base)
-    assert len(space.candidates) == 96 and not space.dropped
+    assert len(space.candidates) == 101 and not space.dropped
     assert {
         "threshold-0.98/dual+v4/b16",
         "threshold-0.95/dual+v8/b16",
@@ -215,6 +215,7 @@ def test_space_is_validated_with_reasons():
         "psd-threshold-0.9-d23/dual/b24",
         "rps-threshold-0.9-k5/dual/b16",
         "psd-fixed-1-d30-next/none/b16",
+        "edit-schedule-0.7-e0.5/none/b16",
     } <= set(space.candidates)
     small = build_space(default_space(48, 4), 48, mcfg, base)
     reasons = [why for fields, why in small.dropped if fields.get("depth") == 7]

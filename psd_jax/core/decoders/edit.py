@@ -49,9 +49,7 @@ def block_end(xp, had_mask: Array, has_mask: Array, edited: Array, step: Array, 
     the block ends when editing is off, nothing was edited, or the cap is passed."""
     post = 2 - step  # counter = -(post calls before this one), plus 1
     editing = per_row(values.editing_threshold, 1) > 0
-    ends = xp.where(
-        had_mask, step >= steps, ~editing | ~edited | (post > per_row(values.max_post_steps, 1))
-    )
+    ends = xp.where(had_mask, step >= steps, ~editing | ~edited | (post > per_row(values.max_post_steps, 1)))
     counter = xp.where(had_mask, xp.where(has_mask, step, 0), -post)
     return ends, counter
 
