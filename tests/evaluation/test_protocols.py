@@ -57,8 +57,15 @@ def test_docs_hold_exactly_the_generated_tables():
 
 def test_every_row_names_its_source_and_psd_and_rps_run_on_top_of_every_generation_row():
     rows = published()
-    assert len(rows) == 55 and all(p.source and p.model and p.task for p in rows)
-    generation = [p for p in rows if p.generates and p.family != "diffusion_gemma"]  # one sampler: none on top
+    assert len(rows) == 59 and all(p.source and p.model and p.task for p in rows)
+    # DiffusionGemma's one sampler and token editing's own block end: none on top.
+    generation = [
+        p for p in rows if p.generates and p.family != "diffusion_gemma" and p.decode.get("decoder") != "edit"
+    ]
+    editing = [p for p in rows if p.decode.get("decoder") == "edit"]
+    assert [p.name for p in editing] == [
+        f"llada21-mini-{m}-{t}" for m in ("quality", "speed") for t in ("gsm8k", "humaneval")
+    ]
     assert len(PROTOCOLS) == len(rows) + 2 * len(generation)
     for base in generation:
         psd, rps = PROTOCOLS[f"{base.name}-psd"], PROTOCOLS[f"{base.name}-rps"]
