@@ -226,8 +226,8 @@ def test_editing_requests_share_a_batch_and_stream_only_final_blocks(server, lm,
     ``generate``'s, and a stream sends a block only once it is final (a block is rewritten while it
     decodes), so its chunks join to the answer."""
     api = client(server)
-    edit = {"decoder": "edit", "policy": "threshold_schedule", "threshold": 0.7}
-    asks = [dict(prompt=q, extra_body={**edit, "editing_threshold": e}) for q, e in zip(QUESTIONS[4:7], (0.5, 0.8, 0))]
+    edit = {"decoder": "edit", "policy": "threshold_schedule", "threshold": 0.5}
+    asks = [dict(prompt=q, extra_body={**edit, "editing_threshold": e}) for q, e in zip(QUESTIONS[6:9], (0.3, 0.6, 0))]
     ask = lambda kw: api.completions.create(model="default", **kw).choices[0]  # noqa: E731
     with ThreadPoolExecutor(len(asks)) as pool:
         got = list(pool.map(ask, asks))
