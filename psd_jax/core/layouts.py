@@ -11,7 +11,12 @@ Two layouts (docs/algorithms.md "Block KV cache" and "LLaDA2.0: block diffusion"
   visible to earlier ones, so the cache is exact: a finished block's keys/values are written once,
   by a window over [previous block, current block] at the next block's first call.
 
-``layout_for`` picks the layout of a decode once (from ``mcfg.block_causal``); ``Loop`` holds it
+Token editing (``decoder="edit"``, LLaDA2.1's) has a layout of each kind, ``EditingLayout`` and
+``FlatEditingLayout``: its blocks end by the decoder's own rule (post calls while it edits), a row
+stops at the pipeline's EOS rule, and on a block-causal model a generation may end inside its last
+block, the rest of which is decoded but hidden as keys.
+
+``layout_for`` picks the layout of a decode once (from ``mcfg.block_causal`` and the decoder); ``Loop`` holds it
 and asks it for the canvas, the attention mask, the model-call wrappers, the block advance, the row
 end, the block-start cache refresh and the calls it counts, the keys a window attends to, the window
 lengths and call shapes, and what a streaming caller reads. The shape-only questions (canvas length,

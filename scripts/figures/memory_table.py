@@ -1,4 +1,4 @@
-"""Per-device memory of LLaDA-8B / Dream-7B / LLaDA2.0-mini / SDAR-8B decoding (bfloat16) on TPU v5e-8, TPU v4-8 and one 80 GB GPU.
+"""Per-device memory of LLaDA-8B / Dream-7B / LLaDA2.0-mini / SDAR-8B / LLaDA2.1-mini decoding (bfloat16) on TPU v5e-8, TPU v4-8 and one 80 GB GPU.
 
 Why: to say which batch / generation length fits where before renting the hardware. Nothing is
 guessed and no weight is materialised (only ``ShapeDtypeStruct`` / ``eval_shape``):
@@ -61,6 +61,13 @@ MODELS = {
     "Dream-7B": HF / "Dream-v0-Instruct-7B",
     "LLaDA2.0-mini": HF / "LLaDA2.0-mini",
     "SDAR-8B": HF / "SDAR-8B-Chat",
+    # LLaDA2.1 keeps LLaDA2.0's architecture (inclusionAI/LLaDA2.1-mini: LLaDA2.0-mini's shapes), decoded
+    # with token editing; its own config is not stored here.
+    "LLaDA2.1-mini": HF / "LLaDA2.0-mini",
+}
+# The decode each model is measured with, besides its lengths and the dual cache (default: plain).
+DECODE_FIELDS = {
+    "LLaDA2.1-mini": {"decoder": "edit", "policy": "threshold_schedule", "threshold": 0.7, "editing_threshold": 0.5}
 }
 GiB = 2**30
 # name: (devices, HBM per device in bytes, mesh spec)
@@ -161,7 +168,14 @@ def abstract_params(cfg, mesh, quantize: str | None):
 
 
 def measure(
-    cfg, mesh, batch: int, gen: int, full_decode: bool, quantize: str | None = None, options: dict | None = None
+    cfg,
+    mesh,
+    batch: int,
+    gen: int,
+    full_decode: bool,
+    quantize: str | None = None,
+    options: dict | None = None,
+    fields: dict | None = None,
 ) -> dict:
     """Compile ``init_state`` (and optionally ``decode``) on abstract inputs; bytes per device
     (``options``: the compiler's options)."""
@@ -175,7 +189,7 @@ def measure(
     from psd_jax.core.runtime import Program, RowValues
     from psd_jax.parallel.sharding import batch_sharding, bytes_per_device
 
-    dcfg = DecodeConfig(gen_length=gen, block_length=32, cache="dual")
+    dcfg = DecodeConfig(gen_length=gen, block_length=32, cache="dual", **(fields or {}))
     program, values = Program.of(dcfg), RowValues.of([dcfg] * batch)
     graphdef, params = abstract_params(cfg, mesh, quantize)
     rows = batch_sharding(mesh, batch)
@@ -298,7 +312,8 @@ def worker(
                     try:
                         with compiling_for(compiler), jax.set_mesh(mesh):
                             options = COMPILER_OPTIONS.get(target) if compiler == "tpu" else None
-                            row.update(measure(cfg, mesh, batch, gen, full_decode and last, quantize, options))
+                            fields = DECODE_FIELDS.get(model)
+                            row.update(measure(cfg, mesh, batch, gen, full_decode and last, quantize, options, fields))
                     except jax.errors.JaxRuntimeError as exc:  # the compiler's own "does not fit"
                         if "RESOURCE_EXHAUSTED" not in str(exc):
                             raise

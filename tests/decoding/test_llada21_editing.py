@@ -125,16 +125,20 @@ def test_rows_of_different_settings_in_one_batch(llada2_lm, edit_cases, group, c
 
 def test_a_row_is_its_own_decode_where_the_pipeline_shares_counters(llada2_lm, edit_cases):
     """``batch2_e05``: the pipeline's row 1 differs from its batch-1 decode (its neighbour's masks
-    keep it in the fill phase); psd-jax's batch gives each row its batch-1 decode, so row 0 is the
-    pipeline's and row 1 its own decode alone, not the pipeline's batch row."""
+    keep it in the fill phase). Here row 0 is the pipeline's, and row 1 is the same decode beside
+    other neighbours, not the pipeline's batch row. (Batches of three: the CLI test's program.)"""
     prompts = field(edit_cases, "batch2_e05", "prompt").tolist()
     settings = settings_of(edit_cases, "batch2_e05")
     assert field(edit_cases, "batch2_e05", "rows_equal_batch1").tolist() == [1, 0]
-    batch = llada2_lm.generate(prompts, settings)
-    assert_pipeline(edit_cases, "batch2_e05", 0, batch[0].output_ids, batch[0].nfe, batch[0].stats)
-    alone = llada2_lm.generate(prompts[1:], settings)[0]
-    assert (batch[1].output_ids, batch[1].nfe, batch[1].stats) == (alone.output_ids, alone.nfe, alone.stats)
-    assert batch[1].output_ids != field(edit_cases, "batch2_e05", "output")[1].tolist()
+    others = [field(edit_cases, f"e05_p{p}", "prompt")[0].tolist() for p in range(3)]
+    first = llada2_lm.generate([*prompts, others[0]], settings)
+    second = llada2_lm.generate([others[2], others[1], prompts[1]], settings)
+    assert_pipeline(edit_cases, "batch2_e05", 0, first[0].output_ids, first[0].nfe, first[0].stats)
+    for result, case in ((first[2], "e05_p0"), (second[0], "e05_p2"), (second[1], "e05_p1")):
+        assert_pipeline(edit_cases, case, 0, result.output_ids, result.nfe, result.stats)
+    row, again = first[1], second[2]
+    assert (row.output_ids, row.nfe, row.stats) == (again.output_ids, again.nfe, again.stats)
+    assert row.output_ids != field(edit_cases, "batch2_e05", "output")[1].tolist()
 
 
 def test_editing_off_fills_as_threshold_schedule_on_a_bidirectional_model():

@@ -74,14 +74,12 @@ def test_golden_cases_uncached(llada2_lm, llada2_cases, setting):
     assert_upstream(llada2_cases, setting, ids, nfe, llada2_lm.config.eos_id)
 
 
-@pytest.mark.parametrize(
-    "setting, cache",
-    [("g32b8s8t095", "prefix"), ("g32b8s4t07", "prefix"), ("g48b16s16t1", "prefix"), ("g32b8s8t09eos", "dual")],
-)
+@pytest.mark.parametrize("setting, cache", [("g48b16s16t1", "prefix"), ("g32b8s8t09eos", "dual")])
 def test_golden_cases_cached(llada2_lm, llada2_cases, setting, cache):
     """The block cache is exact (finished blocks' keys/values never change under block-causal
     attention) and costs no extra call; ``dual`` is the same cache here. Prompts padded to 32: the
-    rows' first decoded blocks are aligned by whole blocks of left padding."""
+    rows' first decoded blocks are aligned by whole blocks of left padding. (The same cache, on the
+    same checkpoint, is exact in every cached token-editing golden: test_llada21_editing.py.)"""
     ids, nfe, results = generate(llada2_lm, llada2_cases, setting, bucket=32, cache=cache)
     assert_upstream(llada2_cases, setting, ids, nfe, llada2_lm.config.eos_id)
     # The batch's calls by shape: its start (a full refresh), each block's first call a window over
