@@ -711,9 +711,10 @@ def test_sigterm_drains_and_exits_0(tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    # One token per step over 384 positions: a request that runs long enough to be caught by the signal.
+    # One token per step over 192 positions (seconds of decoding): a request that runs long enough to
+    # be caught by the signal, which is sent as soon as the server reports it running.
     args = ["--port", str(port), "--warmup-lengths", "none", "--drain-seconds", "60", "--log-level", "warning"]
-    args += ["--gen-length", "384", "--block-length", "48", "--prompt-bucket", str(BUCKET)]
+    args += ["--gen-length", "192", "--block-length", "48", "--prompt-bucket", str(BUCKET)]
     proc = subprocess.Popen([sys.executable, "-m", "psd_jax.serve", *args], stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -741,7 +742,7 @@ def test_sigterm_drains_and_exits_0(tmp_path):
             except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
                 pass  # no longer listening: refused, or accepted as the listener closed and reset
             reply = answer.result(timeout=120)
-        assert reply.status_code == 200 and reply.json()["usage"]["model_calls"] == 384  # decoded to the end
+        assert reply.status_code == 200 and reply.json()["usage"]["model_calls"] == 192  # decoded to the end
         assert proc.wait(timeout=30) == 0
     finally:
         if proc.poll() is None:
