@@ -88,6 +88,7 @@ class LoadedModel(PromptIO):
         chat: bool | None = None,
         prompt_bucket: int | None = 32,
         warm: bool = False,
+        trace: bool = False,
         **overrides: Any,
     ) -> list[Generation]:
         """Decode a batch of prompts (text or token ids); one ``Generation`` per prompt.
@@ -97,19 +98,22 @@ class LoadedModel(PromptIO):
         ``warm=True`` times a warm executable: a decode that had to compile is run a second time and
         that run's ``seconds`` are reported (an executable's first run carries one-off costs, on
         XLA:CPU about 0.8 s for the shipped model, ten times a warm decode of 4 prompts); the tokens
-        are the same, and ``compile_seconds`` is still the compile's."""
+        are the same, and ``compile_seconds`` is still the compile's. ``trace=True`` records when and
+        how each position was written (``Generation.trace``; ``core.trace``): the same tokens and
+        calls, from a program of its own."""
         dcfg, ids = self.request(prompts, settings, overrides, seed, chat, prompt_bucket)
+        program = Program.of(dcfg, trace=trace)
         rows = range(len(ids))
         inputs = (*left_pad(ids, self.config, dcfg.gen_length, prompt_bucket), row_keys([seed] * len(ids), rows))
         args = (self.params, *self._on_devices(*inputs, RowValues.of([dcfg] * len(ids))))
-        compiled, compile_seconds = self._compile_with(decode, ("decode", args[1]), args, Program.of(dcfg))
+        compiled, compile_seconds = self._compile_with(decode, ("decode", args[1]), args, program)
         for _ in range(2 if warm and compile_seconds else 1):
             start = time.perf_counter()
             out: DecodeOutput = jax.block_until_ready(compiled(*args))
             seconds = time.perf_counter() - start
         # The canvas holds whole blocks; a generation that ends inside its last (decoder "edit") is cut.
         out = out._replace(canvas=out.canvas[:, : args[1].shape[1] + dcfg.gen_length])
-        return self._results(out, args[1].shape[1], seconds, compile_seconds, Program.of(dcfg))
+        return self._results(out, args[1].shape[1], seconds, compile_seconds, program)
 
     def start_blocks(
         self,

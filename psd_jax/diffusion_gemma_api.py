@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from safetensors import SafetensorError
@@ -40,8 +41,9 @@ from .core.entropy_bound import (
     prepare,
 )
 from .core.errors import InputError
-from .core.records import Generation, tokens_before_stop
+from .core.records import Generation, row_trace, tokens_before_stop
 from .core.runtime import row_keys
+from .core.trace import SETTLED
 from .diffusion_gemma_session import CanvasSession, start_session
 from .model_dir import canvas_fields, model_settings
 from .parallel.sharding import batch_sharding, param_shardings
@@ -155,6 +157,7 @@ class LoadedDiffusionGemma(PromptIO):
         prompt_bucket: int | None = 32,
         warm: bool = False,
         draws: Draws | None = None,
+        trace: bool = False,
         **overrides: Any,
     ) -> list[Generation]:
         """Decode a batch of prompts; one ``Generation`` per prompt, its ``output_ids`` the
@@ -164,7 +167,8 @@ class LoadedDiffusionGemma(PromptIO):
         ``draws``: recorded draws (``read_draws``) instead of the engine's own, keyed by ``seed``
         and each row's place (a row draws the same whatever shares its batch). A recording holds
         the prompts as upstream padded them: use ``prompt_bucket=None`` (padding to the longest
-        prompt, as upstream's tokenizer does). ``warm``: as ``LoadedModel.generate``."""
+        prompt, as upstream's tokenizer does). ``warm``: as ``LoadedModel.generate``. ``trace``: each
+        row's ``Generation.trace``, from the sampler's per-step records (``settled_trace``)."""
         dcfg, ids = self.request(prompts, settings, overrides, seed, chat, prompt_bucket)
         prompt_ids, prompt_mask = left_pad(ids, self.config, dcfg.gen_length, prompt_bucket)
         if draws is None:
@@ -172,8 +176,10 @@ class LoadedDiffusionGemma(PromptIO):
         sampler = EntropyBoundSettings.of(dcfg)
         run = self._on_devices(prepare(self.config, prompt_ids, prompt_mask.astype(bool), sampler, draws))
         program = sampler.program()
-        key = ("decode", prompt_ids.shape, program, draws.key is None)
-        compiled, compile_seconds = self._kept(key, lambda: compile_decode(self.graphdef, self.params, run, program))
+        key = ("decode", prompt_ids.shape, program, draws.key is None, trace)
+        compiled, compile_seconds = self._kept(
+            key, lambda: compile_decode(self.graphdef, self.params, run, program, trace)
+        )
         for _ in range(2 if warm and compile_seconds else 1):
             start = time.perf_counter()
             out = jax.block_until_ready(compiled(self.params, *run.inputs))
@@ -220,9 +226,39 @@ class LoadedDiffusionGemma(PromptIO):
                     / max(int(decoded.decoder_passes[row]), 1),
                 },
                 iterations=decoded.nfe,
+                trace=None if decoded.trace is None else settled_trace(decoded, row, self.config.eos_ids),
             )
             for row in range(ids.shape[0])
         ]
+
+
+def settled_trace(decoded: Decoded, row: int, eos_ids: Sequence[int]) -> dict[str, Any]:
+    """One row's trace (``core.records.row_trace``'s fields) from the sampler's per-step records:
+    DiffusionGemma re-decides every position of its canvas at every step, so a position's ``step``
+    is the row's step from which its argmax stayed the token it ends with (``kind`` "settled"),
+    counted over the row's steps across canvases (1 .. its ``nfe``); 0 for the padding after its
+    first end-of-sequence id (``eos_ids``). Nothing is rewritten afterwards: ``first`` is the output, ``rewritten`` 0."""
+    out = decoded.output_ids[row]
+    canvas = decoded.trace["canvas_index"]  # [steps] the canvas each step of the batch denoised
+    argmax = decoded.trace["argmax"][:, row]  # [steps, C]
+    steps = int(decoded.row_nfe[row])
+    width = argmax.shape[1]
+    settled = np.zeros(out.shape, np.int64)
+    for k in range(len(out) // width):
+        at = [i for i in range(steps) if canvas[i] == k]
+        if not at:
+            continue
+        final = argmax[at[-1]]
+        for j in range(width):
+            since = at[-1]
+            for i in reversed(at):
+                if argmax[i, j] != final[j]:
+                    break
+                since = i
+            settled[k * width + j] = since + 1
+    is_end = np.isin(out, np.asarray(eos_ids))
+    ended = np.arange(len(out)) > (np.argmax(is_end) if is_end.any() else len(out))
+    return row_trace(np.where(ended, 0, settled), np.where(ended, 0, SETTLED), out, np.zeros_like(out))
 
 
 def read_draws(spec: str) -> Draws:

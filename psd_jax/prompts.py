@@ -120,6 +120,13 @@ class PromptIO:
             raise TokenizerError(f"{self.path}: this checkpoint has no tokenizer; pass token ids instead of text")
         return encode_prompt(self.tokenizer, prompt, self.uses_chat(prompt, chat), str(self.path))
 
+    def piece_decoder(self):
+        """Ids to text with nothing skipped or cut, for drawing single tokens (``cli.show``): the
+        tokenizer's ``decode``, or the ids themselves for a checkpoint without a tokenizer."""
+        if self.tokenizer is None:
+            return lambda ids: "".join(f"{t} " for t in ids)
+        return lambda ids: self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
     def decode_text(self, ids: Sequence[int]) -> str | None:
         if self.tokenizer is None:
             return None

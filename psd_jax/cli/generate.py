@@ -31,6 +31,7 @@ from .flags import (
     positive_int,
     weight_options,
 )
+from .show import MASK_GLYPH, show
 
 HELD_OUT_FILE = "test.jsonl"
 PROMPT_BUCKET = 32
@@ -79,6 +80,18 @@ def build_parser() -> ArgumentParser:
         "PREFIX.sample and PREFIX.renoise [steps, batch, canvas] (docs/diffusion-gemma.md)",
     )
     p.add_argument("--json", action="store_true", help="one JSON object per prompt")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="record when and how each generated position was written (the model call and the rule: the policy, a "
+        'PSD draft\'s depth, an RPS pivot, an edit); with --json each line holds it as "trace" (same tokens and calls)',
+    )
+    p.add_argument(
+        "--show",
+        action="store_true",
+        help=f"replay each decode step by step after it ran ({MASK_GLYPH} for masks, each call's writes highlighted; "
+        "plain lines when the output is not a terminal); with no prompt, the first question's",
+    )
     multihost.add_flags(p)
     return p
 
@@ -147,23 +160,25 @@ def run_demo(
     as_json: bool,
     prompt_bucket: int | None = 32,
     origin: str | None = None,
-) -> None:
+    trace: bool = False,
+) -> list:
     """Answer held-out questions with ``settings`` and with one token per step without a cache
     (LLaDA's ``generate.py``), in one batch each, timed warm (``generate(warm=True)``); show the
     first question in full, both decoders' accuracy, speed and calls side by side, and where the
-    setting came from (``origin``: ``Recommendation.origin()``)."""
+    setting came from (``origin``: ``Recommendation.origin()``); ``trace``: the decodes record their
+    traces. Returns each setting's results."""
     from ..scoring import extract_answer, gold_answer
 
     baseline = DecodeConfig(gen_length=settings.gen_length, block_length=settings.block_length)
     questions = [ex["question"] for ex in examples]
     runs = [
-        (s, lm.generate(questions, s, seed=seed, chat=chat, prompt_bucket=prompt_bucket, warm=True))
+        (s, lm.generate(questions, s, seed=seed, chat=chat, prompt_bucket=prompt_bucket, warm=True, trace=trace))
         for s in dict.fromkeys([settings, baseline])
     ]
     references = [gold_answer(ex) for ex in examples]
     if as_json:
         print_json_lines(runs, examples, references, settings, origin)
-        return
+        return runs
     # In full: the first question the decoder answers right (the table below counts every one).
     rights = [extract_answer(r.text or "") == ref for r, ref in zip(runs[0][1], references)]
     shown = rights.index(True) if any(rights) else 0
@@ -190,6 +205,7 @@ def run_demo(
     if origin is not None:
         print(f"recommended setting: {origin}")
     print(EXPLAIN_STATS)
+    return runs
 
 
 def print_json_lines(runs, examples: list[dict], references: list, settings: DecodeConfig, origin: str | None) -> None:
@@ -266,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
                 "no prompt given: the first-run demo compares decoders of the mask-token families; for "
                 "DiffusionGemma use --prompt, --prompt-file or --prompt-ids"
             )
+        if args.show and args.json:
+            raise InputError("--show draws the decode for a person; with --json use --trace (each line then holds it)")
+        trace = args.trace or args.show
         replay = _replay_options(args, mcfg.family)
         multihost.start(cluster)  # before the device kind the recommendation is chosen for is read
         settings, _ = checked_settings(model_dir, fields, name)
@@ -275,9 +294,15 @@ def main(argv: list[str] | None = None) -> int:
         lm = load_model(model_dir, **weight_options(args))
         with multihost.quiet_unless_main():  # every process decodes; process 0 prints
             if examples:
-                run_demo(lm, examples, settings, args.seed, args.chat, args.json, replay["prompt_bucket"], origin)
+                bucket = replay["prompt_bucket"]
+                runs = run_demo(lm, examples, settings, args.seed, args.chat, args.json, bucket, origin, trace=trace)
+                if args.show:
+                    print(f"\nQuestion 1, {describe(runs[0][0])}, as it decoded:")
+                    show(runs[0][1][:1], lm.piece_decoder(), lm.config.stop_ids)
                 return 0
-            results = lm.generate(prompts, settings, seed=args.seed, chat=args.chat, **replay)
+            results = lm.generate(prompts, settings, seed=args.seed, chat=args.chat, trace=trace, **replay)
+            if args.show:
+                show(results, lm.piece_decoder(), lm.config.stop_ids)
             print_results(prompts, results, args.json)
     except (FileNotFoundError, ValueError) as exc:  # InputError, DecodeConfigError, MeshError, ClusterError, ...
         print(f"error: {exc}", file=sys.stderr)

@@ -104,3 +104,17 @@ def output_canvas(
     prompt = jnp.take_along_axis(canvas, layout.prompt_index(), axis=1)
     prompt = jnp.where(jnp.arange(p)[None, :] >= (p - layout.lengths)[:, None], prompt, mcfg.pad_id)
     return jnp.concatenate([prompt, generated], axis=1)
+
+
+def output_trace(trace, layout: BlockLayout, program: Program):
+    """A decode's trace (``core.trace.Trace``, [B, N] arrays) laid out as ``output_canvas`` lays out
+    the canvas, [B, P + gen_length]: each row's generated positions from its own layout after the
+    padded prompt's (never written: 0)."""
+    index = layout.gen_start[:, None] + jnp.arange(program.gen_length)[None, :]
+    p = layout.padded_length
+
+    def one(a: jax.Array) -> jax.Array:
+        generated = jnp.take_along_axis(a, index, axis=1)
+        return jnp.concatenate([jnp.zeros((a.shape[0], p), a.dtype), generated], axis=1)
+
+    return jax.tree.map(one, trace)

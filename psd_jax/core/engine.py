@@ -48,6 +48,7 @@ from models import ModelConfig
 
 from ..parallel.sharding import constrain_kv_cache, constrain_rows
 from . import rules
+from . import trace as tracing
 from .calls import CallShape
 from .decoders import Proposal, decoder_for, forward_size_index, forward_sizes, initial_stats, propose
 from .layouts import FLAT, Layout, layout_for, where_rows
@@ -88,6 +89,7 @@ class DecodeState:
     # A block-by-block decode's prompts' attention mask [B, P] (``decode_start`` on): the state is
     # the one owner of its rows' order, so ``decode_regroup`` and ``decode_join`` move and write it.
     prompt_mask: jax.Array | None = None
+    trace: tracing.Trace | None = None  # when and how each position was written (``Program.trace`` only)
 
 
 ROW_FIELDS = (
@@ -104,6 +106,7 @@ ROW_FIELDS = (
     "stale",
     "since_refresh",
     "prompt_mask",
+    "trace",
 )
 
 
@@ -270,6 +273,7 @@ def init_state(
         values=values,
         fresh=jnp.zeros(batch, bool),
         stats=initial_stats(loop.program, batch),
+        trace=tracing.empty(canvas) if loop.program.trace else None,
         **cached,
     )
 
@@ -354,6 +358,13 @@ def _apply_choice(
     canvas = jnp.take_along_axis(proposal.candidates, choice.index[:, None, None], axis=1)[:, 0]
     canvas = jnp.where(frozen[:, None], state.canvas, canvas)
     pred = jax.tree.map(lambda a: jnp.take_along_axis(a, _expand(choice.index, a), axis=1)[:, 0], preds)
+    written = state.trace
+    if written is not None:
+        mask_id, decoder = loop.mcfg.mask_id, loop.program.decoder
+        s0 = jnp.where(frozen[:, None], state.canvas, proposal.s0)
+        written = tracing.record(
+            written, state.canvas, canvas, s0, proposal.candidates, choice.index, state.row_nfe, mask_id, decoder
+        )
     steps = state.step + jnp.where(frozen, 0, choice.steps)
     canvas, block, new_step, done = loop.advance(canvas, state.block, steps, frozen, state.values, state.canvas)
     return DecodeState(
@@ -372,6 +383,7 @@ def _apply_choice(
         fresh=state.fresh,
         stats=jax.tree.map(jnp.add, state.stats, choice.stats),
         prompt_mask=state.prompt_mask,
+        trace=written,
         **cached,
     )
 
@@ -537,11 +549,13 @@ def run_python_loop(loop: Loop, prompt_ids, attention_mask, keys, values, max_it
     raise RuntimeError(f"decode did not finish in {max_iterations} iterations")
 
 
-def finish(state: DecodeState, canvas: jax.Array | None = None) -> DecodeOutput:
-    """The decode's record; ``canvas`` (``output_canvas``) replaces the state's own if given."""
+def finish(state: DecodeState, canvas: jax.Array | None = None, trace: tracing.Trace | None = None) -> DecodeOutput:
+    """The decode's record; ``canvas`` (``output_canvas``) and ``trace`` (``output_trace``) replace
+    the state's own if given."""
     canvas = state.canvas if canvas is None else canvas
+    trace = state.trace if trace is None else trace
     return DecodeOutput(
-        canvas, state.row_nfe, state.nfe, state.sequence_forwards, state.iteration, state.stats, state.calls
+        canvas, state.row_nfe, state.nfe, state.sequence_forwards, state.iteration, state.stats, state.calls, trace
     )
 
 
@@ -584,7 +598,8 @@ def _decode(model, prompt_ids, prompt_mask, key, values, mcfg: ModelConfig, prog
     keys = batch_keys(key, prompt_ids.shape[0])
     loop, attention_mask = loop_and_mask(model, prompt_mask, mcfg, program, values)
     state = runner(loop, prompt_ids, attention_mask, keys, values)
-    return finish(state, loop.layout.output_canvas(state.canvas, mcfg, program))
+    trace = None if state.trace is None else loop.layout.output_trace(state.trace, program)
+    return finish(state, loop.layout.output_canvas(state.canvas, mcfg, program), trace)
 
 
 @partial(jax.jit, static_argnames=("graphdef", "mcfg", "program"))
@@ -665,6 +680,8 @@ def decode_join(
     if program.cache != "none":
         fresh["stale"] = jnp.ones(batch, bool)
         fresh["since_refresh"] = zeros
+    if program.trace:
+        fresh["trace"] = tracing.empty(fresh["canvas"])
     current = {name: getattr(state, name) for name in fresh}
     return constrain_state(state.replace(prompt_mask=prompt_mask, **where_rows(join, fresh, current)), mcfg)
 
@@ -688,6 +705,7 @@ def decode_regroup(graphdef, params, state: DecodeState, index, *, mcfg: ModelCo
     empty = index < 0
     rows = jnp.maximum(index, 0)
     names = ("canvas", "pred", "block", "step", "row_nfe", "keys", "values", "fresh", "stats", "prompt_mask")
+    names += ("trace",) if program.trace else ()
     moved = {name: jax.tree.map(lambda a: jnp.take(a, rows, axis=0), getattr(state, name)) for name in names}
     moved["done"] = jnp.take(state.done, rows) | empty
     if state.cache is not None:

@@ -38,7 +38,7 @@ from models import ModelConfig
 
 from ..parallel.sharding import constrain_kv_cache
 from . import rules
-from .block_layout import BlockLayout, canvas_length, initial_canvas, output_canvas
+from .block_layout import BlockLayout, canvas_length, initial_canvas, output_canvas, output_trace
 from .calls import CallShape, call_shapes
 from .decoders.edit import block_end
 from .predict import ForwardFn, LogitWindow, logits_to_prediction, on_canvas, predict_prefill
@@ -185,6 +185,10 @@ class Layout:
     def output_canvas(self, canvas: jax.Array, mcfg: ModelConfig, program: Program) -> jax.Array:
         """The canvas as every caller reads it, [B, P + gen_length]."""
         raise NotImplementedError
+
+    def output_trace(self, trace, program: Program):
+        """The decode's trace (``core.trace.Trace``) laid out as ``output_canvas`` lays out the canvas."""
+        return trace
 
     def streamed(self, canvas, block, done, num_blocks, mcfg: ModelConfig, program: Program):
         """What a block-streaming caller reads of a state: (``output_canvas``, per row the number of
@@ -409,6 +413,9 @@ class BlockCausalLayout(Layout):
     def output_canvas(self, canvas: jax.Array, mcfg: ModelConfig, program: Program) -> jax.Array:
         """Rebuilt from each row's layout, as the family's upstream returns it (``block_layout.output_canvas``)."""
         return output_canvas(canvas, self.rows, mcfg, program, self.stops.cut_after_eos)
+
+    def output_trace(self, trace, program: Program):
+        return output_trace(trace, self.rows, program)
 
     def streamed(self, canvas, block, done, num_blocks, mcfg: ModelConfig, program: Program):
         """A row's blocks are offset by its prompt's tail, so a piece is final once the decoded

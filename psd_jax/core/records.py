@@ -22,6 +22,7 @@ class DecodeOutput(NamedTuple):
     iterations: Any  # () loop iterations
     stats: dict  # per-row decoder statistics (``Decoder.stat_shapes``)
     calls: Any = None  # [S] model calls by shape (``calls.call_shapes``; the JAX engine's)
+    trace: Any = None  # ``core.trace.Trace`` of the canvas [B, N] each, when the decode recorded one
 
 
 @dataclasses.dataclass
@@ -39,9 +40,29 @@ class Generation:
     stats: dict[str, Any]
     calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # the batch's, by shape (calls.py)
     iterations: int = 0  # the batch's loop iterations
+    # When and how each generated position was written (``generate(..., trace=True)``; ``row_trace``).
+    trace: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if out["trace"] is None:  # a decode without a trace prints what it always printed
+            del out["trace"]
+        return out
+
+
+def row_trace(step, kind, first, rewritten) -> dict[str, Any]:
+    """One row's trace over its generated positions (``core.trace``): ``step`` the row's model calls
+    when each was written (0: never, e.g. after an end-of-sequence stop), ``kind`` how (``policy``,
+    ``draft-<d>``, ``pivot``, ``edit``, ``none``), ``first`` the token first written and
+    ``rewritten`` the step of its last rewrite (0: none; the editing decoder's)."""
+    from .trace import kind_name
+
+    return {
+        "step": [int(v) for v in step],
+        "kind": [kind_name(int(v)) for v in kind],
+        "first": [int(v) for v in first],
+        "rewritten": [int(v) for v in rewritten],
+    }
 
 
 def tokens_before_stop(ids: np.ndarray, stop_ids: tuple[int, ...]) -> np.ndarray:
@@ -63,6 +84,13 @@ def generations(
     """One ``Generation`` per row of ``out``; ``to_numpy`` reads the backend's arrays; ``calls``:
     the batch's model calls by shape (``calls.call_records``), given to every row."""
     canvas = to_numpy(out.canvas)[:, prompt_length:]
+    width = prompt_length + canvas.shape[1]
+    trace = None
+    if out.trace is not None:
+        trace = [
+            to_numpy(a)[:, prompt_length:width]
+            for a in (out.trace.step, out.trace.kind, out.trace.first, out.trace.rewritten)
+        ]
     row_nfe = to_numpy(out.row_nfe)
     stats = {k: to_numpy(v) for k, v in out.stats.items()}
     tokens = tokens_before_stop(canvas, stop_ids)
@@ -79,6 +107,7 @@ def generations(
             stats={k: v[row].tolist() for k, v in stats.items()},
             calls=list(calls or []),
             iterations=int(to_numpy(out.iterations)),
+            trace=None if trace is None else row_trace(*(a[row] for a in trace)),
         )
         for row in range(canvas.shape[0])
     ]

@@ -1,4 +1,4 @@
-"""Per-device memory of LLaDA-8B / Dream-7B / LLaDA2.0-mini / SDAR-8B / LLaDA2.1-mini decoding (bfloat16) on TPU v5e-8, TPU v4-8 and one 80 GB GPU.
+"""Per-device memory of LLaDA-8B / Dream-7B / LLaDA2.0-mini / SDAR-8B / LLaDA2.1-mini / -flash decoding (bfloat16) on TPU v5e-8, TPU v4-8 and one 80 GB GPU.
 
 Why: to say which batch / generation length fits where before renting the hardware. Nothing is
 guessed and no weight is materialised (only ``ShapeDtypeStruct`` / ``eval_shape``):
@@ -34,7 +34,8 @@ Runs itself in a subprocess. Prints Markdown, writes ``--json``.
 
 ``--targets`` selects targets (default: the three above; ``TPU v5e-1`` is one v5e chip, 16 GiB;
 ``24GB device`` is one v6e chip whose compiler is limited to 24 GiB, a stand-in for one 24 GB GPU
-with the TPU compiler, ``COMPILER_OPTIONS``), ``--quantize int8|int4`` stores the projections as ``models.quantize`` does (int4: one-device targets).
+with the TPU compiler, ``COMPILER_OPTIONS``; ``TPU v5p-8`` is four v5p chips, 95 GiB each, for
+LLaDA2.1-flash's 100B), ``--quantize int8|int4`` stores the projections as ``models.quantize`` does (int4: one-device targets).
 
     python -m scripts.figures.memory_table [--json PATH] [--decode] [--batches 1,8,32] [--gens 256,1024] [--compiler cpu|tpu]
         [--models LLaDA-8B,Dream-7B,LLaDA2.0-mini,SDAR-8B] [--mesh "TARGET:SPEC;..."] [--targets ...] [--quantize int8|int4]
@@ -64,11 +65,12 @@ MODELS = {
     # LLaDA2.1 keeps LLaDA2.0's architecture (inclusionAI/LLaDA2.1-mini: LLaDA2.0-mini's shapes), decoded
     # with token editing; its own config is not stored here.
     "LLaDA2.1-mini": HF / "LLaDA2.0-mini",
+    # LLaDA2.0-flash's shapes (100B), from inclusionAI's training repository (configs/LLaDA2.0-flash/README.md).
+    "LLaDA2.1-flash": REPO / "scripts" / "figures" / "configs" / "LLaDA2.0-flash",
 }
 # The decode each model is measured with, besides its lengths and the dual cache (default: plain).
-DECODE_FIELDS = {
-    "LLaDA2.1-mini": {"decoder": "edit", "policy": "threshold_schedule", "threshold": 0.7, "editing_threshold": 0.5}
-}
+EDITING_QUALITY_MODE = {"decoder": "edit", "policy": "threshold_schedule", "threshold": 0.7, "editing_threshold": 0.5}
+DECODE_FIELDS = {"LLaDA2.1-mini": EDITING_QUALITY_MODE, "LLaDA2.1-flash": EDITING_QUALITY_MODE}
 GiB = 2**30
 # name: (devices, HBM per device in bytes, mesh spec)
 TARGETS = {
@@ -77,6 +79,7 @@ TARGETS = {
     "GPU 80GB": (1, 80 * GiB, "data=1,model=1"),
     "TPU v5e-1": (1, 16 * GiB, "data=1,model=1"),
     "24GB device": (1, 24 * GiB, "data=1,model=1"),
+    "TPU v5p-8": (4, 95 * GiB, "data=1,model=4"),
 }
 DEFAULT_TARGETS = ("TPU v5e-8", "TPU v4-8", "GPU 80GB")
 # --compiler tpu: the topology each target is compiled for (name, get_topology_desc options).
@@ -86,6 +89,7 @@ TOPOLOGIES = {
     "GPU 80GB": ("v5p:1x1x1", {"chips_per_host_bounds": (1, 1, 1)}),
     "TPU v5e-1": ("v5e:1x1", {"chips_per_host_bounds": (1, 1, 1)}),
     "24GB device": ("v6e:1x1", {"chips_per_host_bounds": (1, 1, 1)}),
+    "TPU v5p-8": ("v5p:2x2x1", {}),
 }
 # --compiler tpu: compiler options per target. "24GB device" is one v6e chip (32 GiB of HBM) whose
 # compiler is told it has 24 GiB (libtpu's xla_tpu_max_hbm_size_mib): the TPU compiler's buffer
@@ -99,6 +103,7 @@ MOE_MESHES = {
     "GPU 80GB": "data=1,model=1",
     "TPU v5e-1": "data=1,model=1",
     "24GB device": "data=1,model=1",
+    "TPU v5p-8": "expert=4",
 }
 PROMPT = 128
 

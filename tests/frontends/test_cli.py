@@ -4,6 +4,7 @@ silently replaced; and the settings the CLI derives from ``DecodeConfig``."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 
@@ -206,6 +207,7 @@ def test_model_directory_defaults_apply_under_the_flags():
         (["--prompt-bucket", "0"], "argument --prompt-bucket: expected a positive integer, got 0"),
         (["--mesh", "data=3"], "does not divide"),
         (["--decoder", "nope"], "unknown decoder 'nope'"),
+        (["--show", "--json"], "--show draws the decode for a person; with --json use --trace"),
     ],
 )
 def test_generate_bad_input_is_one_line_and_exit_2(capsys, extra, message):
@@ -250,6 +252,42 @@ def test_text_prompt_on_the_shipped_model_uses_its_chat_template(capsys):
     assert out["output_ids"] == expected.output_ids and out["tokens"] > 0
 
 
+def test_show_replays_each_decode_step_by_step(capsys, monkeypatch):
+    """``generate --settings recommended --prompt A --prompt B --show`` on the shipped model, output
+    not a terminal: per row a header and a canvas line per model call (and the start: every position
+    a mask), the last frame the answer, then the answers as without ``--show``; ``--trace --json``
+    prints the same trace; in a terminal the frames are drawn in place (``rich``), ending on the
+    answer."""
+    from psd_jax.cli import show as show_module
+    from psd_jax.model_dir import checked_settings
+
+    model = default_model_path()
+    questions = [json.loads(line)["question"] for line in (model / "test.jsonl").read_text().splitlines()[2:4]]
+    prompts = [flag for q in questions for flag in ("--prompt", q)]
+    assert generate_main(["--settings", "recommended", *prompts, "--show"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    lm = load_model()
+    settings, _ = checked_settings(model, {}, "recommended")
+    expected = lm.generate(questions, settings, trace=True)
+    for row, r in enumerate(expected):
+        headers = [i for i, line in enumerate(lines) if line.startswith(f"row {row + 1}/2 · step ")]
+        assert [lines[i].split(" · ")[1] for i in headers] == [f"step {t}/{r.nfe}" for t in range(r.nfe + 1)]
+        assert lines[headers[0] + 1] == show_module.MASK_GLYPH * settings.gen_length
+        assert lines[headers[-1] + 1].startswith(r.text.replace("\n", "⏎")), (lines[headers[-1] + 1], r.text)
+    assert lines[-1].startswith("[tokens ") and r.text.splitlines()[-1] in lines
+
+    assert generate_main(["--settings", "recommended", *prompts, "--trace", "--json"]) == 0
+    traced = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [t["trace"] for t in traced] == [r.trace for r in expected]
+
+    monkeypatch.setattr(show_module, "REPLAY_SECONDS", 0.0)
+    drawn = io.StringIO()
+    show_module.show(expected[:1], lm.piece_decoder(), lm.config.stop_ids, out=drawn, terminal=True)
+    final = drawn.getvalue().rsplit("step ", 1)[1]
+    assert final.startswith(f"{expected[0].nfe}/{expected[0].nfe}") and "\x1b[" in drawn.getvalue()
+    assert expected[0].text.splitlines()[0] in final
+
+
 def _demo_calls(monkeypatch, argv: list[str]) -> list[tuple]:
     """``generate`` without a prompt on the shipped model, with the decodes replaced by a recorder:
     (settings, prompt_bucket) of each ``LoadedModel.generate`` call the demo makes."""
@@ -260,7 +298,7 @@ def _demo_calls(monkeypatch, argv: list[str]) -> list[tuple]:
     class Recorder:
         path = default_model_path()
 
-        def generate(self, questions, settings, *, seed, chat, prompt_bucket, warm=False):
+        def generate(self, questions, settings, *, seed, chat, prompt_bucket, warm=False, trace=False):
             calls.append((settings, prompt_bucket))
             raise _Stop
 
@@ -538,7 +576,9 @@ def test_demo_runs_and_names_the_directorys_tuned_setting(monkeypatch, capsys, t
         f"tuned, from {tuned_model_dir / 'recommended.json'}"
     )
     shown = []
-    monkeypatch.setattr(generate_module, "run_demo", lambda lm, ex, settings, *rest: shown.append((settings, rest[-1])))
+    monkeypatch.setattr(
+        generate_module, "run_demo", lambda lm, ex, settings, *rest, **kw: shown.append((settings, rest[-1]))
+    )
     assert generate_main(["--model", str(tuned_model_dir), "--threshold", "0.8"]) == 0
     assert shown[-1][0] == tuned.replace(threshold=0.8)
     assert shown[-1][1].endswith("recommended.json, with the decoding flags given on top")

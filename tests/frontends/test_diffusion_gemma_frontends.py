@@ -98,10 +98,17 @@ def test_the_python_api_replays_with_draws_read_from_a_file():
     draws = read_draws(f"{CASES_FILE}:diffusion-gemma-tiny.generate_eb2_s8_nostop_batch_p0p2")
     out = lm.generate(
         prompts, gen_length=96, max_denoising_steps=8, entropy_bound=2.0, t_min=0.2, t_max=1.0,
-        stability_threshold=0, confidence_threshold=0.0, draws=draws, prompt_bucket=None,
+        stability_threshold=0, confidence_threshold=0.0, draws=draws, prompt_bucket=None, trace=True,
     )  # fmt: skip
     want = c["output"][:, c["prompt"].shape[1] :]  # every canvas ran: gen_length ids
     assert [g.output_ids for g in out] == want.tolist()
+    for g in out:  # the trace (same tokens and calls): each token's step from which it stayed, within its canvas's
+        steps = g.trace["step"]
+        ends = [i for i, t in enumerate(g.output_ids) if t in lm.config.eos_ids] + [len(steps)]
+        assert all((s == 0) == (i > ends[0]) for i, s in enumerate(steps))  # 0: the padding after the end
+        for k in range(3):  # 3 canvases of 32 ids, 8 steps each
+            assert all(8 * k < s <= 8 * (k + 1) for s in steps[32 * k : min(32 * (k + 1), ends[0] + 1)])
+        assert set(g.trace["kind"]) <= {"settled", "none"} and g.trace["first"] == g.output_ids
     assert [g.stats["decoder_passes"] for g in out] == c["decoder_passes"].tolist()
     np.testing.assert_allclose([g.stats["tokens_per_forward"] for g in out], c["tokens_per_forward"], rtol=1e-6)
     # The engine's own draws: a row decodes the same alone as in a batch (keyed by its seed and place),

@@ -51,9 +51,11 @@ def test_tokenizer_gives_the_family_its_end_of_turn(lm, questions):
         assert not set(r.output_ids[: r.tokens]) & {508, 510} and (r.tokens == 32 or cut[-1] in (508, 510))
 
 
-def test_bench_counts_equal_generate(model_dir, lm, questions, tmp_path):
+def test_bench_counts_equal_generate(model_dir, lm, questions, tmp_path, monkeypatch):
     """``python -m psd_jax.bench --decoders schedule-0.95,psd-schedule-0.95-d3`` on the family:
-    accuracy, NFE and tokens are those of ``generate`` on the same batches; PSD accepts drafts."""
+    accuracy, NFE and tokens are those of ``generate`` on the same batches; PSD accepts drafts.
+    (The command's load gives this module's model, whose compiled programs both then use.)"""
+    monkeypatch.setattr(bench, "load_model", lambda *a, **k: lm)
     names = ["schedule-0.95", "psd-schedule-0.95-d3"]
     flags = ["--model", str(model_dir), "--batch", "3", "--gen-length", "32", "--block-length", "8"]
     assert bench.main([*flags, "--decoders", ",".join(names), "--out", str(tmp_path)]) == 0

@@ -695,10 +695,11 @@ def test_a_request_past_its_timeout_gets_504_and_frees_its_row(lm, defaults, mon
 
 
 def _health_status(url: str) -> int | None:
-    """/health's status code, or None once the server no longer listens."""
+    """/health's status code, or None once the server no longer listens (refused, or reset by a
+    listener that closed while the request was in flight)."""
     try:
         return httpx.get(f"{url}/health", timeout=10).status_code
-    except httpx.ConnectError:
+    except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
         return None
 
 
