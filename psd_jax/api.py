@@ -88,7 +88,6 @@ class LoadedModel(PromptIO):
         chat: bool | None = None,
         prompt_bucket: int | None = 32,
         warm: bool = False,
-        trace: bool = False,
         **overrides: Any,
     ) -> list[Generation]:
         """Decode a batch of prompts (text or token ids); one ``Generation`` per prompt.
@@ -98,11 +97,10 @@ class LoadedModel(PromptIO):
         ``warm=True`` times a warm executable: a decode that had to compile is run a second time and
         that run's ``seconds`` are reported (an executable's first run carries one-off costs, on
         XLA:CPU about 0.8 s for the shipped model, ten times a warm decode of 4 prompts); the tokens
-        are the same, and ``compile_seconds`` is still the compile's. ``trace=True`` records when and
-        how each position was written (``Generation.trace``; ``core.trace``): the same tokens and
-        calls, from a program of its own."""
+        are the same, and ``compile_seconds`` is still the compile's. ``trace=True`` (a setting)
+        records when and how each position was written (``Generation.trace``; ``core.trace``)."""
         dcfg, ids = self.request(prompts, settings, overrides, seed, chat, prompt_bucket)
-        program = Program.of(dcfg, trace=trace)
+        program = Program.of(dcfg)
         rows = range(len(ids))
         inputs = (*left_pad(ids, self.config, dcfg.gen_length, prompt_bucket), row_keys([seed] * len(ids), rows))
         args = (self.params, *self._on_devices(*inputs, RowValues.of([dcfg] * len(ids))))

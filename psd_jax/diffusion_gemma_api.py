@@ -49,6 +49,10 @@ from .model_dir import canvas_fields, model_settings
 from .parallel.sharding import batch_sharding, param_shardings
 from .prompts import PromptIO, left_pad
 
+SERVED_TRACE = (
+    "trace: DiffusionGemma's decode one canvas per call (serving) records no trace yet; generate records it "
+    "(psd_jax.load_model(...).generate(..., trace=True), python -m psd_jax.generate --trace)"
+)
 DRAW_NAMES = ("init_canvas", "sample", "renoise")  # a recording's arrays, as the goldens lay them out
 
 
@@ -126,8 +130,11 @@ class LoadedDiffusionGemma(PromptIO):
     ) -> CanvasSession:
         """A session decoding one canvas per ``advance`` (a server's continuous batching), row r as
         ``generate([prompts[r]], settings[r], seed=seeds[r])``'s only row; ``batch_size`` rows in
-        all (the rest start done), ``gen_length`` the longest a row may ask for later."""
+        all (the rest start done), ``gen_length`` the longest a row may ask for later. A session
+        records no trace (``generate`` does)."""
         checked, ids, keys = self.row_requests(prompts, settings, seeds)
+        if any(s.trace for s in checked):
+            raise InputError(SERVED_TRACE)
         return start_session(self, ids, checked, keys, batch_size, prompt_bucket, gen_length)
 
     def start_blocks(
@@ -157,7 +164,6 @@ class LoadedDiffusionGemma(PromptIO):
         prompt_bucket: int | None = 32,
         warm: bool = False,
         draws: Draws | None = None,
-        trace: bool = False,
         **overrides: Any,
     ) -> list[Generation]:
         """Decode a batch of prompts; one ``Generation`` per prompt, its ``output_ids`` the
@@ -167,8 +173,9 @@ class LoadedDiffusionGemma(PromptIO):
         ``draws``: recorded draws (``read_draws``) instead of the engine's own, keyed by ``seed``
         and each row's place (a row draws the same whatever shares its batch). A recording holds
         the prompts as upstream padded them: use ``prompt_bucket=None`` (padding to the longest
-        prompt, as upstream's tokenizer does). ``warm``: as ``LoadedModel.generate``. ``trace``: each
-        row's ``Generation.trace``, from the sampler's per-step records (``settled_trace``)."""
+        prompt, as upstream's tokenizer does). ``warm``: as ``LoadedModel.generate``. The ``trace``
+        setting gives each row's ``Generation.trace`` from the sampler's per-step records
+        (``settled_trace``)."""
         dcfg, ids = self.request(prompts, settings, overrides, seed, chat, prompt_bucket)
         prompt_ids, prompt_mask = left_pad(ids, self.config, dcfg.gen_length, prompt_bucket)
         if draws is None:
@@ -176,9 +183,9 @@ class LoadedDiffusionGemma(PromptIO):
         sampler = EntropyBoundSettings.of(dcfg)
         run = self._on_devices(prepare(self.config, prompt_ids, prompt_mask.astype(bool), sampler, draws))
         program = sampler.program()
-        key = ("decode", prompt_ids.shape, program, draws.key is None, trace)
+        key = ("decode", prompt_ids.shape, program, draws.key is None, dcfg.trace)
         compiled, compile_seconds = self._kept(
-            key, lambda: compile_decode(self.graphdef, self.params, run, program, trace)
+            key, lambda: compile_decode(self.graphdef, self.params, run, program, dcfg.trace)
         )
         for _ in range(2 if warm and compile_seconds else 1):
             start = time.perf_counter()

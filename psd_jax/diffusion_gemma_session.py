@@ -29,6 +29,7 @@ class CanvasProgress:
     def __init__(self, generated, final_blocks, done, nfe, gen_length):
         self.generated, self.final_blocks, self.done = generated, final_blocks, done
         self.nfe, self.gen_length = nfe, gen_length
+        self.trace = None  # a served decode records none (``start_rows`` refuses the ``trace`` setting)
 
 
 class CanvasSession:

@@ -81,16 +81,10 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="one JSON object per prompt")
     p.add_argument(
-        "--trace",
-        action="store_true",
-        help="record when and how each generated position was written (the model call and the rule: the policy, a "
-        'PSD draft\'s depth, an RPS pivot, an edit); with --json each line holds it as "trace" (same tokens and calls)',
-    )
-    p.add_argument(
         "--show",
         action="store_true",
         help=f"replay each decode step by step after it ran ({MASK_GLYPH} for masks, each call's writes highlighted; "
-        "plain lines when the output is not a terminal); with no prompt, the first question's",
+        "plain lines when the output is not a terminal; it sets --trace); with no prompt, the first question's",
     )
     multihost.add_flags(p)
     return p
@@ -160,19 +154,18 @@ def run_demo(
     as_json: bool,
     prompt_bucket: int | None = 32,
     origin: str | None = None,
-    trace: bool = False,
 ) -> list:
     """Answer held-out questions with ``settings`` and with one token per step without a cache
     (LLaDA's ``generate.py``), in one batch each, timed warm (``generate(warm=True)``); show the
     first question in full, both decoders' accuracy, speed and calls side by side, and where the
-    setting came from (``origin``: ``Recommendation.origin()``); ``trace``: the decodes record their
-    traces. Returns each setting's results."""
+    setting came from (``origin``: ``Recommendation.origin()``). Returns each setting's results (with
+    the ``trace`` setting, the one-token-per-step baseline records its trace too)."""
     from ..scoring import extract_answer, gold_answer
 
-    baseline = DecodeConfig(gen_length=settings.gen_length, block_length=settings.block_length)
+    baseline = DecodeConfig(gen_length=settings.gen_length, block_length=settings.block_length, trace=settings.trace)
     questions = [ex["question"] for ex in examples]
     runs = [
-        (s, lm.generate(questions, s, seed=seed, chat=chat, prompt_bucket=prompt_bucket, warm=True, trace=trace))
+        (s, lm.generate(questions, s, seed=seed, chat=chat, prompt_bucket=prompt_bucket, warm=True))
         for s in dict.fromkeys([settings, baseline])
     ]
     references = [gold_answer(ex) for ex in examples]
@@ -268,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
         check_seed(args.seed)
         model_dir = model_directory(args.model)
         fields = decode_fields(args)
+        if args.show:
+            if fields.get("trace") is False:
+                raise InputError("--show replays the decode's trace: it cannot run with --no-trace")
+            fields["trace"] = True
         prompts = prompts_from(args)
         examples = [] if prompts else held_out_examples(model_dir)
         if not prompts and not examples:
@@ -284,7 +281,6 @@ def main(argv: list[str] | None = None) -> int:
             )
         if args.show and args.json:
             raise InputError("--show draws the decode for a person; with --json use --trace (each line then holds it)")
-        trace = args.trace or args.show
         replay = _replay_options(args, mcfg.family)
         multihost.start(cluster)  # before the device kind the recommendation is chosen for is read
         settings, _ = checked_settings(model_dir, fields, name)
@@ -295,12 +291,12 @@ def main(argv: list[str] | None = None) -> int:
         with multihost.quiet_unless_main():  # every process decodes; process 0 prints
             if examples:
                 bucket = replay["prompt_bucket"]
-                runs = run_demo(lm, examples, settings, args.seed, args.chat, args.json, bucket, origin, trace=trace)
+                runs = run_demo(lm, examples, settings, args.seed, args.chat, args.json, bucket, origin)
                 if args.show:
                     print(f"\nQuestion 1, {describe(runs[0][0])}, as it decoded:")
                     show(runs[0][1][:1], lm.piece_decoder(), lm.config.stop_ids)
                 return 0
-            results = lm.generate(prompts, settings, seed=args.seed, chat=args.chat, trace=trace, **replay)
+            results = lm.generate(prompts, settings, seed=args.seed, chat=args.chat, **replay)
             if args.show:
                 show(results, lm.piece_decoder(), lm.config.stop_ids)
             print_results(prompts, results, args.json)

@@ -41,6 +41,7 @@ class BlockProgress:
     done: np.ndarray
     nfe: np.ndarray  # model calls while each row was decoding, so far
     gen_length: np.ndarray  # each row's own generation length
+    trace: Any = None  # with the ``trace`` setting: ``core.trace.Trace`` of the generated ids so far (numpy)
 
 
 class BlockDecode:
@@ -121,20 +122,28 @@ class BlockDecode:
             blocks = self._compiled(decode_blocks, "blocks", (self.lm.params, self._state))
             self._state = blocks(self.lm.params, self._state)
         state = self._state
-        num_blocks = state.values.num_blocks
-        canvas, final = streamed(
+        canvas, final, trace = self._streamed(state)
+        done, canvas, final, nfe, gen, trace = to_host(
+            (state.done, canvas, final, state.row_nfe, state.values.gen_length, trace)
+        )
+        self.seconds += time.perf_counter() - began
+        self.done = bool(done.all())
+        p = self.prompt_length
+        trace = None if trace is None else jax.tree.map(lambda a: np.asarray(a)[:, p:], trace)
+        return BlockProgress(canvas[:, p:], final, done, nfe, gen, trace)
+
+    def _streamed(self, state):
+        """``engine.streamed`` of ``state``: the output canvas, final blocks and laid-out trace."""
+        return streamed(
             state.canvas,
             state.block,
             state.done,
             state.prompt_mask,
-            num_blocks,
+            state.values.num_blocks,
+            state.trace,
             mcfg=self.lm.config,
             program=self.program,
         )
-        done, canvas, final, nfe, gen = to_host((state.done, canvas, final, state.row_nfe, state.values.gen_length))
-        self.seconds += time.perf_counter() - began
-        self.done = bool(done.all())
-        return BlockProgress(canvas[:, self.prompt_length :], final, done, nfe, gen)
 
     def regroup(self, index: Sequence[int]) -> None:
         """Move to a decode of ``len(index)`` rows: new row i is row ``index[i]`` as it is (-1: an
@@ -169,17 +178,11 @@ class BlockDecode:
         """One ``Generation`` per prompt given to ``start_blocks``, as ``generate`` returns them
         (call once every row is done)."""
         state = self._state
-        canvas, _ = streamed(
-            state.canvas,
-            state.block,
-            state.done,
-            state.prompt_mask,
-            state.values.num_blocks,
-            mcfg=self.lm.config,
-            program=self.program,
-        )
-        out = to_host(finish(state, canvas))
+        canvas, _, trace = self._streamed(state)
+        out = to_host(finish(state, canvas, trace))
         n, end = self.rows, self.prompt_length + int(to_host(state.values.gen_length)[0])
         rows = DecodeOutput(out.canvas[:n, :end], out.row_nfe[:n], out.nfe, out.sequence_forwards, out.iterations, {})
         rows = rows._replace(stats={k: v[:n] for k, v in out.stats.items()}, calls=out.calls)
+        if out.trace is not None:
+            rows = rows._replace(trace=jax.tree.map(lambda a: np.asarray(a)[:n, :end], out.trace))
         return self.lm._results(rows, self.prompt_length, self.seconds, self.compile_seconds)

@@ -136,6 +136,9 @@ class DecodeConfig(BlockCounts):
     t_max: float = 0.8
     stability_threshold: int = 1
     confidence_threshold: float = 0.005
+    # What the decode records besides its tokens (every family): when and how each position was
+    # written (``core.trace``; docs/trace.md). The same tokens and calls; a program of its own.
+    trace: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.confidence, str):
@@ -233,6 +236,8 @@ FIELD_HELP: dict[str, str] = {
     "max_post_steps": "edit: after a block's last mask is filled, re-run it while the previous call edited, at most "
     "this many + 1 calls",
     "minimal_topk": "edit: steps per block are at most gen_length // this (the pipeline's minimal_topk)",
+    "trace": "record when and how each generated position was written (the model call and the rule: the policy, a "
+    "PSD draft's depth, an RPS pivot, an edit; DiffusionGemma: the step it settled): the same tokens and calls",
     "entropy_bound": "DiffusionGemma: each step keeps the lowest-entropy positions whose entropies before them "
     "add up to at most this (the lowest is always kept); the others are re-noised",
     "max_denoising_steps": "DiffusionGemma: denoising steps per canvas (N)",
@@ -288,7 +293,7 @@ FLOAT_FIELDS = (
     "t_max",
     "confidence_threshold",
 )
-BOOL_FIELDS = ("logits_eos_inf", "confidence_eos_eot_inf", "eos_early_stop", "draft_next_block")
+BOOL_FIELDS = ("logits_eos_inf", "confidence_eos_eot_inf", "eos_early_stop", "draft_next_block", "trace")
 _OPTIONAL = ("steps", "draft_rate")
 
 
@@ -514,7 +519,9 @@ def check_fields_for_model(fields: dict[str, Any], mcfg: ModelConfig) -> None:
     values (a field given at its default, ``threshold=0.9`` to DiffusionGemma, looks unset in the
     settings and would be silently ignored)."""
     if mcfg.family == ENTROPY_BOUND_FAMILY:
-        ignored = [name for name in fields if name not in ("gen_length", "block_length", *ENTROPY_BOUND_FIELDS)]
+        ignored = [
+            name for name in fields if name not in ("gen_length", "block_length", "trace", *ENTROPY_BOUND_FIELDS)
+        ]
         if ignored:
             _fail(
                 f"{', '.join(f'{n}={fields[n]!r}' for n in ignored)}: not used by DiffusionGemma's entropy-bound "

@@ -724,11 +724,13 @@ def decode_stop(graphdef, params, state: DecodeState, stopped, *, mcfg: ModelCon
 
 
 @partial(jax.jit, static_argnames=("mcfg", "program"))
-def streamed(canvas, block, done, prompt_mask, num_blocks, *, mcfg, program: Program):
+def streamed(canvas, block, done, prompt_mask, num_blocks, trace=None, *, mcfg, program: Program):
     """What a block-streaming caller reads of a state, computed on device (one dispatch per block):
     the canvas as ``output_canvas`` gives it, and per row the number of final ``block_length``
     pieces of its generated ids (``final_blocks``; block-causal: a row's blocks are offset by its
     prompt's tail, so a piece is final once the decoded blocks cover it, and once the row is done
     every piece up to the one holding its first EOS, as ``final_blocks`` counts a row that stopped
-    at EOS; ``Layout.streamed``)."""
-    return layout_for(mcfg, program, prompt_mask).streamed(canvas, block, done, num_blocks, mcfg, program)
+    at EOS; ``Layout.streamed``), and the state's trace laid out as that canvas (``None``: none)."""
+    layout = layout_for(mcfg, program, prompt_mask)
+    out, final = layout.streamed(canvas, block, done, num_blocks, mcfg, program)
+    return out, final, None if trace is None else layout.output_trace(trace, program)

@@ -33,7 +33,6 @@ RUNTIME_FIELDS = (
 _INT_FIELDS = ("top_k", "max_post_steps")
 # The code paths the runtime values switch on (DecodeConfig properties of the same names).
 FLAGS = ("samples", "filters", "guided", "gated")
-RECORDS = ("trace",)  # what the decode records besides its tokens and counters (not a decoding setting)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,16 +64,14 @@ class Program(BlockCounts):
     filters: bool  # some row filters by top-p/top-k; each row's own values apply
     guided: bool  # classifier-free guidance: every row's unconditional forward is made
     gated: bool  # PSD's drafts need the verifier's confidence; each row's own threshold
-    trace: bool = False  # the loop records when and how each position is written (``core.trace``)
+    trace: bool  # the loop records when and how each position is written (``core.trace``)
 
     @classmethod
-    def of(cls, settings: DecodeConfig, gen_length: int | None = None, trace: bool = False) -> Program:
+    def of(cls, settings: DecodeConfig, gen_length: int | None = None) -> Program:
         """The program that decodes ``settings`` on a canvas of ``gen_length`` generated positions
         (``None``: the settings' own; longer, a multiple of the block, when the row shares a batch
-        with longer ones: ``fixed``/``dream`` then keep their steps per block); ``trace``: with the
-        decode's trace (an output, not a decoding setting: the tokens and calls are the same)."""
-        fields = {f.name: getattr(settings, f.name) for f in dataclasses.fields(cls) if f.name != "trace"}
-        fields["trace"] = trace
+        with longer ones: ``fixed``/``dream`` then keep their steps per block)."""
+        fields = {f.name: getattr(settings, f.name) for f in dataclasses.fields(cls)}
         if settings.decoder == "edit":
             # The canvas holds whole blocks (each row's own length is its ``RowValues.gen_length``),
             # and the steps per block are the row's own (``BlockCounts.steps_per_block``).

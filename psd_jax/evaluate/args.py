@@ -239,6 +239,11 @@ def parse_eval_args(raw: dict[str, Any], any_device: bool = False) -> EvalArgs:
     pretrained = _pretrained(kwargs.get("pretrained"))
     _quantize_checked(pretrained, quantize, mesh)
     fields = {k: decode_field(k, v) for k, v in kwargs.items() if k in FIELD_HELP}
+    if fields.get("trace"):  # the harness reports scores, not decodes: a trace would be dropped unseen
+        raise EvalArgsError(
+            "model argument trace: the harness does not report a decode's trace; record it with python -m "
+            "psd_jax.generate --trace (or --show)"
+        )
     name = None if kwargs.get("settings") is None else str(kwargs["settings"])
     try:
         if any_device:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..api import LoadedModel
+from ..core.records import row_trace
 from .batcher import Failed, Ticket
 from .errors import DecodeFailed, RequestError
 from .text import TextStream
@@ -24,6 +25,21 @@ class Piece:
     token_ids: list[int]
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
+    trace: dict[str, Any] | None = None  # the block's positions' trace (the ``trace`` setting): ``block_trace``
+
+
+def block_trace(trace: dict[str, np.ndarray], start: int, end: int) -> dict[str, Any]:
+    """Generated positions ``start`` .. ``end`` of a row's trace (``records.row_trace``'s fields),
+    with ``offset``: ``start``."""
+    return {"offset": start, **row_trace(*(trace[name][start:end] for name in ("step", "kind", "first", "rewritten")))}
+
+
+def joined_trace(traces: list[dict[str, Any]]) -> dict[str, Any]:
+    """Consecutive blocks' traces as one from the first's offset."""
+    out: dict[str, Any] = {"offset": traces[0]["offset"]}
+    for name in ("step", "kind", "first", "rewritten"):
+        out[name] = [v for t in traces for v in t[name]]
+    return out
 
 
 def usage(prompt_tokens: int, tokens: int, model_calls: int) -> dict[str, Any]:
@@ -57,11 +73,12 @@ async def pieces(ticket: Ticket, lm: LoadedModel) -> AsyncIterator[Piece]:
             delta = text.update(final_ids.tolist(), last)
             tokens = first_stop(final_ids, lm.config.stop_ids)
             ids = final_ids[b * block : max(tokens, b * block)].tolist()
+            trace = None if event.trace is None else block_trace(event.trace, b * block, len(final_ids))
             if not (last or text.stopped):
-                yield Piece(delta, ids)
+                yield Piece(delta, ids, trace=trace)
                 continue
             ticket.answer_early()  # a stop string ends the answer before its row: free the row
             reason = "stop" if text.stopped or tokens < len(final_ids) else "length"
-            yield Piece(delta, ids, reason, usage(len(request.prompt_ids), tokens, event.nfe))
+            yield Piece(delta, ids, reason, usage(len(request.prompt_ids), tokens, event.nfe), trace)
             return
         sent = event.final_blocks

@@ -25,7 +25,7 @@ from starlette.requests import ClientDisconnect
 from ..api import LoadedModel
 from ..core.config import DecodeConfig
 from ..recommended import NAME, named_settings
-from .answers import pieces
+from .answers import joined_trace, pieces
 from .auth import check_bearer
 from .batcher import Batcher, Ticket, default_batch_sizes
 from .body import read_json
@@ -178,11 +178,12 @@ async def _answer(request: Request, endpoint: str, served: ServedModel, batcher:
 
 
 async def _whole(ticket: Ticket, writer: ResponseWriter, served: ServedModel) -> tuple[dict, dict[str, Any]]:
-    texts, ids = [], []
+    texts, ids, traces = [], [], []
     async for piece in pieces(ticket, served.lm):
         texts.append(piece.text)
         ids += piece.token_ids
-    return writer.body("".join(texts), ids, piece), piece.usage
+        traces += [piece.trace] if piece.trace is not None else []
+    return writer.body("".join(texts), ids, piece, joined_trace(traces) if traces else None), piece.usage
 
 
 class _Events(StreamingResponse):

@@ -52,14 +52,19 @@ log = logging.getLogger(__name__)
 BATCHING = ("continuous", "static")
 
 
+TRACE_FIELDS = ("step", "kind", "first", "rewritten")  # ``core.trace.Trace``'s arrays
+
+
 @dataclasses.dataclass(frozen=True)
 class RowUpdate:
-    """One request's row after a block call: its generated ids, final blocks, done, model calls."""
+    """One request's row after a block call: its generated ids, final blocks, done, model calls, and
+    with the ``trace`` setting its trace so far (``core.trace`` fields, one array each)."""
 
     generated: np.ndarray
     final_blocks: int
     done: bool
     nfe: int
+    trace: dict[str, np.ndarray] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -417,9 +422,13 @@ class Batcher:
             final, done = int(progress.final_blocks[row]), bool(progress.done[row])
             if final == batch.sent[row] and not done:
                 continue
-            generated = progress.generated[row, : progress.gen_length[row]]
+            end = progress.gen_length[row]
+            generated = progress.generated[row, :end]
+            trace = None
+            if progress.trace is not None:
+                trace = {name: getattr(progress.trace, name)[row, :end] for name in TRACE_FIELDS}
             ticket.finished = done  # before its last update: a deadline after it does not fail it
-            ticket.put(RowUpdate(generated, final, done, int(progress.nfe[row])))
+            ticket.put(RowUpdate(generated, final, done, int(progress.nfe[row]), trace))
             batch.sent[row] = final
             if done:
                 batch.tickets[row] = None

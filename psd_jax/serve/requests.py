@@ -23,8 +23,9 @@ import re
 from typing import Any
 
 from ..api import InputError, LoadedModel
-from ..core.config import CONFIDENCE_ALIASES, DecodeConfig, DecodeConfigError
+from ..core.config import CONFIDENCE_ALIASES, ENTROPY_BOUND_FAMILY, DecodeConfig, DecodeConfigError
 from ..core.lengths import check_context, padded_length
+from ..diffusion_gemma_api import SERVED_TRACE
 from ..prompts import check_seed
 from ..recommended import NAME, check_settings_name
 from ..tokenizer import TokenizerError
@@ -282,6 +283,8 @@ def request_settings(fields: dict, served: ServedModel, base: DecodeConfig | Non
     problem = served.limits.exceeded(settings)
     if problem:
         raise RequestError(problem[1], param=problem[0], code=LIMIT_CODE)
+    if settings.trace and served.lm.config.family == ENTROPY_BOUND_FAMILY:
+        raise RequestError(SERVED_TRACE, param="trace", code="invalid_settings")
     return settings
 
 

@@ -28,14 +28,16 @@ class ResponseWriter:
     def _envelope(self, obj: str, choices: list, **extra: Any) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices, **extra}
 
-    def body(self, text: str, token_ids: list[int], last: Piece) -> dict[str, Any]:
-        """The whole answer (``stream: false``)."""
+    def body(self, text: str, token_ids: list[int], last: Piece, trace: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The whole answer (``stream: false``); ``trace``: the answer's blocks' (the ``trace`` setting)."""
         choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason, "logprobs": None}
         if self.endpoint == "chat":
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
         choice["token_ids"] = token_ids
+        if trace is not None:
+            choice["trace"] = trace
         return self._envelope(self.object, [choice], usage=last.usage)
 
     def chunk(self, piece: Piece, with_usage: bool) -> str:
@@ -48,6 +50,8 @@ class ResponseWriter:
         else:
             choice["text"] = piece.text
         choice["token_ids"] = piece.token_ids
+        if piece.trace is not None:
+            choice["trace"] = piece.trace
         self._chunks += 1
         extra = {"usage": None} if with_usage else {}
         return event(self._envelope(self.chunk_object, [choice], **extra))

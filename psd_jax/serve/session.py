@@ -11,7 +11,7 @@ checks the scheduler's rules without compiling anything. The batcher names only 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -28,6 +28,7 @@ class BlockProgress(Protocol):
     done: np.ndarray
     nfe: np.ndarray
     gen_length: np.ndarray
+    trace: Any  # ``core.trace.Trace`` of ``generated`` (numpy), with the ``trace`` setting; else None
 
 
 class BlockSession(Protocol):

@@ -84,6 +84,11 @@ def check_supported(mcfg: ModelConfig, dcfg: DecodeConfig | None = None) -> None
             "the PyTorch backend does not implement PSD's drafts into the next block (draft_next_block); "
             "decode with the JAX engine (psd_jax.load_model)"
         )
+    if dcfg is not None and dcfg.trace:
+        raise InputError(
+            "the PyTorch backend does not record a decode's trace (trace); decode with the JAX engine "
+            "(psd_jax.load_model)"
+        )
     if dcfg is not None and dcfg.decoder == "edit":
         raise InputError(
             "the PyTorch backend does not implement token editing (decoder 'edit', LLaDA2.1's); decode with the JAX "

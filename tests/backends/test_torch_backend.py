@@ -209,7 +209,7 @@ def test_other_families_are_refused_by_name():
         load_torch_model(GOLDENS / "lladamoe-tiny", device="cpu")
 
 
-def test_drafts_into_the_next_block_and_token_editing_are_refused_by_name(torch_lms):
+def test_drafts_into_the_next_block_token_editing_and_the_trace_are_refused_by_name(torch_lms):
     from psd_jax.core.errors import InputError
 
     settings = DecodeConfig(gen_length=32, block_length=16, decoder="psd", depth=7, draft_next_block=True)
@@ -218,6 +218,8 @@ def test_drafts_into_the_next_block_and_token_editing_are_refused_by_name(torch_
     editing = DecodeConfig(gen_length=32, block_length=16, decoder="edit", policy="threshold_schedule")
     with pytest.raises(InputError, match=r"does not implement token editing \(decoder 'edit', LLaDA2.1's\)"):
         torch_lms["llada-tiny"].generate([[1, 2, 3]], editing)
+    with pytest.raises(InputError, match=r"does not record a decode's trace \(trace\)"):
+        torch_lms["llada-tiny"].generate([[1, 2, 3]], DecodeConfig(gen_length=32, block_length=16, trace=True))
 
 
 def test_eos_early_exit_equals_jax(torch_lms, lms, cases):

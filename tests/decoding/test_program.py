@@ -10,19 +10,18 @@ import pytest
 from psd_jax import DecodeConfig
 from psd_jax.core.config import ENTROPY_BOUND_FIELDS
 from psd_jax.core.entropy_bound import EntropyBoundSettings
-from psd_jax.core.runtime import FLAGS, RECORDS, RUNTIME_FIELDS, Program, RowValues
+from psd_jax.core.runtime import FLAGS, RUNTIME_FIELDS, Program, RowValues
 
 
 def test_every_setting_is_either_a_program_field_or_a_runtime_value():
     """One list of runtime values: a new ``DecodeConfig`` field that is neither in it nor a program
-    field fails here, so it cannot be silently dropped from the compile key (``RECORDS``: what a
-    decode records, which is no setting, keys its program too). DiffusionGemma's
+    field fails here, so it cannot be silently dropped from the compile key. DiffusionGemma's
     fields key its own sampler's programs (``entropy_bound.EntropyBoundSettings``), never this one."""
     settings = {f.name for f in dataclasses.fields(DecodeConfig)} - set(ENTROPY_BOUND_FIELDS)
     assert set(ENTROPY_BOUND_FIELDS) == {f.name for f in dataclasses.fields(EntropyBoundSettings)} - {"gen_length"}
     program = {f.name for f in dataclasses.fields(Program)}
     assert set(RUNTIME_FIELDS) <= settings and not set(RUNTIME_FIELDS) & program
-    assert program == (settings - set(RUNTIME_FIELDS)) | set(FLAGS) | set(RECORDS)
+    assert program == (settings - set(RUNTIME_FIELDS)) | set(FLAGS)
     assert {f.name for f in dataclasses.fields(RowValues)} == set(RUNTIME_FIELDS) | {"num_blocks", "gen_length"}
 
 

@@ -152,6 +152,6 @@ def test_the_trace_is_opt_in_and_adds_only_its_four_arrays(shipped):
     lower = lambda program: decode.lower(  # noqa: E731
         shipped.graphdef, shipped.params, ids, mask, jax.random.key(0), values, mcfg=shipped.config, program=program
     )
-    off, on = lower(Program.of(settings)), lower(Program.of(settings, trace=True))
+    off, on = lower(Program.of(settings)), lower(Program.of(settings.replace(trace=True)))
     assert off.out_info.trace is None and [a.shape for a in jax.tree.leaves(on.out_info.trace)] == [(2, 8 + 32)] * 4
     assert while_carry(on.as_text()) == while_carry(off.as_text()) + 4

@@ -359,6 +359,7 @@ def bad_run_dirs(root: Path) -> dict[str, Path]:
         (["--model_args", "depth=5"], "depth=5 would be ignored"),
         (["--model_args", "policy=threshold,threshold=2"], "threshold must be in (0, 1]"),
         (["--model_args", "mc_num=0"], "mc_num must be an integer >= 1"),
+        (["--model_args", "trace=true"], "model argument trace: the harness does not report a decode's trace"),
         (["--model_args", "pretrained={empty}"], "{empty}: not a model directory (no config.json)"),
         (
             ["--model_args", "pretrained={config_only}"],

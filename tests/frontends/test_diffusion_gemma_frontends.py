@@ -320,6 +320,9 @@ def test_server_batches_rows_at_canvas_boundaries_and_answers_as_generate(tmp_pa
         with pytest.raises(openai.BadRequestError) as refused:  # at its default value too
             api.completions.create(model="dg", prompt="Say 7", extra_body={"threshold": 0.9})
         assert refused.value.body["param"] == "threshold"
+        with pytest.raises(openai.BadRequestError) as refused:  # generate records it; serving not yet
+            api.completions.create(model="dg", prompt="Say 7", extra_body={"trace": True})
+        assert refused.value.body["param"] == "trace" and "records no trace yet" in refused.value.message
 
 
 def test_rows_of_other_bounds_temperatures_and_confidences_share_a_session_and_decode_as_alone():

@@ -241,6 +241,36 @@ def test_editing_requests_share_a_batch_and_stream_only_final_blocks(server, lm,
     assert "".join(chunks) == got[0].text
 
 
+def test_a_request_for_the_trace_gets_generates_trace_whole_and_per_block(server, lm, defaults):
+    """``"trace": true`` (the setting, an extension field): the answer's choice holds the trace of its
+    blocks from offset 0, ``generate(trace=True)``'s; a stream sends each block's trace with the
+    block, and they join to it; a request without it gets no such field (a plain OpenAI answer)."""
+    api = client(server)
+    asks = [
+        dict(prompt=QUESTIONS[9], extra_body={"trace": True}),
+        dict(prompt=QUESTIONS[10], extra_body={"trace": True, "decoder": "psd", "depth": 2}),
+    ]
+    ask = lambda kw: api.completions.create(model="default", **kw).choices[0]  # noqa: E731
+    with ThreadPoolExecutor(len(asks)) as pool:
+        got = list(pool.map(ask, asks))
+    for kw, choice in zip(asks, got):
+        (want,) = lm.generate([kw["prompt"]], defaults.replace(**kw["extra_body"]), prompt_bucket=BUCKET)
+        trace = choice.model_extra["trace"]
+        n = len(trace["step"])
+        assert trace["offset"] == 0 and n % defaults.block_length == 0 and n >= want.tokens
+        assert {k: trace[k] for k in ("step", "kind", "first", "rewritten")} == {
+            k: v[:n] for k, v in want.trace.items()
+        }
+    assert any(k.startswith("draft-") for k in got[1].model_extra["trace"]["kind"])
+    chunks = [
+        c.choices[0].model_extra["trace"] for c in api.completions.create(model="default", stream=True, **asks[0])
+    ]
+    assert [c["offset"] for c in chunks] == [b * defaults.block_length for b in range(len(chunks))]
+    assert [v for c in chunks for v in c["step"]] == got[0].model_extra["trace"]["step"]
+    plain = api.completions.create(model="default", prompt=QUESTIONS[9]).choices[0]
+    assert "trace" not in plain.model_extra and plain.text == got[0].text
+
+
 def test_stop_strings_cut_the_text(server, lm, defaults):
     (want,) = lm.generate([QUESTIONS[0]], defaults, prompt_bucket=BUCKET)
     stop = want.text[5:8]
