@@ -4,7 +4,7 @@ model (shared by both backends)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,21 @@ def token_ids(prompt: Any, what: str) -> list[int]:
     if bad:
         raise InputError(f"{what} has token ids that are not integers: {bad[:5]!r}")
     return [int(t) for t in prompt]
+
+
+def text_pieces(
+    decode: Callable[[list[int]], str], ids: Sequence[int], start: int = 0, end: int | None = None
+) -> list[str]:
+    """The text of each of ids ``start`` .. ``end`` as it reads inside the sequence: the difference of
+    the decoded prefixes (a tokenizer's leading spaces and merged bytes come out right), or the id
+    decoded alone where a prefix's text is not the next one's prefix."""
+    end = len(ids) if end is None else end
+    pieces, before = [], decode(list(ids[:start]))
+    for i in range(start, end):
+        text = decode(list(ids[: i + 1]))
+        pieces.append(text[len(before) :] if text.startswith(before) else decode([ids[i]]))
+        before = text
+    return pieces
 
 
 class PromptIO:
@@ -119,6 +134,10 @@ class PromptIO:
         if self.tokenizer is None:
             raise TokenizerError(f"{self.path}: this checkpoint has no tokenizer; pass token ids instead of text")
         return encode_prompt(self.tokenizer, prompt, self.uses_chat(prompt, chat), str(self.path))
+
+    def token_pieces(self, ids: Sequence[int], start: int = 0, end: int | None = None) -> list[str]:
+        """The text of ids ``start`` .. ``end`` as each reads inside ``ids`` (``text_pieces``)."""
+        return text_pieces(self.piece_decoder(), ids, start, end)
 
     def piece_decoder(self):
         """Ids to text with nothing skipped or cut, for drawing single tokens (``cli.show``): the

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from ..core.records import Generation
+from ..prompts import text_pieces
 
 MASK_GLYPH = "░"
 STOP_GLYPH = "·"  # a written end-of-sequence id
@@ -45,23 +46,12 @@ class Frame:
     commits: dict[str, int]
 
 
-def token_pieces(decode: Callable[[list[int]], str], ids: Sequence[int]) -> list[str]:
-    """Each id's text as it reads inside the whole sequence (the difference of the decoded prefixes:
-    a tokenizer's leading spaces and merged bytes come out right)."""
-    pieces, before = [], ""
-    for i in range(len(ids)):
-        text = decode(list(ids[: i + 1]))
-        pieces.append(text[len(before) :] if text.startswith(before) else decode([ids[i]]))
-        before = text
-    return pieces
-
-
 def frames(r: Generation, decode: Callable[[list[int]], str], stop_ids: Sequence[int]) -> list[Frame]:
     """The replay of one row: frames 0 .. ``r.nfe`` from its trace (``generate(..., trace=True)``)."""
     if r.trace is None:
         raise ValueError("this generation has no trace: decode it with trace=True")
     trace, ids = r.trace, r.output_ids
-    final = token_pieces(decode, ids)
+    final = text_pieces(decode, ids)
     first = [decode([t]) for t in trace["first"]]
     stop = set(stop_ids)
     out = []

@@ -236,8 +236,6 @@ FIELD_HELP: dict[str, str] = {
     "max_post_steps": "edit: after a block's last mask is filled, re-run it while the previous call edited, at most "
     "this many + 1 calls",
     "minimal_topk": "edit: steps per block are at most gen_length // this (the pipeline's minimal_topk)",
-    "trace": "record when and how each generated position was written (the model call and the rule: the policy, a "
-    "PSD draft's depth, an RPS pivot, an edit; DiffusionGemma: the step it settled): the same tokens and calls",
     "entropy_bound": "DiffusionGemma: each step keeps the lowest-entropy positions whose entropies before them "
     "add up to at most this (the lowest is always kept); the others are re-noised",
     "max_denoising_steps": "DiffusionGemma: denoising steps per canvas (N)",
@@ -247,6 +245,8 @@ FIELD_HELP: dict[str, str] = {
     "for this many steps (and its mean entropy is below confidence_threshold)",
     "confidence_threshold": "DiffusionGemma, adaptive stopping: a stable row stops once its mean entropy is below "
     "this (0: no adaptive stopping, every canvas runs max_denoising_steps)",
+    "trace": "record when and how each generated position was written (the model call and the rule: the policy, a "
+    "PSD draft's depth, an RPS pivot, an edit; DiffusionGemma: the step it settled): the same tokens and calls",
 }
 
 # The entropy-bound sampler's fields (DiffusionGemma): the only ones, with the lengths, that family reads.

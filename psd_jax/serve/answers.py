@@ -28,16 +28,28 @@ class Piece:
     trace: dict[str, Any] | None = None  # the block's positions' trace (the ``trace`` setting): ``block_trace``
 
 
-def block_trace(trace: dict[str, np.ndarray], start: int, end: int) -> dict[str, Any]:
+TRACE_LISTS = ("step", "kind", "first", "rewritten", "pieces", "first_pieces")
+
+
+def block_trace(
+    trace: dict[str, np.ndarray], ids: np.ndarray, start: int, end: int, block: int, lm: LoadedModel
+) -> dict[str, Any]:
     """Generated positions ``start`` .. ``end`` of a row's trace (``records.row_trace``'s fields),
-    with ``offset``: ``start``."""
-    return {"offset": start, **row_trace(*(trace[name][start:end] for name in ("step", "kind", "first", "rewritten")))}
+    with ``offset``: ``start``, ``block_length``: ``block``, and for a client to draw them,
+    ``pieces``: each position's text as it reads in the generated ``ids``, ``first_pieces``: the
+    text of the token first written there."""
+    fields = row_trace(*(trace[name][start:end] for name in ("step", "kind", "first", "rewritten")))
+    out = {"offset": start, "block_length": block, **fields}
+    decode = lm.piece_decoder()
+    out["pieces"] = lm.token_pieces(ids.tolist(), start, end)
+    out["first_pieces"] = [p if f == t else decode([f]) for p, f, t in zip(out["pieces"], out["first"], ids[start:end])]
+    return out
 
 
 def joined_trace(traces: list[dict[str, Any]]) -> dict[str, Any]:
     """Consecutive blocks' traces as one from the first's offset."""
-    out: dict[str, Any] = {"offset": traces[0]["offset"]}
-    for name in ("step", "kind", "first", "rewritten"):
+    out: dict[str, Any] = {"offset": traces[0]["offset"], "block_length": traces[0]["block_length"]}
+    for name in TRACE_LISTS:
         out[name] = [v for t in traces for v in t[name]]
     return out
 
@@ -73,7 +85,11 @@ async def pieces(ticket: Ticket, lm: LoadedModel) -> AsyncIterator[Piece]:
             delta = text.update(final_ids.tolist(), last)
             tokens = first_stop(final_ids, lm.config.stop_ids)
             ids = final_ids[b * block : max(tokens, b * block)].tolist()
-            trace = None if event.trace is None else block_trace(event.trace, b * block, len(final_ids))
+            trace = (
+                None
+                if event.trace is None
+                else block_trace(event.trace, final_ids, b * block, len(final_ids), block, lm)
+            )
             if not (last or text.stopped):
                 yield Piece(delta, ids, trace=trace)
                 continue

@@ -15,10 +15,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
@@ -42,10 +43,15 @@ UNROUTED = "other"  # the metrics' endpoint of a /v1/ request no route takes (a 
 
 
 def create_app(
-    served: ServedModel, batcher: Batcher, warmup_lengths: Sequence[int] = (), api_key: str | None = None
+    served: ServedModel,
+    batcher: Batcher,
+    warmup_lengths: Sequence[int] = (),
+    api_key: str | None = None,
+    playground: bool = True,
 ) -> FastAPI:
     """The server for ``served`` (the default settings are compiled for ``warmup_lengths`` at
-    start-up); with ``api_key``, ``/v1/*`` answers only requests that send it as a bearer token."""
+    start-up); with ``api_key``, ``/v1/*`` answers only requests that send it as a bearer token;
+    ``playground``: the browser playground at ``/`` (``add_playground``)."""
     metrics = ServerMetrics(batcher, served.lm)
     batcher.on_batch = metrics.batch
 
@@ -80,7 +86,41 @@ def create_app(
     async def scrape() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
+    if playground:
+        add_playground(app, served, api_key is not None)
     return app
+
+
+PLAYGROUND = Path(__file__).parent / "playground"  # static files shipped in the package, no build step
+PLAYGROUND_FILES = {"playground.js": "text/javascript", "playground.css": "text/css"}
+
+
+def add_playground(app: FastAPI, served: ServedModel, key_required: bool) -> None:
+    """The browser playground at ``/`` (docs/trace.md): a page that asks this server's
+    ``/v1/chat/completions`` with the trace and animates it. The page and its files load without
+    the key; with ``--api-key`` the page asks the user for it and sends it on every API call."""
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> Response:
+        return FileResponse(PLAYGROUND / "index.html", media_type="text/html")
+
+    shown = ("decoder", "policy", "threshold", "cache", "block_length", "gen_length")
+    # What the page shows of the server's defaults and, if it offers it, of the recommended setting.
+    defaults = {name: getattr(served.defaults, name) for name in shown}
+    recommended = None
+    if served.recommended is not None:
+        recommended = {name: getattr(served.base(NAME), name) for name in shown}
+
+    @app.get("/playground/config", include_in_schema=False)
+    async def config() -> JSONResponse:
+        body = {"model": served.name, "key_required": key_required, "defaults": defaults, "recommended": recommended}
+        return JSONResponse(body)
+
+    @app.get("/playground/{name}", include_in_schema=False)
+    async def static(name: str) -> Response:
+        if name not in PLAYGROUND_FILES:
+            raise HTTPException(404, f"no playground file {name!r}")
+        return FileResponse(PLAYGROUND / name, media_type=PLAYGROUND_FILES[name])
 
 
 Answer = Callable[[Outcome], Awaitable[Response]]
@@ -260,6 +300,7 @@ def build_app(
     max_programs: int | None = None,
     request_timeout_s: float | None = None,
     recommended: dict[str, Any] | None = None,
+    playground: bool = True,
 ) -> FastAPI:
     """The server of ``lm`` with default settings ``defaults`` (``python -m psd_jax.serve``'s flags);
     batches are padded to ``batch_sizes`` (default: powers of two up to ``max_batch``); ``limits``
@@ -286,4 +327,4 @@ def build_app(
         gen_bucket=gen_bucket if gen_bucket is not None else settings.gen_length,
         request_timeout_s=request_timeout_s,
     )
-    return create_app(served, batcher, warmup_lengths, api_key)
+    return create_app(served, batcher, warmup_lengths, api_key, playground)

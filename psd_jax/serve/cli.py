@@ -123,6 +123,13 @@ def build_parser() -> ArgumentParser:
         help=f"require Authorization: Bearer KEY on /v1/* (default: ${API_KEY_ENV}, else no key; "
         "/health and /metrics stay open)",
     )
+    p.add_argument(
+        "--no-playground",
+        dest="playground",
+        action="store_false",
+        help="do not serve the browser playground at / (a page that decodes through /v1 with the trace and "
+        "animates it; with --api-key it asks for the key)",
+    )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     multihost.add_flags(p)
     return p
@@ -279,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         max_programs=args.max_programs,
         request_timeout_s=args.request_timeout,
         recommended=start.recommended,
+        playground=args.playground,
     )
     if args.settings is not None:  # say which device the named setting was chosen for
         print(f"default settings: {args.settings}, {read_recommended(start.model_dir).origin()}", file=sys.stderr)

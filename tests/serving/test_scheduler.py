@@ -37,6 +37,7 @@ class Progress:
     done: np.ndarray
     nfe: np.ndarray
     gen_length: np.ndarray
+    trace: None = None  # the model-free engine records no trace
 
 
 class FakeSession:

@@ -261,6 +261,7 @@ def test_a_request_for_the_trace_gets_generates_trace_whole_and_per_block(server
         assert {k: trace[k] for k in ("step", "kind", "first", "rewritten")} == {
             k: v[:n] for k, v in want.trace.items()
         }
+        assert "".join(trace["pieces"]).startswith(want.text) and len(trace["first_pieces"]) == n
     assert any(k.startswith("draft-") for k in got[1].model_extra["trace"]["kind"])
     chunks = [
         c.choices[0].model_extra["trace"] for c in api.completions.create(model="default", stream=True, **asks[0])
