@@ -327,21 +327,16 @@ def tuned_lm(tuned_model_dir):
 # The suite runs in two workers, each test file whole in one (``-n 2 --dist loadfile``: a module's
 # fixtures are built once); the one fixture several files share, the 8-device subprocess, is run once
 # for both workers (``SharedRun``). The files whose fixtures run subprocesses go first, so those
-# overlap with the rest of the suite instead of trailing it; test_multihost starts the 8-device
-# subprocess too, so the other file that only reads its record, test_sharding, goes last: the other
-# worker runs the suite meanwhile instead of waiting for it.
-BACKGROUND_FIRST = ("test_multihost", "test_device_check")
-RECORD_READERS_LAST = ("test_sharding",)
+# overlap with the rest of the suite instead of trailing it.
+BACKGROUND_FIRST = ("test_multihost", "test_sharding", "test_device_check")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Files in collection order, but ``BACKGROUND_FIRST`` first and ``RECORD_READERS_LAST`` last
-    (pytest-xdist hands files to the workers in this order)."""
+    """Files in collection order, but ``BACKGROUND_FIRST`` first (pytest-xdist hands files to the
+    workers in this order)."""
 
-    def place(item) -> int:
+    def first(item) -> int:
         module = item.module.__name__.rpartition(".")[2]
-        if module in BACKGROUND_FIRST:
-            return BACKGROUND_FIRST.index(module)
-        return len(BACKGROUND_FIRST) + (module in RECORD_READERS_LAST)
+        return BACKGROUND_FIRST.index(module) if module in BACKGROUND_FIRST else len(BACKGROUND_FIRST)
 
-    items.sort(key=place)  # stable: each file's tests keep their order
+    items.sort(key=first)  # stable: each file's tests keep their order
