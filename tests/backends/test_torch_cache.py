@@ -89,7 +89,6 @@ GQA_RPS = DecodeConfig(gen_length=32, block_length=16, policy="threshold", thres
 SCHEDULE = dict(policy="threshold_schedule", steps=4, threshold=0.7)  # 4 steps per block
 OWN = {
     "gqa-prefix-rps": ("llada-tiny-gqa", GQA_RPS.replace(cache="prefix"), PROMPTS, 16),
-    "gqa-dual-rps": ("llada-tiny-gqa", GQA_RPS.replace(cache="dual"), PROMPTS, 16),
     "llada-dual-schedule": (
         "llada-tiny",
         DecodeConfig(gen_length=48, block_length=16, cache="dual", **SCHEDULE),

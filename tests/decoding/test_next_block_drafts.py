@@ -25,7 +25,6 @@ from decode_driver import Driver, unpad
 LENGTHS = dict(gen_length=48, block_length=16)
 SETTINGS = {
     "fixed-1-d15": DecodeConfig(**LENGTHS, decoder="psd", depth=15, draft_next_block=True),
-    "fixed-2-d11": DecodeConfig(**LENGTHS, steps=24, decoder="psd", depth=11, draft_next_block=True),
     "fixed-1-d15-conf": DecodeConfig(**LENGTHS, decoder="psd", depth=15, draft_next_block=True, accept_confidence=0.7),
     "threshold-d5": DecodeConfig(
         **LENGTHS, policy="threshold", threshold=0.9, decoder="psd", depth=5, draft_next_block=True
@@ -34,7 +33,6 @@ SETTINGS = {
 # With a cache the verifier is a window call, and each block starts with a full forward.
 SETTINGS["fixed-1-d15/prefix"] = SETTINGS["fixed-1-d15"].replace(cache="prefix")
 SETTINGS["threshold-d5/dual+v16"] = SETTINGS["threshold-d5"].replace(cache="dual", vicinity=16)
-SETTINGS["fixed-1-d15-conf/dual+v16"] = SETTINGS["fixed-1-d15-conf"].replace(cache="dual", vicinity=16)
 
 
 @pytest.fixture(scope="module")

@@ -4,14 +4,14 @@ tests/parallel/test_multihost.py.
 Usage: python tests/helpers/multihost_driver.py MODEL_DIR OUT_DIR [--serve PORT] [--coordinator ... --num-processes N --process-id I]
 
 Runs, in this process, ``python -m psd_jax.generate`` for each setting of ``GENERATE`` (one text
-prompt and one token-id prompt in one batch, JSON out), ``python -m psd_jax.bench`` and
-``python -m psd_jax.evaluate`` on MODEL_DIR (``word_model.with_tokenizer``), each through its
-``main`` with the given multi-process flags, so the processes of a cluster share one start-up
-and the programs one compile. Writes OUT_DIR/run-<process>.json: what each command printed and
-its exit code (and ``generate`` of the tiny DiffusionGemma checkpoint); bench and evaluate write
-their files under OUT_DIR/bench-<process> and
-OUT_DIR/eval-<process>. With ``--serve PORT`` it then runs ``python -m psd_jax.serve`` (``SERVE``
-settings; process 0 listens on PORT) until the server stops.
+prompt and one token-id prompt in one batch, JSON out) on MODEL_DIR (``word_model.with_tokenizer``),
+through its ``main`` with the given multi-process flags, so the processes of a cluster share one
+start-up and the programs one compile. Writes OUT_DIR/run-<process>.json: what each command printed
+and its exit code (and ``generate`` of the tiny DiffusionGemma checkpoint). ``bench`` and
+``evaluate`` on several processes are tests/parallel/test_front_end_commands.py's (each started as a
+user starts it; they decode through the same ``generate`` as here). With ``--serve PORT`` it then
+runs ``python -m psd_jax.serve`` (``SERVE`` settings; process 0 listens on PORT) until the server
+stops.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 from paths import GOLDENS, ROOT
 
 from sharded_decode import CACHED, DECODERS, DG_CASE, DG_OWN, DG_OWN_MESH, block_decode_rows
-from word_model import PROMPTS, TASK, converted, text
+from word_model import PROMPTS, converted, text
 
 # (mesh, setting of sharded_decode): rows over `data` (one process each) with heads over `model`,
 # and `model` across the two processes; uncached and with the dual cache. Every decoder runs on a
@@ -63,11 +63,10 @@ def captured(main, argv: list[str]) -> dict:
     return {"code": code, "stdout": out.getvalue()}
 
 
-def run_front_ends(model: Path, out: Path, cluster: list[str], settings_run: list[str] | None = None) -> dict:
-    """Every front end's run: ``generate`` for each of ``settings_run`` (default all of ``GENERATE``,
-    and ``CONVERTED`` again from the Orbax checkpoint), then ``bench`` and ``evaluate``."""
-    from psd_jax import evaluate
-    from psd_jax.cli import bench, generate
+def run_front_ends(model: Path, cluster: list[str], settings_run: list[str] | None = None) -> dict:
+    """``generate``'s run for each of ``settings_run`` (default all of ``GENERATE``, and
+    ``CONVERTED`` again from the Orbax checkpoint)."""
+    from psd_jax.cli import generate
 
     settings = {**DECODERS, **CACHED}
     runs = {}
@@ -80,14 +79,6 @@ def run_front_ends(model: Path, out: Path, cluster: list[str], settings_run: lis
         if name == CONVERTED:  # the same decode from the Orbax checkpoint (each process restores its blocks)
             argv[1] = str(converted(model))
             runs[f"generate {name} converted"] = captured(generate.main, argv + flags(settings[name]) + cluster)
-    index = process_index(cluster)
-    bench_argv = ["--model", str(model), "--data", str(model / "problems.jsonl"), "--decoders", "threshold-0.9"]
-    bench_argv += ["--cache", "none", "--batch", "2", "--prompt-bucket", PROMPT_BUCKET, "--mesh", "data=2,model=4"]
-    runs["bench"] = captured(bench.main, [*bench_argv, "--out", str(out / f"bench-{index}"), *cluster])
-    model_args = f"pretrained={model},policy=threshold,threshold=0.7,prompt_bucket={PROMPT_BUCKET},mesh=data=2;model=4"
-    eval_argv = ["--tasks", TASK, "--include_path", str(model / "tasks"), "--model_args", model_args]
-    eval_argv += ["--batch_size", "2", "--output_path", str(out / f"eval-{index}")]
-    runs["evaluate"] = captured(evaluate.main, [*eval_argv, *cluster])
     return runs
 
 
@@ -128,7 +119,7 @@ def main(model: str, out: str, *rest: str) -> None:
         cluster = cluster[: cluster.index("--serve")] + cluster[cluster.index("--serve") + 2 :]
     multihost.start(multihost.cluster_from(args))  # before any output is captured
     out_dir = Path(out)
-    runs = run_front_ends(Path(model), out_dir, cluster)
+    runs = run_front_ends(Path(model), cluster)
     runs["generate diffusion_gemma"] = diffusion_gemma_generate(cluster)
     # A running batch that grows, takes joined rows and shrinks, its programs split over both processes.
     runs["block_decode"] = block_decode_rows(load_model(model, mesh=SERVE_MESH))

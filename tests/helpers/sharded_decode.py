@@ -180,7 +180,7 @@ def front_end_references(word_model: str, out: str) -> dict:
     from multihost_driver import PROMPT_BUCKET, SERVE_MESH, SERVE_PROMPTS, TEXT_REFERENCE, run_front_ends
 
     # generate once (its printed text); the other settings' tokens are the mesh decodes' above.
-    runs = run_front_ends(Path(word_model), Path(out), [], settings_run=[TEXT_REFERENCE])
+    runs = run_front_ends(Path(word_model), [], settings_run=[TEXT_REFERENCE])
     lm = load_model(word_model, mesh=SERVE_MESH)
     settings = model_settings(word_model, {"policy": "threshold", "threshold": 0.7})
     served = [lm.generate([prompt], settings, prompt_bucket=int(PROMPT_BUCKET))[0] for prompt in SERVE_PROMPTS]

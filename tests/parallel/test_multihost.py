@@ -3,8 +3,9 @@ mesh over all eight) gives what one process on the same eight devices gives.
 
 One cluster runs for the module: two processes of tests/helpers/multihost_driver.py, each running
 ``generate`` (a text and a token-id prompt; plain, PSD and RPS; no cache and the dual cache; rows
-over ``data`` and ``model`` across the processes), ``bench`` and ``evaluate`` through their
-command-line entry points, then ``serve`` (process 0 answers HTTP). The one-process reference is
+over ``data`` and ``model`` across the processes) through its command-line entry point, then
+``serve`` (process 0 answers HTTP). ``bench`` and ``evaluate`` on two processes are
+tests/parallel/test_front_end_commands.py's. The one-process reference is
 the same driver run in conftest's ``sharded_run`` subprocess. The last test kills process 1.
 """
 
@@ -130,43 +131,11 @@ def test_converted_checkpoint_restores_each_process_blocks(cluster, sharded_run)
     assert generated(got["stdout"]) == sharded_run["meshes"][GENERATE[CONVERTED]][CONVERTED]
 
 
-def test_only_process_zero_prints_and_writes(cluster):
+def test_only_process_zero_prints(cluster):
     runs = cluster.run(1)
     assert set(runs) == set(cluster.run(0))
     front_ends = {name: run for name, run in runs.items() if name != "block_decode"}
     assert all(r["code"] == 0 and r["stdout"] == "" for r in front_ends.values()), runs
-    assert not (cluster.out / "bench-1").exists() and not (cluster.out / "eval-1").exists()
-
-
-TIMING = {"seconds", "tokens_per_second", "compile_seconds", "speedup_tokens_per_second"}
-
-
-def test_bench_writes_one_result_equal_to_one_process(cluster, sharded_run):
-    got = json.loads((cluster.out / "bench-0" / "bench.json").read_text())
-    want = json.loads((Path(sharded_run["out"]) / "bench-0" / "bench.json").read_text())
-    assert [{k: v for k, v in r.items() if k not in TIMING} for r in got["results"]] == [
-        {k: v for k, v in r.items() if k not in TIMING} for r in want["results"]
-    ]
-    assert (got["meta"]["processes"], want["meta"]["processes"]) == (2, 1)
-    assert cluster.run(0)["bench"]["code"] == 0
-
-
-def _harness_files(root: Path) -> tuple[dict, dict]:
-    (results,) = root.rglob("results_*.json")
-    (efficiency,) = root.rglob("efficiency_*.json")
-    return json.loads(results.read_text()), json.loads(efficiency.read_text())
-
-
-def test_evaluate_writes_one_result_equal_to_one_process(cluster, sharded_run):
-    (results, efficiency), (want_results, want_efficiency) = (
-        _harness_files(cluster.out / "eval-0"),
-        _harness_files(Path(sharded_run["out"]) / "eval-0"),
-    )
-    assert results["results"] == want_results["results"]
-    counts = ("requests", "nfe", "tokens", "sequence_forwards")
-    for task, record in efficiency["tasks"].items():
-        assert {k: record[k] for k in counts} == {k: want_efficiency["tasks"][task][k] for k in counts}
-    assert cluster.run(0)["evaluate"]["code"] == 0
 
 
 def test_server_answers_concurrent_clients_as_one_process(cluster, sharded_run):
