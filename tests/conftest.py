@@ -326,35 +326,17 @@ def tuned_lm(tuned_model_dir):
 
 # The suite runs in two workers, each test file whole in one (``-n 2 --dist loadfile``: a module's
 # fixtures are built once); the one fixture several files share, the 8-device subprocess, is run once
-# for both workers (``SharedRun``). Files are handed out in collection order (the README's command
-# passes ``--no-loadscope-reorder``: pytest-xdist would otherwise order them by their number of
-# tests): the longest first, measured on two cores, so the workers end together (the files whose
-# fixtures run subprocesses lead, and their subprocesses overlap with the rest), then the others.
-LONGEST_FIRST = (
-    "test_sharding",
-    "test_multihost",
-    "test_front_end_commands",
-    "test_cache",
-    "test_continuous",
-    "test_tune",
-    "test_device_check",
-    "test_serve",
-    "test_evaluate",
-    "test_llada2_frontends",
-    "test_diffusion_gemma_frontends",
-    "test_next_block_drafts",
-    "test_torch_cache",
-    "test_torch_backend",
-    "test_sdar",
-)
+# for both workers (``SharedRun``). The files whose fixtures run subprocesses go first, so those
+# overlap with the rest of the suite instead of trailing it.
+BACKGROUND_FIRST = ("test_multihost", "test_sharding", "test_device_check")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Files in collection order, but ``LONGEST_FIRST`` first, in its order (pytest-xdist hands
-    files to the workers in this order)."""
+    """Files in collection order, but ``BACKGROUND_FIRST`` first (pytest-xdist hands files to the
+    workers in this order)."""
 
     def first(item) -> int:
         module = item.module.__name__.rpartition(".")[2]
-        return LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST)
+        return BACKGROUND_FIRST.index(module) if module in BACKGROUND_FIRST else len(BACKGROUND_FIRST)
 
     items.sort(key=first)  # stable: each file's tests keep their order
