@@ -326,8 +326,8 @@ def tuned_lm(tuned_model_dir):
 
 # The suite runs in two workers, each test file whole in one (``-n 2 --dist loadfile``: a module's
 # fixtures are built once); the one fixture several files share, the 8-device subprocess, is run once
-# for both workers (``SharedRun``). The files whose fixtures run subprocesses go first, so those
-# overlap with the rest of the suite instead of trailing it.
+# for both workers (``SharedRun``). The files whose fixtures run subprocesses are collected first;
+# pytest-xdist's loadfile scheduler then hands files out by their number of tests (docs/contributing.md).
 BACKGROUND_FIRST = ("test_multihost", "test_sharding", "test_device_check")
 
 
