@@ -252,17 +252,12 @@ def settled_trace(decoded: Decoded, row: int, eos_ids: Sequence[int]) -> dict[st
     width = argmax.shape[1]
     settled = np.zeros(out.shape, np.int64)
     for k in range(len(out) // width):
-        at = [i for i in range(steps) if canvas[i] == k]
-        if not at:
+        at = np.flatnonzero(canvas[:steps] == k)  # the row's steps of canvas k
+        if not at.size:
             continue
-        final = argmax[at[-1]]
-        for j in range(width):
-            since = at[-1]
-            for i in reversed(at):
-                if argmax[i, j] != final[j]:
-                    break
-                since = i
-            settled[k * width + j] = since + 1
+        same = argmax[at] == argmax[at[-1]]  # [n, C]: each step's argmax already the final token
+        trailing = np.flip(np.cumprod(np.flip(same, 0), 0), 0).sum(0)  # steps it has stayed, to the end
+        settled[k * width : (k + 1) * width] = at[len(at) - trailing] + 1
     is_end = np.isin(out, np.asarray(eos_ids))
     ended = np.arange(len(out)) > (np.argmax(is_end) if is_end.any() else len(out))
     return row_trace(np.where(ended, 0, settled), np.where(ended, 0, SETTLED), out, np.zeros_like(out))

@@ -360,11 +360,10 @@ def _apply_choice(
     pred = jax.tree.map(lambda a: jnp.take_along_axis(a, _expand(choice.index, a), axis=1)[:, 0], preds)
     written = state.trace
     if written is not None:
+        # A frozen row keeps its canvas, so it writes nothing and its proposal is never read.
         mask_id, decoder = loop.mcfg.mask_id, loop.program.decoder
-        s0 = jnp.where(frozen[:, None], state.canvas, proposal.s0)
-        written = tracing.record(
-            written, state.canvas, canvas, s0, proposal.candidates, choice.index, state.row_nfe, mask_id, decoder
-        )
+        args = (state.canvas, canvas, proposal.s0, proposal.candidates, choice.index, state.row_nfe)
+        written = tracing.record(written, *args, mask_id, decoder)
     steps = state.step + jnp.where(frozen, 0, choice.steps)
     canvas, block, new_step, done = loop.advance(canvas, state.block, steps, frozen, state.values, state.canvas)
     return DecodeState(

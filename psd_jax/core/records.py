@@ -87,10 +87,9 @@ def generations(
     width = prompt_length + canvas.shape[1]
     trace = None
     if out.trace is not None:
-        trace = [
-            to_numpy(a)[:, prompt_length:width]
-            for a in (out.trace.step, out.trace.kind, out.trace.first, out.trace.rewritten)
-        ]
+        from .trace import FIELDS
+
+        trace = [to_numpy(getattr(out.trace, name))[:, prompt_length:width] for name in FIELDS]
     row_nfe = to_numpy(out.row_nfe)
     stats = {k: to_numpy(v) for k, v in out.stats.items()}
     tokens = tokens_before_stop(canvas, stop_ids)

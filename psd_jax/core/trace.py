@@ -30,6 +30,7 @@ NONE, POLICY, PIVOT, EDIT = 0, 1, 2, 3
 SETTLED = 4  # DiffusionGemma: the step from which the position's argmax stayed its final token
 DRAFT = 10  # + d: a PSD draft accepted at depth d
 KINDS = {NONE: "none", POLICY: "policy", PIVOT: "pivot", EDIT: "edit", SETTLED: "settled"}
+FIELDS = ("step", "kind", "first", "rewritten")  # ``Trace``'s arrays, in order
 
 
 def kind_name(kind: int) -> str:

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..api import LoadedModel
 from ..core.records import row_trace
+from ..core.trace import FIELDS as TRACE_FIELDS
 from .batcher import Failed, Ticket
 from .errors import DecodeFailed, RequestError
 from .text import TextStream
@@ -28,7 +29,7 @@ class Piece:
     trace: dict[str, Any] | None = None  # the block's positions' trace (the ``trace`` setting): ``block_trace``
 
 
-TRACE_LISTS = ("step", "kind", "first", "rewritten", "pieces", "first_pieces")
+TRACE_LISTS = (*TRACE_FIELDS, "pieces", "first_pieces")
 
 
 def block_trace(
@@ -38,7 +39,7 @@ def block_trace(
     with ``offset``: ``start``, ``block_length``: ``block``, and for a client to draw them,
     ``pieces``: each position's text as it reads in the generated ``ids``, ``first_pieces``: the
     text of the token first written there."""
-    fields = row_trace(*(trace[name][start:end] for name in ("step", "kind", "first", "rewritten")))
+    fields = row_trace(*(trace[name][start:end] for name in TRACE_FIELDS))
     out = {"offset": start, "block_length": block, **fields}
     decode = lm.piece_decoder()
     out["pieces"] = lm.token_pieces(ids.tolist(), start, end)

@@ -44,15 +44,13 @@ import numpy as np
 
 from ..core.config import DecodeConfig
 from ..core.lengths import padded_length
+from ..core.trace import FIELDS as TRACE_FIELDS
 from .errors import QueueFull, RequestError, RequestTimedOut, ShuttingDown
 from .requests import DecodeRequest
 from .session import BlockEngine, BlockSession
 
 log = logging.getLogger(__name__)
 BATCHING = ("continuous", "static")
-
-
-TRACE_FIELDS = ("step", "kind", "first", "rewritten")  # ``core.trace.Trace``'s arrays
 
 
 @dataclasses.dataclass(frozen=True)
