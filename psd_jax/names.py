@@ -1,7 +1,7 @@
 """Setting names: the one spelling of a decoder setting that the benchmark, the tuner and the command
 lines read and write, so a name printed by one is accepted by the others.
 
-A name is ``[psd-[strict-] | rps- | edit-] POLICY [PSD parts] [RPS parts] [edit parts] [-tT]``, then optionally the
+A name is ``[psd-[strict-] | rps- | edit-] POLICY [PSD parts] [RPS parts] [edit parts] [-predmask] [-tT]``, then optionally the
 cache and the block length after slashes (``psd-fixed-1-d15-next-conf0.95/dual+v16/b16``):
 
 - POLICY: ``fixed-N`` (N tokens per step: ``steps = gen_length / N``), ``fixed-sS`` and ``dream-sS``
@@ -12,6 +12,7 @@ cache and the block length after slashes (``psd-fixed-1-d15-next-conf0.95/dual+v
 - RPS: ``-kK`` k_max, ``-ratioR``, ``-tauT`` pivot_tau, ``-lamL`` lam (each only when not the default);
 - token editing (``edit-schedule-T[-sS]``): ``-eE`` editing_threshold (left out: editing off),
   ``-postP`` max_post_steps, ``-mtM`` minimal_topk (each only when not the default);
+- ``-predmask``: LLaDA ``generate.py``'s [MASK] rule (``predict_mask``: [MASK] may be predicted);
 - ``-tT``: sampling temperature T.
 
 DiffusionGemma's entropy-bound sampler has names of its own, ``entropy-bound-B[-sN][-stopC]
@@ -37,7 +38,7 @@ _PATTERN = re.compile(
     (?:-d(?P<depth>\d+))?(?:-r(?P<draft_rate>\d+))?(?P<next>-next)?(?:-conf(?P<gate>{_NUMBER}))?
     (?:-k(?P<k_max>\d+))?(?:-ratio(?P<ratio>{_NUMBER}))?(?:-tau(?P<pivot_tau>{_NUMBER}))?(?:-lam(?P<lam>{_NUMBER}))?
     (?:-e(?P<editing_threshold>{_NUMBER}))?(?:-post(?P<max_post_steps>\d+))?(?:-mt(?P<minimal_topk>\d+))?
-    (?:-t(?P<temperature>{_NUMBER}))?""",
+    (?P<predict_mask>-predmask)?(?:-t(?P<temperature>{_NUMBER}))?""",
     re.VERBOSE,
 )
 _ENTROPY_BOUND_PATTERN = re.compile(
@@ -86,6 +87,8 @@ def setting_name(c: DecodeConfig) -> str:
             and not (field == "editing_threshold" and c.editing_threshold <= 0)
         )
         name = f"edit-{name}{variant}"
+    if c.predict_mask:
+        name += "-predmask"
     if c.temperature > 0:
         name += f"-t{c.temperature:g}"
     return name
@@ -164,6 +167,8 @@ def setting_fields(name: str, gen_length: int) -> dict[str, Any]:
         fields["acceptance"] = "strict"
     if "next" in parts:
         fields["draft_next_block"] = True
+    if "predict_mask" in parts:
+        fields["predict_mask"] = True
     if "gate" in parts:
         fields["accept_confidence"] = float(parts["gate"])
     for key in ("depth", "draft_rate", "k_max", "max_post_steps", "minimal_topk"):

@@ -107,6 +107,10 @@ class DecodeConfig(BlockCounts):
     cfg_scale: float = 0.0
     logits_eos_inf: bool = False
     confidence_eos_eot_inf: bool = False
+    # LLaDA's generate.py rule for [MASK] (and jax-ml/bonsai's port of it): the argmax may be the mask
+    # id, a position written with it stays masked, and a block ends after its steps. Off, [MASK]'s
+    # logit is -inf: a committed [MASK] is no text (docs/peers.md).
+    predict_mask: bool = False
     eos_early_stop: bool = True
     dream_eps: float = 1e-3
     decoder: Literal["plain", "psd", "rps", "edit"] = "plain"
@@ -211,6 +215,9 @@ FIELD_HELP: dict[str, str] = {
     "cfg_scale": "classifier-free guidance scale, 0 to 100 (0: off; not with a KV cache)",
     "logits_eos_inf": "never predict EOS (LLaDA's generate.py option)",
     "confidence_eos_eot_inf": "remove EOT before the confidence softmax (LLaDA's generate.py option)",
+    "predict_mask": "let [MASK] be predicted, as LLaDA's generate.py and bonsai's JAX port do (to reproduce them token "
+    "for token): a position written with [MASK] stays masked and may be chosen again, and each block ends after its "
+    "steps (policy fixed, decoder plain, cache none; off: [MASK]'s logit is -inf, so every commit writes a token)",
     "eos_early_stop": "stop a row once a finished block holds EOS/EOT",
     "dream_eps": "dream policy: the final timestep of Dream's schedule",
     "decoder": "plain (the policy alone), psd (parallel speculative decoding), rps (ripple-pivot search) or "
@@ -293,7 +300,14 @@ FLOAT_FIELDS = (
     "t_max",
     "confidence_threshold",
 )
-BOOL_FIELDS = ("logits_eos_inf", "confidence_eos_eot_inf", "eos_early_stop", "draft_next_block", "trace")
+BOOL_FIELDS = (
+    "logits_eos_inf",
+    "confidence_eos_eot_inf",
+    "predict_mask",
+    "eos_early_stop",
+    "draft_next_block",
+    "trace",
+)
 _OPTIONAL = ("steps", "draft_rate")
 
 
@@ -445,6 +459,12 @@ def _check_work(c: DecodeConfig) -> None:
             _fail(f"draft_rate {c.draft_rate} (PSD) exceeds block_length {c.block_length}")
         if c.draft_next_block:
             _check_next_block_drafts(c)
+    if c.predict_mask and (c.policy, c.decoder, c.cache) != ("fixed", "plain", "none"):
+        _fail(
+            "predict_mask (LLaDA generate.py's [MASK] rule) runs with policy 'fixed', decoder 'plain' and cache 'none' "
+            f"only (here policy={c.policy!r}, decoder={c.decoder!r}, cache={c.cache!r}): a position written with [MASK] "
+            "stays masked, so only a fixed number of steps per block ends every block, as in generate.py"
+        )
     if c.decoder == "edit" and c.policy != "threshold_schedule":
         _fail(f"decoder 'edit' fills masks with policy 'threshold_schedule' (LLaDA2.1's pipeline), not {c.policy!r}")
     if c.decoder == "rps" and c.k_max + 1 > MAX_BRANCHES:
@@ -497,6 +517,11 @@ def check_for_model(c: DecodeConfig, mcfg: ModelConfig) -> None:
         _fail(
             f"refresh_every and vicinity are not used for the block-causal {mcfg.family}: its block KV cache "
             "is exact (a block sees only finished blocks)"
+        )
+    if mcfg.block_causal and c.predict_mask:
+        _fail(
+            f"predict_mask (LLaDA generate.py's [MASK] rule) is not supported for the block-causal {mcfg.family}: "
+            "it is the flat models' loop (LLaDA, Dream, LLaDA-MoE)"
         )
     if mcfg.block_causal and c.draft_next_block:
         _fail(f"draft_next_block (PSD) is not supported for the block-causal {mcfg.family}: a block sees no later one")

@@ -201,7 +201,10 @@ class Loop:
     def committable(self, state: DecodeState) -> jax.Array:
         """M(x): masked positions of each row's current block ([B, N]); nothing for done rows."""
         start = self.block_span(state.block)[0]
-        return rules.committable(jnp, state.canvas, start, state.done, self.program.block_length, self.mcfg.mask_id)
+        since = self.prompt_length if self.program.predict_mask else None  # and earlier blocks' [MASK]s
+        return rules.committable(
+            jnp, state.canvas, start, state.done, self.program.block_length, self.mcfg.mask_id, since
+        )
 
     def next_block_drafts(self, state: DecodeState, rows: jax.Array) -> jax.Array:
         """[B, N] the masked positions of the next block of ``rows``, which PSD may draft

@@ -123,7 +123,8 @@ def logits_to_prediction(
     not depend on the others. Temperature and filters follow the family's upstream sampler
     (``sampling.SAMPLERS``): which logits the token is drawn from and which softmax its confidence
     is scored on."""
-    logits = logits.at[..., mcfg.mask_id].set(-jnp.inf)  # never predict [MASK]
+    if not program.predict_mask:  # LLaDA's generate.py predicts it (``predict_mask``): a [MASK] written stays masked
+        logits = logits.at[..., mcfg.mask_id].set(-jnp.inf)  # never predict [MASK]
     if program.logits_eos_inf:
         logits = logits.at[..., mcfg.eos_id].set(-jnp.inf)
     draws = jax.vmap(jax.random.split)(keys)
@@ -137,7 +138,7 @@ def logits_to_prediction(
     if program.filters:  # each row's own top-p / top-k
         active = hot if not sampler.filters_at_greedy else jnp.ones_like(hot)
         drawn = jnp.where(active[:, None, None], filtered(drawn, sampling.top_p, sampling.top_k, sampler.order), drawn)
-    if program.samples or program.filters:
+    if (program.samples or program.filters) and not program.predict_mask:
         # Tempering can turn the mask's -inf into NaN (-inf times a reciprocal flushed to zero), and a
         # NaN wins an argmax: [MASK] stays out of the draw whatever the temperature.
         drawn = drawn.at[..., mcfg.mask_id].set(-jnp.inf)
@@ -148,8 +149,11 @@ def logits_to_prediction(
         token = jnp.where(hot[:, None], jnp.argmax(drawn + gumbel, axis=-1), token)
     # A committed position must hold a token: where every logit is -inf (or NaN) the argmax may be the
     # mask id (index 0), and a step that writes [MASK] commits nothing; such a row ends with EOS
-    # instead of decoding forever.
-    token = jnp.where(token == mcfg.mask_id, mcfg.eos_id, token).astype(jnp.int32)
+    # instead of decoding forever. Under ``predict_mask`` a [MASK] is written as upstream writes it:
+    # its blocks end after their steps whatever they hold (``rules.advance``).
+    if not program.predict_mask:
+        token = jnp.where(token == mcfg.mask_id, mcfg.eos_id, token)
+    token = token.astype(jnp.int32)
     if sampler.confidence == "sampled":
         logits = drawn
     if program.confidence_eos_eot_inf and mcfg.eot_id is not None:

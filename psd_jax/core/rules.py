@@ -100,9 +100,18 @@ def in_block(xp, n: int, start: Array, block_length: int) -> Array:
     return (pos >= start[:, None]) & (pos < start[:, None] + block_length)
 
 
-def committable(xp, canvas: Array, start: Array, done: Array, block_length: int, mask_id: int) -> Array:
-    """M(x): the masked positions of each row's current block ([B, N]); nothing for done rows."""
-    return (canvas == mask_id) & in_block(xp, canvas.shape[-1], start, block_length) & ~done[:, None]
+def committable(
+    xp, canvas: Array, start: Array, done: Array, block_length: int, mask_id: int, since: int | None = None
+) -> Array:
+    """M(x): the masked positions of each row's current block ([B, N]); nothing for done rows.
+
+    ``since`` (``predict_mask``: LLaDA's ``generate.py``, whose candidates are every masked position
+    before the block's end): also the masked positions from canvas index ``since`` (the first
+    generated one) up to the block, where an earlier block's step wrote [MASK]."""
+    if since is None:
+        return (canvas == mask_id) & in_block(xp, canvas.shape[-1], start, block_length) & ~done[:, None]
+    pos = arange_like(xp, canvas.shape[-1], start)[None, :]
+    return (canvas == mask_id) & (pos >= since) & (pos < start[:, None] + block_length) & ~done[:, None]
 
 
 def _isin(x: Array, values: tuple[int, ...]) -> Array:
@@ -125,7 +134,12 @@ def advance(
     b = dcfg.block_length
     start = block_start(prompt_length, block, b)
     inside = in_block(xp, canvas.shape[-1], start, b)
-    complete = ~xp.any(inside & (canvas == mcfg.mask_id), axis=-1) & ~done
+    if dcfg.predict_mask:
+        # LLaDA's generate.py: a block ends after its steps, whether or not a step wrote [MASK] in it
+        # (such a position stays masked, so the mask rule below might never end the block).
+        complete = (step >= dcfg.steps_per_block) & ~done
+    else:
+        complete = ~xp.any(inside & (canvas == mcfg.mask_id), axis=-1) & ~done
     eos_stop = complete & xp.any(inside & _isin(canvas, mcfg.stop_ids), axis=-1) & dcfg.eos_early_stop
     after = arange_like(xp, canvas.shape[-1], canvas)[None, :] >= (start + b)[:, None]
     canvas = xp.where(eos_stop[:, None] & after, mcfg.eos_id, canvas)
@@ -145,6 +159,8 @@ def logit_width(dcfg: Settings, region_length: int) -> int | None:
     the drafts verified by a window call reach, and a row that moved on is refreshed first);
     None when that covers every position after ``prompt_length`` (``region_length`` of them):
     then the logits of those. Both backends' calls use this window (docs/algorithms.md "Prediction")."""
+    if dcfg.predict_mask:  # a [MASK] an earlier block left is still committable (``committable``'s ``since``)
+        return None
     width = dcfg.block_length * ((1 if dcfg.cache != "none" else 2) + dcfg.draft_next_block)
     return None if width >= region_length else width
 

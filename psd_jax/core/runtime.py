@@ -48,6 +48,7 @@ class Program(BlockCounts):
     confidence: str
     logits_eos_inf: bool
     confidence_eos_eot_inf: bool
+    predict_mask: bool  # LLaDA generate.py's [MASK] rule (``DecodeConfig.predict_mask``)
     eos_early_stop: bool
     dream_eps: float
     decoder: Literal["plain", "psd", "rps", "edit"]

@@ -62,7 +62,7 @@ from ..core.sampling import filters_set, sampler_for
 def check_supported(mcfg: ModelConfig, dcfg: DecodeConfig | None = None) -> None:
     """Refuse, by name, what this backend does not implement: block-causal families (LLaDA2.0's and
     SDAR's block diffusion, ``mcfg.block_causal``), families other than LLaDA and Dream, PSD's drafts into the next block,
-    token editing and the top-p/top-k filters (``dcfg``). Every policy,
+    LLaDA generate.py's [MASK] rule, token editing and the top-p/top-k filters (``dcfg``). Every policy,
     confidence, decoder and cache is implemented (through ``psd_jax.core.rules``)."""
     if mcfg.family == ENTROPY_BOUND_FAMILY:
         raise InputError(
@@ -83,6 +83,11 @@ def check_supported(mcfg: ModelConfig, dcfg: DecodeConfig | None = None) -> None
         raise InputError(
             "the PyTorch backend does not implement PSD's drafts into the next block (draft_next_block); "
             "decode with the JAX engine (psd_jax.load_model)"
+        )
+    if dcfg is not None and dcfg.predict_mask:
+        raise InputError(
+            "the PyTorch backend does not implement LLaDA generate.py's [MASK] rule (predict_mask); decode with the "
+            "JAX engine (psd_jax.load_model)"
         )
     if dcfg is not None and dcfg.trace:
         raise InputError(

@@ -209,7 +209,7 @@ def test_other_families_are_refused_by_name():
         load_torch_model(GOLDENS / "lladamoe-tiny", device="cpu")
 
 
-def test_drafts_into_the_next_block_token_editing_and_the_trace_are_refused_by_name(torch_lms):
+def test_drafts_into_the_next_block_token_editing_the_trace_and_the_mask_rule_are_refused_by_name(torch_lms):
     from psd_jax.core.errors import InputError
 
     settings = DecodeConfig(gen_length=32, block_length=16, decoder="psd", depth=7, draft_next_block=True)
@@ -220,6 +220,9 @@ def test_drafts_into_the_next_block_token_editing_and_the_trace_are_refused_by_n
         torch_lms["llada-tiny"].generate([[1, 2, 3]], editing)
     with pytest.raises(InputError, match=r"does not record a decode's trace \(trace\)"):
         torch_lms["llada-tiny"].generate([[1, 2, 3]], DecodeConfig(gen_length=32, block_length=16, trace=True))
+    upstream_mask = DecodeConfig(gen_length=32, block_length=16, predict_mask=True)
+    with pytest.raises(InputError, match=r"does not implement LLaDA generate.py's \[MASK\] rule \(predict_mask\)"):
+        torch_lms["llada-tiny"].generate([[1, 2, 3]], upstream_mask)
 
 
 def test_eos_early_exit_equals_jax(torch_lms, lms, cases):

@@ -39,6 +39,7 @@ def test_every_candidate_of_the_tuners_space_reads_back_as_itself():
             decoder="edit", policy="threshold_schedule", threshold=0.5, steps=8, editing_threshold=0.7, max_post_steps=4
         ),
         dict(policy="factor", factor=0.5, temperature=0.7),
+        dict(policy="fixed", steps=GEN, predict_mask=True, temperature=0.5),
         dict(decoder="psd", policy="threshold", depth=5, draft_rate=2),
         dict(
             decoder="psd", steps=GEN, depth=20, draft_next_block=True, accept_confidence=0.95, cache="dual", vicinity=16

@@ -42,7 +42,14 @@ def step_counts(dcfg: Settings) -> np.ndarray | None:
 def commit_mask(xp, conf: Array, valid: Array, step: Array, dcfg: Settings, counts: Array | None, values) -> Array:
     """The policy's commit set S for rows [B]: conf/valid [B, N], step [B]; ``counts``: its count
     table as an array of ``xp`` (``step_counts``, moved once by the caller)."""
-    chosen = policy_of(dcfg).commit(xp, conf, valid, ranks(xp, conf, valid), step, counts, values)
+    rank = ranks(xp, conf, valid)
+    if dcfg.predict_mask:
+        # LLaDA's generate.py (policy ``fixed``): exactly the schedule's count at every step, the block's
+        # last included, where ``fixed`` commits every position left; once a step wrote [MASK] (which
+        # stays masked) more are left, and generate.py leaves them.
+        chosen = rank < counts[xp.clip(step, 0, counts.shape[0] - 1)][:, None]
+    else:
+        chosen = policy_of(dcfg).commit(xp, conf, valid, rank, step, counts, values)
     return chosen & valid
 
 
