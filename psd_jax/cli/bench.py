@@ -108,6 +108,8 @@ class Row:
     extra: dict = field(default_factory=dict)
     calls: dict[str, dict] = field(default_factory=dict)  # the batches' model calls by shape, summed
     latency: list[float] = field(default_factory=list)  # seconds per answer at batch 1 (--latency)
+    batch_tokens: list[int] = field(default_factory=list)  # per batch, in order: what the speed interval resamples
+    batch_seconds: list[float] = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -133,6 +135,8 @@ class Row:
             **latency_summary(self.latency),
             "settings": self.settings,
             "correct_by_problem": "".join(map(str, self.correct_by_problem)),
+            "batch_tokens": self.batch_tokens,
+            "batch_seconds": self.batch_seconds,
             "calls": list(self.calls.values()),
             **extra,
         }
@@ -228,6 +232,8 @@ def add_batch(
 ) -> None:
     """One batch of ``chunk`` decoded with ``settings`` and timed, its results added to ``row``."""
     results = _timed_generate(lm, [ex["question"] for ex in chunk], settings, chat, prompt_bucket, row)
+    row.batch_seconds.append(results[0].seconds)
+    row.batch_tokens.append(sum(r.tokens for r in results))
     row.sequence_forwards += results[0].sequence_forwards
     row.add_calls(results[0].calls)
     for r, ex in zip(results, chunk):
@@ -278,16 +284,38 @@ def paired_difference(correct_a: str, correct_b: str) -> dict:
     }
 
 
+def rate_ratio_interval(
+    tokens: np.ndarray, seconds: np.ndarray, base_tokens: np.ndarray, base_seconds: np.ndarray, draws: int = 2000
+) -> tuple[float, float]:
+    """A 95% percentile-bootstrap interval of (sum tokens / sum seconds) over (the base's), from
+    paired groups (the same problems decoded by both: a batch, which is the unit whose seconds are
+    measured). Each draw resamples the groups with replacement, pairs kept; seeded, so a report is
+    reproducible."""
+    groups = np.stack([np.asarray(a, np.float64) for a in (tokens, seconds, base_tokens, base_seconds)], axis=1)
+    picks = np.random.default_rng(0).integers(0, len(groups), size=(draws, len(groups)))
+    totals = groups[picks].sum(axis=1)  # [draws, 4]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = (totals[:, 0] / totals[:, 1]) / (totals[:, 2] / totals[:, 3])
+    low, high = np.nanpercentile(ratios, [2.5, 97.5])
+    return float(low), float(high)
+
+
 def with_speedups(summaries: list[dict], baseline: str = BASELINE) -> list[dict]:
     """Each summary with its speedups over the baseline (``baseline``, measured in the same run):
-    tokens/s, TPF and, at batch 1, the median latency; and its accuracy difference against the
-    baseline on the same problems, paired (``paired_difference``: points and their standard error)."""
+    tokens/s with its 95% interval over the interleaved batches (``rate_ratio_interval``: batch i of
+    every setting ran the same problems back to back), TPF and, at batch 1, the median latency; and
+    its accuracy difference against the baseline on the same problems, paired
+    (``paired_difference``: points and their standard error)."""
     base = next((s for s in summaries if s["name"] == baseline), None)
     if base is None:
         return summaries
     for s in summaries:
         s["baseline"] = baseline
         s["speedup_tokens_per_second"] = s["tokens_per_second"] / base["tokens_per_second"]
+        if s.get("batch_seconds") and len(s["batch_seconds"]) == len(base.get("batch_seconds", [])):
+            s["speedup_tokens_per_second_interval"] = list(
+                rate_ratio_interval(s["batch_tokens"], s["batch_seconds"], base["batch_tokens"], base["batch_seconds"])
+            )
         s["speedup_tpf"] = s["tpf"] / base["tpf"]
         if "latency_p50" in s and "latency_p50" in base:
             s["speedup_latency"] = base["latency_p50"] / s["latency_p50"]
@@ -302,6 +330,17 @@ def _cell(summary: dict, key: str, form: str) -> str:
     return form.format(summary[key]) if key in summary else "–"
 
 
+def _speedup(summary: dict) -> str:
+    """The tokens/s ratio over the baseline, with its 95% interval over batches where measured."""
+    if "speedup_tokens_per_second" not in summary:
+        return "–"
+    cell = f"{summary['speedup_tokens_per_second']:.2f}x"
+    spread = summary.get("speedup_tokens_per_second_interval")
+    if spread and summary["name"] != summary.get("baseline"):
+        cell += f" ({spread[0]:.2f}–{spread[1]:.2f})"
+    return cell
+
+
 def _difference(summary: dict) -> str:
     if summary["name"] == summary.get("baseline") or "accuracy_difference" not in summary:
         return "–"
@@ -312,7 +351,7 @@ def _difference(summary: dict) -> str:
 def markdown_table(summaries: list[dict]) -> str:
     edits = any("edits_per_block" in s for s in summaries)  # a token-editing row: its edits per block
     head = (
-        "| decoder | tokens/s | speedup (tok/s) | accuracy | vs baseline (points) | TPF | TPF ratio | NFE/prompt "
+        "| decoder | tokens/s | speedup (tok/s, 95% interval) | accuracy | vs baseline (points) | TPF | TPF ratio | NFE/prompt "
         "| latency p50 s | p95 s | compile s |" + (" edits/block |" if edits else "") + "\n"
     )
     head += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (
@@ -320,7 +359,7 @@ def markdown_table(summaries: list[dict]) -> str:
     )
     head += "\n"
     lines = [
-        f"| {s['name']} | {s['tokens_per_second']:.1f} | {_cell(s, 'speedup_tokens_per_second', '{:.2f}x')} | "
+        f"| {s['name']} | {s['tokens_per_second']:.1f} | {_speedup(s)} | "
         f"{100 * s['accuracy']:.1f}% | {_difference(s)} | {s['tpf']:.2f} | {_cell(s, 'speedup_tpf', '{:.2f}x')} | "
         f"{s['nfe_per_prompt']:.1f} | {_cell(s, 'latency_p50', '{:.3f}')} | {_cell(s, 'latency_p95', '{:.3f}')} | "
         f"{s['compile_seconds']:.1f} |" + (f" {_cell(s, 'edits_per_block', '{:.2f}')} |" if edits else "")

@@ -3,12 +3,14 @@ points of a base setting, on your development set.
 
 Fastest in seconds on a device (``--objective seconds``, the default): this one, as its decodes
 took (``--device this``), or a modeled target priced from the decodes' model calls by shape
-(``--device h200:MODEL_DIR@32``); or in model calls (``--objective calls``). The problems are split
-(seeded) into a search part and a confirmation part. Successive halving over growing prefixes of the
-search part compares every candidate with the base problem by problem; the cheapest candidate
-within the loss on the last rung is chosen, then measured once against the base on the
-confirmation part, which the search never saw. A finished log re-ranks for another objective or
-device without decoding again. docs/tuning.md.
+(``--device h200:MODEL_DIR@32``); or in model calls (``--objective calls``). The search problems
+are compared with the base problem by problem by successive halving over growing prefixes; the
+candidates that may be chosen are then confirmed on problems the search never saw (a seeded split
+of ``--data``, or a file of their own, ``--confirm-data``), and the first whose paired loss is within
+``--max-loss`` by its upper bound, widened for the number of candidates the confirmation may try,
+is chosen. ``--final-data`` measures that choice once more on a third set that nothing else reads:
+the figure a user can expect. A finished log re-ranks for another objective or device without
+decoding again. docs/tuning.md.
 """
 
 from __future__ import annotations
@@ -40,7 +42,16 @@ from ..scoring import load_jsonl
 from . import log as tune_log
 from .devices import OBJECTIVES, THIS, objective_for, parse_device
 from .report import interval, write_reports
-from .search import NotEvaluated, Objective, compare, default_rungs, split, successive_halving
+from .search import (
+    NotEvaluated,
+    Objective,
+    compare,
+    corrected_z,
+    default_rungs,
+    speedup_interval,
+    split,
+    successive_halving,
+)
 from .space import ENTROPY_BOUND_SPACES, SPACES, build_space
 
 BASE_CACHE = "none"  # a named base runs uncached: the reference is the model's own decode
@@ -69,6 +80,23 @@ def build_parser() -> ArgumentParser:
         help=f"share of the problems held out for confirmation (default {CONFIRM_FRACTION})",
     )
     group.add_argument("--confirm", type=int, metavar="N", help="problems held out for confirmation")
+    group.add_argument(
+        "--confirm-data",
+        metavar="FILE",
+        help="a jsonl of confirmation problems of its own (then every --data problem is a search problem)",
+    )
+    p.add_argument(
+        "--final-data",
+        metavar="FILE",
+        help="a third jsonl, decoded once for the choice and the base after the choice holds: the figure to "
+        "expect on new data, stored with the choice",
+    )
+    p.add_argument(
+        "--confirm-z",
+        type=float,
+        help="a confirmation holds when difference - Z*SE >= -max loss (default: --z widened for the "
+        f"{MAX_CONFIRMATIONS} candidates a confirmation may try, 2.12 at z 1.64; 0: the point estimate)",
+    )
     p.add_argument("--split-seed", type=int, default=0, help="seed of the search/confirmation split (default 0)")
     p.add_argument("--rungs", help="comma-separated, increasing search sizes (default 50, 100, 200, ..., all)")
     p.add_argument("--z", type=float, default=1.64, help="bounds are difference ± z·SE (default 1.64)")
@@ -118,6 +146,8 @@ class Plan:
     dropped: list
     search_ids: list[int]
     confirm_ids: list[int]
+    final_ids: list[int]  # empty without --final-data
+    files: dict[str, dict]  # each problem file: path, SHA-256 and the indices of its problems
     rungs: list[int]
     context: dict[str, Any]
     log: Path
@@ -183,12 +213,40 @@ def confirm_size(args, n: int) -> int:
     return size
 
 
+def problem_file(flag: str, path: str) -> list[dict]:
+    file = Path(path)
+    if not file.is_file():
+        raise InputError(f"{flag}: no problem file {file}")
+    examples = load_jsonl(file)
+    if not examples:
+        raise InputError(f"{flag}: {file} holds no problems")
+    return examples
+
+
+def check_disjoint(sets: dict[str, list[dict]]) -> None:
+    """No question in two of the problem files: a confirmation or final problem the search also read
+    would measure the search's luck, not the setting."""
+    seen: dict[str, str] = {}
+    for flag, examples in sets.items():
+        shared = {seen[ex["question"]] for ex in examples if ex["question"] in seen}
+        if shared:
+            count = sum(ex["question"] in seen for ex in examples)
+            raise InputError(f"{flag}: {count} of its questions are also in {', '.join(sorted(shared))}")
+        seen.update({ex["question"]: flag for ex in examples})
+
+
+def confirmation_z(args) -> float:
+    return corrected_z(args.z, MAX_CONFIRMATIONS) if args.confirm_z is None else args.confirm_z
+
+
 def prepare(args) -> Plan:
     """Every check that needs no weights: bad input fails here, before the model loads."""
     if args.max_loss < 0:
         raise InputError(f"--max-loss must be >= 0 (accuracy points), got {args.max_loss:g}")
     if not args.z > 0:
         raise InputError(f"--z must be positive, got {args.z:g}")
+    if args.confirm_z is not None and not args.confirm_z >= 0:
+        raise InputError(f"--confirm-z must be >= 0, got {args.confirm_z:g}")
     model_dir = model_directory(args.model)
     sampler = load_config(model_dir).family == ENTROPY_BOUND_FAMILY  # DiffusionGemma: its own space and names
     if sampler and args.device != THIS:
@@ -202,12 +260,30 @@ def prepare(args) -> Plan:
     examples = load_jsonl(data)[: args.limit]
     if not examples:
         raise InputError(f"{data} holds no problems")
+    sets = {"--data": examples}
+    if args.confirm_data:
+        sets["--confirm-data"] = problem_file("--confirm-data", args.confirm_data)
+    if args.final_data:
+        sets["--final-data"] = problem_file("--final-data", args.final_data)
+    check_disjoint(sets)
     lengths = decode_fields(args)
     base_name, base = resolve_base(args.base, model_dir, lengths)
     mcfg = load_config(model_dir)
     check_for_model(base, mcfg)
-    n_confirm = confirm_size(args, len(examples))
-    search_ids, confirm_ids = split(len(examples), n_confirm, args.split_seed)
+    if args.confirm_data:  # the search reads all of --data, in one seeded order
+        search_ids, _ = split(len(examples), 0, args.split_seed)
+        confirm_ids = list(range(len(examples), len(examples) + len(sets["--confirm-data"])))
+    else:
+        search_ids, confirm_ids = split(len(examples), confirm_size(args, len(examples)), args.split_seed)
+    start = len(examples) + (len(confirm_ids) if args.confirm_data else 0)
+    final_ids = list(range(start, start + len(sets.get("--final-data", []))))
+    paths = {"--data": data, "--confirm-data": args.confirm_data, "--final-data": args.final_data}
+    files, offset = {}, 0
+    for flag, problems in sets.items():
+        path = Path(paths[flag])
+        files[flag] = {"path": str(path), "sha256": tune_log.file_sha256(path), "first": offset, "n": len(problems)}
+        offset += len(problems)
+    examples = [ex for problems in sets.values() for ex in problems]
     rungs = parse_rungs(args.rungs, len(search_ids))
     defaults = model_settings(model_dir, lengths)
     if sampler:
@@ -221,20 +297,22 @@ def prepare(args) -> Plan:
         raise InputError(f"no valid candidate in the {args.space!r} space: {space.dropped[0][1]}")
     context = {
         "model": str(model_dir.resolve()),
-        "data_sha256": tune_log.file_sha256(data),
+        "data_sha256": files["--data"]["sha256"],
         "dtype": args.dtype,
         "quantize": args.quantize,
         "mesh": args.mesh,
         "chat": args.chat,
         "prompt_bucket": args.prompt_bucket,
     }
+    if len(files) > 1:  # problem indices run on through the other files: their contents and offsets
+        context["problem_files"] = {flag: [f["sha256"], f["first"], f["n"]] for flag, f in files.items()}
     log = Path(args.log) if args.log else Path(args.out) / "tune.jsonl"
     target = parse_device(args.device, model_dir, args.batch)
     objective = objective_for(args.objective, target, defaults.block_length)
     kind = this_device_kind() if target is None else target.kind
     return Plan(
         model_dir, data, examples, base_name, base, space.candidates, space.dropped,
-        search_ids, confirm_ids, rungs, context, log, objective, kind,
+        search_ids, confirm_ids, final_ids, files, rungs, context, log, objective, kind,
     )  # fmt: skip
 
 
@@ -283,6 +361,7 @@ def run(plan: Plan, args) -> int:
         objective=plan.objective,
     )
     confirmation, failed = confirm(plan, args, evaluator, result)
+    final = measure_final(plan, args, evaluator, result.choice) if confirmation is not None else None
     bar.close()
     meta = {
         "model": str(plan.model_dir),
@@ -291,10 +370,13 @@ def run(plan: Plan, args) -> int:
         "n": len(plan.examples),
         "search_size": len(plan.search_ids),
         "confirm_size": len(plan.confirm_ids),
+        "final_size": len(plan.final_ids),
+        "files": plan.files,
         "split_seed": args.split_seed,
-        "splits": {"search": plan.search_ids, "confirmation": plan.confirm_ids},
+        "splits": {"search": plan.search_ids, "confirmation": plan.confirm_ids, "final": plan.final_ids},
         "rungs": plan.rungs,
         "z": args.z,
+        "confirm_z": confirmation_z(args),
         "max_loss": args.max_loss,
         "objective": plan.objective.name,
         "device": plan.objective.device,
@@ -308,12 +390,17 @@ def run(plan: Plan, args) -> int:
         "time": time.strftime("%Y-%m-%d %H:%M"),
     }
     fields = {name: tune_log.dataclass_fields(c) for name, c in plan.candidates.items()}
-    print(write_reports(Path(args.out), meta, result, plan.base_name, confirmation, plan.dropped, fields, failed))
+    print(
+        write_reports(Path(args.out), meta, result, plan.base_name, confirmation, plan.dropped, fields, failed, final)
+    )
     if args.write:
         if result.choice is None or confirmation is None:
             print("error: nothing chosen and confirmed, so no recommended setting written", file=sys.stderr)
             return 1
-        write_choice(plan, args, result, confirmation)
+        if plan.final_ids and final is None:
+            print("error: the choice's final measurement is not in the log, so nothing written", file=sys.stderr)
+            return 1
+        write_choice(plan, args, result, confirmation, final)
     return 0
 
 
@@ -321,16 +408,20 @@ MAX_CONFIRMATIONS = 3  # distinct answers tried on the confirmation split before
 
 
 def confirm(plan: Plan, args, evaluator, result) -> tuple[dict | None, list[dict]]:
-    """The choice measured on the confirmation split, which the search never saw. A choice whose
-    confirmation falls below ``-max_loss`` (point estimate) fails it: the next candidate that may be
-    chosen (``SearchResult.ranked``) is confirmed instead, and the first to hold becomes the choice
-    (``result.choice``; statuses updated). The search gives up after ``MAX_CONFIRMATIONS`` failures
-    with different answers: a candidate that answers every confirmation problem as one that failed
-    (the same decoder under another cache often does) fails alike and tells nothing new, so it does
-    not count. The fastest candidate of many within the loss is selected partly for its luck on the
-    search split; the confirmation is where that shows. Returns (the confirmation that held, else
+    """The choice measured on the confirmation split, which the search never saw. A confirmation
+    holds when the paired loss is within ``max_loss`` by its upper bound, ``difference -
+    confirm_z * SE >= -max_loss``, with ``confirm_z`` the one-sided bound of ``--z`` widened for the
+    ``MAX_CONFIRMATIONS`` candidates this may try (``search.corrected_z``): the fastest candidate of
+    many within the loss is selected partly for its luck on the search split, and a point estimate
+    at the edge of the loss passes half the time when the true loss is right there. A choice that
+    fails gives way to the next candidate that may be chosen (``SearchResult.ranked``), and the first
+    to hold becomes the choice (``result.choice``; statuses updated). The search gives up after
+    ``MAX_CONFIRMATIONS`` failures with different answers: a candidate that answers every
+    confirmation problem as one that failed (the same decoder under another cache often does) fails
+    alike and tells nothing new, so it does not count. Returns (the confirmation that held, else
     None: then nothing is chosen; the confirmations that did not hold)."""
     evaluator.phase = "confirm"
+    z_confirm = confirmation_z(args)
     failed, answers = [], set()
     for name in result.ranked:
         if len(answers) == MAX_CONFIRMATIONS:
@@ -346,18 +437,43 @@ def confirm(plan: Plan, args, evaluator, result) -> tuple[dict | None, list[dict
             result.choice = None
             return None, failed
         measured = {"name": name, **compare(base_out, out, plan.confirm_ids, args.z, plan.objective)}
-        if measured["difference"] >= -args.max_loss / 100:
+        measured["confirm_z"] = z_confirm
+        measured["gate"] = measured["difference"] - z_confirm * measured["standard_error"]
+        if measured["gate"] >= -args.max_loss / 100:
             result.last[name]["status"] = "chosen"
             result.choice = name
             return measured, failed
         result.last[name]["status"] = "failed confirmation"
         answers.add(tuple(out[i].correct for i in plan.confirm_ids))
-        failed.append({k: measured[k] for k in ("name", "difference", "standard_error", "accuracy", "base_accuracy")})
+        keys = ("name", "difference", "standard_error", "gate", "accuracy", "base_accuracy")
+        failed.append({k: measured[k] for k in keys})
     result.choice = None
     return None, failed
 
 
-def write_choice(plan: Plan, args, result, confirmation: dict) -> None:
+def measure_final(plan: Plan, args, evaluator, choice: str) -> dict | None:
+    """The confirmed choice and the base on ``--final-data``, once: problems neither the search nor
+    the confirmation read, so the figure is free of the selection that both made. With the
+    accuracy difference's interval (``--z``) and the tokens/s ratio's (a bootstrap over batches).
+    None without a final set, or when a re-rank's log lacks it."""
+    if not plan.final_ids:
+        return None
+    evaluator.phase = "final"
+    candidate = plan.candidates[choice]
+    evaluator.plan([plan.base, candidate], plan.final_ids)
+    try:
+        base_out = evaluator.results(plan.base_name, plan.base, plan.final_ids)
+        out = evaluator.results(choice, candidate, plan.final_ids)
+    except NotEvaluated:
+        print(f"{choice}: its final measurement is not in the log (run without --rerank)", file=sys.stderr)
+        return None
+    measured = {"name": choice, **compare(base_out, out, plan.final_ids, args.z, plan.objective)}
+    if plan.objective.name == "seconds" and plan.objective.price is None:
+        measured["speedup_interval"] = list(speedup_interval(base_out, out, plan.final_ids))
+    return measured
+
+
+def write_choice(plan: Plan, args, result, confirmation: dict, final: dict | None = None) -> None:
     from ..recommended import write_recommended
 
     search = result.last[result.choice]
@@ -375,17 +491,20 @@ def write_choice(plan: Plan, args, result, confirmation: dict) -> None:
         "search_size": len(plan.search_ids),
         "confirm_size": len(plan.confirm_ids),
         "split_seed": args.split_seed,
+        "files": {flag: {k: f[k] for k in ("path", "sha256", "n")} for flag, f in plan.files.items()},
         "gen_length": plan.base.gen_length,  # the length the setting was tuned at
         "last_rung": plan.rungs[-1],
         "base": {"name": plan.base_name, "settings": plan.base.changed()},
         "max_loss_points": args.max_loss,
         "z": args.z,
+        "confirm_z": confirmation["confirm_z"],
         "objective": plan.objective.name,
         "device": chosen_for(plan.objective, plan.device_kind),
         "search": paired(search),
         "confirmation": paired(confirmation),
-        "tpf_ratio": confirmation["tpf_ratio"],
-        "speedup": confirmation["speedup"],
+        **({"final": paired(final) | {k: final[k] for k in ("speedup_interval",) if k in final}} if final else {}),
+        "tpf_ratio": (final or confirmation)["tpf_ratio"],
+        "speedup": (final or confirmation)["speedup"],
         "date": time.strftime("%Y-%m-%d"),
     }
     frontier = [

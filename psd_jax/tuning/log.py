@@ -30,28 +30,34 @@ def file_sha256(path: Path) -> str:
 
 
 def decode_batch(lm, settings: DecodeConfig, examples: list[dict], chat: bool | None, bucket: int) -> tuple:
-    """One warm decode of ``examples`` (``generate(warm=True)``): their outcomes, the decode's seconds
-    (compilation apart), its compile seconds and its calls by shape."""
+    """One warm decode of ``examples`` (``generate(warm=True)``): per problem whether it was right,
+    its calls and tokens; the decode's seconds (compilation apart), its compile seconds and its
+    calls by shape."""
     from ..scoring import is_correct
 
     texts = [ex["question"] for ex in examples]
     results = lm.generate(texts, settings, chat=chat, prompt_bucket=bucket, warm=True)
     first = results[0]
-    outcomes = outcomes_of(
-        [int(is_correct(r.text or "", ex)) for r, ex in zip(results, examples)],
+    correct = [int(is_correct(r.text or "", ex)) for r, ex in zip(results, examples)]
+    return (
+        correct,
         [r.nfe for r in results],
         [r.tokens for r in results],
         first.seconds,
+        first.compile_seconds,
         first.calls,
     )
-    return outcomes, first.seconds, first.compile_seconds, first.calls
 
 
-def outcomes_of(correct: list[int], nfe: list[int], tokens: list[int], seconds: float, calls: list[dict]) -> list:
-    """The ``Outcome`` of each problem of one batch: its own answer, calls and tokens, an equal share
-    of the batch's seconds, and the batch's calls by shape."""
+def outcomes_of(
+    correct: list[int], nfe: list[int], tokens: list[int], seconds: float, calls: list[dict], batch: int = 0
+) -> list:
+    """The ``Outcome`` of each problem of one batch (``batch``: its id): its own answer, calls and
+    tokens, an equal share of the batch's seconds, and the batch's calls by shape."""
     rows, shared = len(correct), tuple(calls)
-    return [Outcome(int(c), int(n), int(t), seconds / rows, shared, rows) for c, n, t in zip(correct, nfe, tokens)]
+    return [
+        Outcome(int(c), int(n), int(t), seconds / rows, shared, rows, batch) for c, n, t in zip(correct, nfe, tokens)
+    ]
 
 
 class LoggedEvaluator:
@@ -80,6 +86,7 @@ class LoggedEvaluator:
         self.known: dict[tuple[str, int], Outcome] = {}
         self.decoded = 0  # problems decoded by this process (not read back)
         self.torn = False
+        self.batches = 0  # batch ids handed out: one per log line read or written
         self.read_back = self._read()
 
     def _read(self) -> int:
@@ -95,8 +102,14 @@ class LoggedEvaluator:
                     continue
                 key = canonical(DecodeConfig(**entry["settings"]))
                 outcomes = outcomes_of(
-                    entry["correct"], entry["nfe"], entry["tokens"], entry["seconds"], entry.get("calls", [])
+                    entry["correct"],
+                    entry["nfe"],
+                    entry["tokens"],
+                    entry["seconds"],
+                    entry.get("calls", []),
+                    self.batches,
                 )
+                self.batches += 1
                 for i, outcome in zip(entry["problems"], outcomes):
                     self.known[(key, int(i))] = outcome
                 count += 1
@@ -124,9 +137,11 @@ class LoggedEvaluator:
                 self.lm = self.load()
             if self.progress is not None:
                 self.progress.set_postfix_str(f"{self.phase}: {name}")
-            outcomes, seconds, compile_seconds, calls = decode_batch(
+            correct, nfe, tokens, seconds, compile_seconds, calls = decode_batch(
                 self.lm, settings, [self.examples[i] for i in chunk], self.chat, self.bucket
             )
+            outcomes = outcomes_of(correct, nfe, tokens, seconds, calls, self.batches)
+            self.batches += 1
             self._append(name, settings, chunk, outcomes, seconds, compile_seconds, calls)
             for i, outcome in zip(chunk, outcomes):
                 self.known[(key, i)] = outcome

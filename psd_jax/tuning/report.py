@@ -62,15 +62,17 @@ def write_reports(
     dropped: list,
     settings: dict[str, dict],
     failed: list[dict] | None = None,
+    final: dict | None = None,
 ) -> str:
     """Write the three files; return the text to print (frontier table and the choice).
     ``settings``: each candidate's ``DecodeConfig`` fields, stored with its numbers; ``failed``: the
-    candidates whose confirmation did not hold, in the order they were tried."""
+    candidates whose confirmation did not hold, in the order they were tried; ``final``: the
+    choice on the final set."""
     failed = failed or []
     out.mkdir(parents=True, exist_ok=True)
     last_rung = meta["rungs"][-1]
-    final = {n: s for n, s in result.last.items() if s["rung"] == last_rung}
-    stats = {base_name: {**result.base, "status": "base"}, **final}
+    last_rung_stats = {n: s for n, s in result.last.items() if s["rung"] == last_rung}
+    stats = {base_name: {**result.base, "status": "base"}, **last_rung_stats}
     frontier_rows = [(n, stats[n]) for n in result.frontier]
     report = {
         "meta": meta,
@@ -80,18 +82,21 @@ def write_reports(
         "frontier": result.frontier,
         "choice": result.choice,
         "confirmation": confirmation,
+        "final": final,
         "failed_confirmation": failed,
         "dropped_from_space": [{"settings": f, "reason": why} for f, why in dropped],
     }
     (out / "tune.json").write_text(json.dumps(report, indent=2) + "\n")
-    verdict = verdict_text(meta, result, confirmation, failed)
+    verdict = verdict_text(meta, result, confirmation, failed, final)
     frontier_md = table(frontier_rows, result.choice, base_name)
     ordered = sorted(result.last.items(), key=lambda item: (-item[1]["rung"], item[1]["cost_per_prompt"]))
+    final_part = f", final {meta['final_size']}" if meta.get("final_size") else ""
     md = (
         f"# Tuning: {meta['model']} on {meta['data']}\n\n"
         f"Base {base_name}; objective {meta['objective']} on {meta['device']}; max loss {meta['max_loss']:g} points; "
         f"search {meta['search_size']} problems "
-        f"(rungs {', '.join(map(str, meta['rungs']))}), confirmation {meta['confirm_size']}.\n\n"
+        f"(rungs {', '.join(map(str, meta['rungs']))}), confirmation {meta['confirm_size']}"
+        f"{final_part}.\n\n"
         f"## Frontier (last rung, {last_rung} problems)\n\n{frontier_md}\n{verdict}\n\n"
         f"## Every candidate at the last rung it reached\n\n"
         f"{table([(base_name, stats[base_name]), *ordered], result.choice, base_name, status=True)}"
@@ -109,14 +114,18 @@ def write_reports(
     return f"{frontier_md}\n{verdict}\nwrote {out / 'tune.json'}, {out / 'tune.md'}, {out / 'frontier.png'}"
 
 
-def verdict_text(meta: dict, result: SearchResult, confirmation: dict | None, failed: list[dict]) -> str:
-    """The search's outcome in words: the confirmations that failed, then the choice and its
-    confirmation, or why there is none."""
+def verdict_text(
+    meta: dict, result: SearchResult, confirmation: dict | None, failed: list[dict], final: dict | None = None
+) -> str:
+    """The search's outcome in words: the confirmations that failed, then the choice, its
+    confirmation and final measurement with the selection effect (the choice's difference on
+    search, confirmation and final problems), or why there is none."""
     z = meta["z"]
     last_rung = meta["rungs"][-1]
+    confirm_z = meta.get("confirm_z", z)
     tried = "".join(
         f"{f['name']} failed its confirmation ({_points(f['difference'])} ± {100 * f['standard_error']:.1f} points "
-        f"on {meta['confirm_size']} problems); "
+        f"on {meta['confirm_size']} problems, bound {_points(f.get('gate', f['difference']))} at z = {confirm_z:.2f}); "
         for f in failed
     )
     if result.choice is None and failed:
@@ -140,6 +149,20 @@ def verdict_text(meta: dict, result: SearchResult, confirmation: dict | None, fa
                 f"accuracy {100 * confirmation['accuracy']:.1f}% against {100 * confirmation['base_accuracy']:.1f}%, "
                 f"{confirmation['speedup']:.2f}x the base's {_rate(meta)}, "
                 f"NFE/prompt {confirmation['nfe_per_prompt']:.1f} against {confirmation['base_nfe_per_prompt']:.1f}, "
-                f"TPF ratio {confirmation['tpf_ratio']:.2f}x."
+                f"TPF ratio {confirmation['tpf_ratio']:.2f}x; its loss bound "
+                f"{_points(confirmation['gate'])} at z = {confirm_z:.2f} is within {meta['max_loss']:g} points."
+            )
+        if final is not None:
+            spread = final.get("speedup_interval")
+            verdict += (
+                f"\nFinal ({final['n']} problems that neither the search nor the confirmation read): "
+                f"{interval(final, z)}; accuracy {100 * final['accuracy']:.1f}% against "
+                f"{100 * final['base_accuracy']:.1f}%, {final['speedup']:.2f}x the base's {_rate(meta)}"
+                + (f" (95% interval {spread[0]:.2f}-{spread[1]:.2f}x over batches)" if spread else "")
+                + f", TPF ratio {final['tpf_ratio']:.2f}x."
+            )
+            verdict += (
+                f"\nSelection effect (the choice's difference from the base): search {_points(chosen['difference'])}, "
+                f"confirmation {_points(confirmation['difference'])}, final {_points(final['difference'])} points."
             )
     return verdict

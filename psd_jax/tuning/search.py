@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from statistics import NormalDist
 from typing import Protocol
 
 import numpy as np
 
-from ..cli.bench import paired_difference
+from ..cli.bench import paired_difference, rate_ratio_interval
 from ..core.config import DecodeConfig
 
 KEEP_MIN = 4  # a rung keeps at least this many candidates (or all there are)
@@ -31,6 +32,7 @@ class Outcome:
     seconds: float = 0.0  # its share of its batch's warm decode seconds, on the device that decoded it
     calls: tuple = ()  # its batch's model calls by shape (``calls.call_records``), shared by the batch
     rows: int = 1  # problems in that batch
+    batch: int = 0  # which decode it was part of (problems of one batch share its seconds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +100,14 @@ def smoothed_se(won: int, lost: int, n: int) -> float:
     return math.sqrt(max(variance, 0.0) / n)
 
 
+def corrected_z(z: float, tries: int) -> float:
+    """The one-sided bound's width when up to ``tries`` candidates are confirmed on one split: the
+    level ``1 - Phi(z)`` split between them (Bonferroni), so the chance that any one that loses more
+    than the promised points passes stays at most the level of one. ``z`` 1.64 over 3 tries: 2.12."""
+    normal = NormalDist()
+    return normal.inv_cdf(1 - (1 - normal.cdf(z)) / tries)
+
+
 def compare(
     base: dict[int, Outcome], other: dict[int, Outcome], ids: list[int], z: float, objective: Objective = CALLS
 ) -> dict:
@@ -137,6 +147,22 @@ def compare(
         "base_tpf": base_tpf,
         "tpf_ratio": tpf / base_tpf if base_tpf else math.nan,
     }
+
+
+def speedup_interval(base: dict[int, Outcome], other: dict[int, Outcome], ids: list[int]) -> tuple[float, float]:
+    """A 95% interval of the tokens/s ratio of ``other`` over ``base`` on ``ids``: a bootstrap over
+    decodes (``rate_ratio_interval``). Problems decoded together share their batch's seconds, so the
+    unit that varies is a batch, not a problem: the groups resampled are the problems one base batch
+    and one ``other`` batch decoded."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i in ids:
+        groups.setdefault((base[i].batch, other[i].batch), []).append(i)
+    columns = [
+        [sum(getattr(outcomes[i], field) for i in members) for members in groups.values()]
+        for outcomes in (other, base)
+        for field in ("tokens", "seconds")
+    ]
+    return rate_ratio_interval(*columns)
 
 
 def _order(stats: dict) -> tuple:

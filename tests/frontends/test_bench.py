@@ -33,7 +33,7 @@ def test_bench_writes_json_markdown_and_plot(run):
     assert names == ["fixed-1/none", "threshold-0.9/none", "psd-fixed-4-d3/dual"]
     assert [r["settings"]["cache"] for r in report["results"]] == ["none", "none", "dual"]
     table = (out / "bench.md").read_text().splitlines()
-    assert table[0].startswith("| decoder | tokens/s | speedup (tok/s) | accuracy | vs baseline (points) |")
+    assert table[0].startswith("| decoder | tokens/s | speedup (tok/s, 95% interval) | accuracy | vs baseline (points) |")
     assert len(table) == 5 and [line.split(" | ")[0] for line in table[2:]] == [f"| {n}" for n in names]
     assert table[2].split(" | ")[2] == "1.00x" and table[2].split(" | ")[4] == "–"  # the baseline against itself
 
@@ -59,6 +59,15 @@ def test_bench_counts_match_a_direct_generate_call(run):
     assert base["speedup_tpf"] == base["speedup_tokens_per_second"] == 1.0 and base["accuracy_difference"] == 0
     assert row["speedup_tpf"] == pytest.approx(row["tpf"] / base["tpf"])
     assert row["speedup_tokens_per_second"] == pytest.approx(row["tokens_per_second"] / base["tokens_per_second"])
+    # The speed interval resamples the two interleaved batches: its ends are ratios of whole batches.
+    assert len(row["batch_seconds"]) == len(row["batch_tokens"]) == 2 and sum(row["batch_tokens"]) == row["tokens"]
+    assert sum(row["batch_seconds"]) == pytest.approx(row["seconds"])
+    per_batch = [
+        (t / s) / (bt / bs)
+        for t, s, bt, bs in zip(row["batch_tokens"], row["batch_seconds"], base["batch_tokens"], base["batch_seconds"])
+    ]
+    low, high = row["speedup_tokens_per_second_interval"]
+    assert low == pytest.approx(min(per_batch)) and high == pytest.approx(max(per_batch))
     pair = bench.paired_difference(base["correct_by_problem"], row["correct_by_problem"])
     assert (row["accuracy_difference"], row["accuracy_standard_error"]) == (pair["difference"], pair["standard_error"])
 

@@ -15,7 +15,7 @@ from psd_jax.core.config import DecodeConfig
 from psd_jax.model_dir import DEFAULT_MODEL_DIR, model_settings
 from psd_jax.recommended import RECOMMENDED_FILE, read_recommended
 from psd_jax.tuning import log as tune_log
-from psd_jax.tuning.search import Outcome, split, successive_halving
+from psd_jax.tuning.search import Outcome, corrected_z, speedup_interval, split, successive_halving
 from psd_jax.tuning.space import build_space, default_space, small_space
 
 # ---------------------------------------------------------------- the selection rule, synthetic
@@ -141,7 +141,7 @@ def test_a_choice_that_fails_its_confirmation_gives_way_to_the_next():
     from psd_jax.tuning.cli import confirm
     from psd_jax.tuning.search import CALLS
 
-    confirm_ids = list(range(1000, 1300))
+    confirm_ids = list(range(1000, 1600))
     # Both within the loss on the 200 search problems by their point estimates, neither by its bound.
     unlucky = lambda i: BASE_RIGHT(i) and i != 7 and not (i >= 1000 and i % 33 == 0)  # noqa: E731  -3 points
     rules = {"fast": (5, unlucky), "steady": (9, BASE_RIGHT)}
@@ -151,11 +151,12 @@ def test_a_choice_that_fails_its_confirmation_gives_way_to_the_next():
         candidates={n: DecodeConfig() for n in rules}, base=DecodeConfig(), base_name="base",
         confirm_ids=confirm_ids, objective=CALLS,
     )  # fmt: skip
-    args = SimpleNamespace(z=1.64, max_loss=1.0)
+    args = SimpleNamespace(z=1.64, max_loss=1.0, confirm_z=None)
     table.phase = None
     held, failed = confirm(plan, args, table, result)
     assert held["name"] == result.choice == "steady" and held["difference"] == 0
-    assert [f["name"] for f in failed] == ["fast"] and failed[0]["difference"] == pytest.approx(-9 / 300)
+    assert held["confirm_z"] == pytest.approx(2.12, abs=0.01) and held["gate"] >= -0.01
+    assert [f["name"] for f in failed] == ["fast"] and failed[0]["difference"] == pytest.approx(-17 / 600)
     assert result.last["fast"]["status"] == "failed confirmation" and result.last["steady"]["status"] == "chosen"
     lossy, _ = search({"fast": (5, unlucky)}, rungs=(100, 200))
     assert confirm(plan, args, table, lossy) == (None, failed) and lossy.choice is None
@@ -168,6 +169,47 @@ def test_a_choice_that_fails_its_confirmation_gives_way_to_the_next():
     table.phase = None
     held, failed = confirm(plan, args, table, result)
     assert held["name"] == result.choice == "steady" and [f["name"] for f in failed] == list(alike)
+
+
+def test_a_confirmation_holds_by_its_bound_widened_for_the_tries():
+    """A candidate that loses 2 of 600 confirmation problems and wins none is within one point by
+    its point estimate, and by the bound at z 1.64 (-0.9 points), but not by the bound widened for
+    the three candidates a confirmation may try (z 2.12: -1.04 points): it fails, and the lossless
+    one after it is chosen. With ``--confirm-z 1.64`` or ``0`` (the point estimate) it holds."""
+    from types import SimpleNamespace
+
+    from psd_jax.tuning.cli import confirm
+    from psd_jax.tuning.search import CALLS
+
+    assert corrected_z(1.64, 1) == pytest.approx(1.64) and corrected_z(1.64, 3) == pytest.approx(2.124, abs=1e-3)
+    edge = lambda i: BASE_RIGHT(i) and i not in (1001, 1002)  # noqa: E731
+    rules = {"edge": (5, edge), "steady": (9, BASE_RIGHT)}
+    plan = SimpleNamespace(
+        candidates={n: DecodeConfig() for n in rules}, base=DecodeConfig(), base_name="base",
+        confirm_ids=list(range(1000, 1600)), objective=CALLS,
+    )  # fmt: skip
+    for confirm_z, chosen in ((None, "steady"), (1.64, "edge"), (0.0, "edge")):
+        result, table = search(rules, rungs=(100, 200))
+        assert result.ranked[0] == "edge"
+        table.phase = None
+        held, failed = confirm(plan, SimpleNamespace(z=1.64, max_loss=1.0, confirm_z=confirm_z), table, result)
+        assert held["name"] == chosen and held["gate"] >= -0.01
+        if chosen == "steady":
+            assert [f["name"] for f in failed] == ["edge"] and failed[0]["difference"] == pytest.approx(-2 / 600)
+            assert -0.0105 < failed[0]["gate"] < -0.0102
+
+
+def test_the_speedup_interval_resamples_batches():
+    """Problems decoded together share their batch's seconds: the interval resamples batches, so
+    batches that all ran at 2x give exactly 2x, and unequal ones an interval around the ratio of
+    the sums."""
+    ids = list(range(40))
+    base = {i: Outcome(1, 10, 10, seconds=0.1, batch=i // 10) for i in ids}
+    even = {i: Outcome(1, 2, 10, seconds=0.05, batch=100 + i // 10) for i in ids}
+    assert speedup_interval(base, even, ids) == pytest.approx((2.0, 2.0))
+    uneven = {i: Outcome(1, 2, 10, seconds=0.05 * (1 + (i // 10) % 2), batch=100 + i // 10) for i in ids}
+    low, high = speedup_interval(base, uneven, ids)
+    assert 1.0 <= low < 0.4 / 0.3 < high <= 2.0  # the sums: 0.4 s against 0.3 s
 
 
 def test_search_reports_when_no_candidate_is_within_the_loss():
@@ -238,17 +280,30 @@ def model_dir(tmp_path_factory) -> Path:
     return directory
 
 
+PROBLEM_FILES = {"dev": (0, 8), "confirm": (8, 12), "final": (12, 16)}  # lines of the held-out set
+
+
 @pytest.fixture(scope="module")
-def dev(tmp_path_factory) -> Path:
-    lines = (DEFAULT_MODEL_DIR / "test.jsonl").read_text().splitlines()[:12]
-    path = tmp_path_factory.mktemp("data") / "dev.jsonl"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+def problems(tmp_path_factory) -> dict[str, Path]:
+    """Search, confirmation and final problems: three disjoint files."""
+    lines = (DEFAULT_MODEL_DIR / "test.jsonl").read_text().splitlines()
+    folder = tmp_path_factory.mktemp("data")
+    for name, (first, stop) in PROBLEM_FILES.items():
+        (folder / f"{name}.jsonl").write_text("\n".join(lines[first:stop]) + "\n")
+    return {name: folder / f"{name}.jsonl" for name in PROBLEM_FILES}
+
+
+@pytest.fixture(scope="module")
+def dev(problems) -> Path:
+    return problems["dev"]
 
 
 def args(model_dir, dev, out, *extra):
-    return ["--model", str(model_dir), "--data", str(dev), "--space", "small", "--confirm", "4", "--rungs", "4,8",
-            "--batch", "4", "--max-loss", "0", "--out", str(out), *extra]  # fmt: skip
+    """The search on ``dev``, confirmed on the file beside it and measured once on the final one; a
+    point-estimate confirmation (``--confirm-z 0``), since no bound certifies a loss of 0 on 4 problems."""
+    files = ["--confirm-data", str(dev.with_name("confirm.jsonl")), "--final-data", str(dev.with_name("final.jsonl"))]
+    return ["--model", str(model_dir), "--data", str(dev), *files, "--confirm-z", "0", "--space", "small",
+            "--rungs", "4,8", "--batch", "4", "--max-loss", "0", "--out", str(out), *extra]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -277,17 +332,31 @@ def test_tune_chooses_within_the_loss_and_strict_psd_is_lossless(run):
     assert report["base"]["cost_per_prompt"] == pytest.approx(sum(e["seconds"] for e in base_lines) / 8)
     assert all(sum(c["count"] for c in e["calls"]) >= max(e["nfe"]) for e in lines)
     assert report["confirmation"]["n"] == 4 and report["confirmation"]["name"] == report["choice"]
+    final = report["final"]
+    assert (
+        final["n"] == 4 and final["name"] == report["choice"] and report["meta"]["splits"]["final"] == [12, 13, 14, 15]
+    )
+    low, high = final["speedup_interval"]
+    assert low <= final["speedup"] <= high
+    assert {(e["name"], tuple(e["problems"])) for e in lines if e["phase"] == "final"} == {
+        (report["choice"], (12, 13, 14, 15)),
+        (report["base"]["name"], (12, 13, 14, 15)),
+    }
     assert (out / "frontier.png").stat().st_size > 0
-    assert f"{report['choice']} **(chosen)**" in (out / "tune.md").read_text()
+    md = (out / "tune.md").read_text()
+    assert f"{report['choice']} **(chosen)**" in md and "Selection effect (the choice's difference from the base)" in md
 
 
 def test_confirmation_split_is_never_decoded_in_the_search(run):
+    """The search reads every --data problem and none of the other files'; the confirmation the
+    --confirm-data file, whose problems are numbered after --data's."""
     out, report = run
     confirm = set(report["meta"]["splits"]["confirmation"])
     lines = [json.loads(line) for line in (out / "tune.jsonl").read_text().splitlines()]
     searched = {i for e in lines if e["phase"] == "search" for i in e["problems"]}
-    assert searched == set(report["meta"]["splits"]["search"]) and not searched & confirm
+    assert searched == set(report["meta"]["splits"]["search"]) == set(range(8)) and confirm == set(range(8, 12))
     assert {i for e in lines if e["phase"] == "confirm" for i in e["problems"]} == confirm
+    assert report["meta"]["files"]["--confirm-data"]["first"] == 8
 
 
 def test_a_resumed_run_decodes_nothing_and_reports_the_same(run, model_dir, dev, tmp_path, monkeypatch):
@@ -302,7 +371,7 @@ def test_a_resumed_run_decodes_nothing_and_reports_the_same(run, model_dir, dev,
     assert tune.main(args(model_dir, dev, again, "--log", str(out / "tune.jsonl"))) == 0
     second = json.loads((again / "tune.json").read_text())
     assert second["meta"]["problems_decoded"] == 0 and second["meta"]["log_entries_read_back"] > 0
-    for key in ("choice", "candidates", "confirmation", "frontier", "rungs", "base"):
+    for key in ("choice", "candidates", "confirmation", "final", "frontier", "rungs", "base"):
         assert second[key] == report[key]
 
 
@@ -398,6 +467,8 @@ def test_write_stores_the_choice_as_the_recommended_setting(run, model_dir):
         p["base"]["name"] == "fixed-1/none/b16"
         and p["confirmation"]["difference"] == report["confirmation"]["difference"]
     )
+    assert p["final"]["difference"] == report["final"]["difference"] and p["final"]["n"] == 4
+    assert p["speedup"] == report["final"]["speedup"] and p["files"]["--final-data"]["n"] == 4
     assert p["search"]["standard_error"] == report["candidates"][report["choice"]]["standard_error"]
 
 
@@ -438,14 +509,22 @@ def test_written_setting_round_trips_through_bench_and_generate(run, model_dir, 
         (["--rungs", "4,2"], "--rungs must be positive and strictly increasing"),
         (["--rungs", "4,20"], "rung 20 is larger than the search split (8 problems)"),
         (["--confirm", "0"], "the confirmation split is empty"),
-        (["--confirm", "12"], "the search split is empty"),
+        (["--confirm", "8"], "the search split is empty"),
+        (["--rungs", "2,7", "--confirm", "2"], "rung 7 is larger than the search split (6 problems)"),
+        (["--confirm-data", "/nonexistent.jsonl"], "--confirm-data: no problem file /nonexistent.jsonl"),
+        (["--final-data", "EMPTY"], "--final-data: "),
+        (["--final-data", "DEV"], "--final-data: 8 of its questions are also in --data"),
+        (["--final-data", "CONFIRM"], "--final-data: 4 of its questions are also in --confirm-data"),
+        (["--confirm-z", "-1"], "--confirm-z must be >= 0"),
     ],
 )
-def test_bad_input_is_one_error_line_before_the_model_loads(extra, message, dev, tmp_path, capsys, monkeypatch):
+def test_bad_input_is_one_error_line_before_the_model_loads(extra, message, problems, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("psd_jax.api.load_model", lambda *a, **k: pytest.fail("loaded the model"))
     (tmp_path / "empty.jsonl").write_text("\n")
-    extra = [str(tmp_path / "empty.jsonl") if e == "EMPTY" else e for e in extra]
-    argv = ["--data", str(dev), "--confirm", "4", "--out", str(tmp_path / "out"), *extra]
+    files = {"EMPTY": tmp_path / "empty.jsonl", "DEV": problems["dev"], "CONFIRM": problems["confirm"]}
+    extra = [str(files.get(e, e)) for e in extra]
+    split = [] if "--confirm" in extra else ["--confirm-data", str(problems["confirm"])]
+    argv = ["--data", str(problems["dev"]), *split, "--out", str(tmp_path / "out"), *extra]
     assert tune.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
