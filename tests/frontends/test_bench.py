@@ -33,7 +33,9 @@ def test_bench_writes_json_markdown_and_plot(run):
     assert names == ["fixed-1/none", "threshold-0.9/none", "psd-fixed-4-d3/dual"]
     assert [r["settings"]["cache"] for r in report["results"]] == ["none", "none", "dual"]
     table = (out / "bench.md").read_text().splitlines()
-    assert table[0].startswith("| decoder | tokens/s | speedup (tok/s, 95% interval) | accuracy | vs baseline (points) |")
+    assert table[0].startswith(
+        "| decoder | tokens/s | speedup (tok/s, 95% interval) | accuracy | vs baseline (points) |"
+    )
     assert len(table) == 5 and [line.split(" | ")[0] for line in table[2:]] == [f"| {n}" for n in names]
     assert table[2].split(" | ")[2] == "1.00x" and table[2].split(" | ")[4] == "–"  # the baseline against itself
 
