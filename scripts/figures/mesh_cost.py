@@ -22,12 +22,10 @@ import collections
 import json
 import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 os.environ.setdefault("TPU_ACCELERATOR_TYPE", "none")  # no local TPU to probe: compile only
 
-from scripts.figures.memory_table import MODELS, TARGETS, model_config, target_devices  # noqa: E402
+from scripts.figures.memory_table import MODELS, TARGETS, model_config, target_devices
 
 
 def forward_cost(target: str, spec: str, batch: int, length: int) -> dict:

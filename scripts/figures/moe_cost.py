@@ -2,7 +2,7 @@
 the active-parameter ideal. Abstract arrays only (``jax.ShapeDtypeStruct``, ``nnx.eval_shape``): no
 weight is materialised, so it runs on a laptop CPU.
 
-    python scripts/figures/moe_cost.py [--config DIR] [--shapes 1x32,8x32,1x512,1x4096] [--dtype float32]
+    python -m scripts.figures.moe_cost [--config DIR] [--shapes 1x32,8x32,1x512,1x4096] [--dtype float32]
 
 Rows, per token shape B x L (tokens T = B * L):
 - routed experts of one MoE layer (``models.moe.routed_experts``) with ``grouped_matmul`` and with
@@ -30,11 +30,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from models import LLaDA2MoE, config_from_dict  # noqa: E402
-from models.moe import routed_experts, tile_size  # noqa: E402
-from models.transformer import swiglu  # noqa: E402
+from models import LLaDA2MoE, config_from_dict
+from models.moe import routed_experts, tile_size
+from models.transformer import swiglu
 
 MINI = Path(__file__).resolve().parents[3] / "shared" / "hf-configs" / "LLaDA2.0-mini"
 DTYPE = jnp.float32  # set by --dtype

@@ -22,7 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-from paths import GOLDENS, ROOT
+from paths import GOLDENS
 
 from sharded_decode import CACHED, DECODERS, DG_CASE, DG_OWN, DG_OWN_MESH, block_decode_rows
 from word_model import PROMPTS, converted, text
@@ -133,5 +133,4 @@ def main(model: str, out: str, *rest: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     main(*sys.argv[1:])
