@@ -40,12 +40,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from models import load_config
-
-from ..api import LoadedModel, load_model
+from ..api import LoadedModel
 from ..core.config import (
     CACHE_NAME_HELP,
-    ENTROPY_BOUND_FAMILY,
     ENTROPY_BOUND_FIELDS,
     DecodeConfig,
     DecodeConfigError,
@@ -54,7 +51,7 @@ from ..core.config import (
 )
 from ..core.errors import InputError
 from ..core.lengths import check_questions
-from ..model_dir import checked_settings, model_directory, model_settings, precheck_settings
+from ..model_dir import model_settings
 from ..names import entropy_bound_fields, entropy_bound_name, setting_fields
 from ..parallel import multihost
 from ..recommended import NAME as RECOMMENDED_NAME
@@ -67,8 +64,8 @@ from .flags import (
     add_problem_set_flags,
     decode_fields,
     non_negative_int,
-    weight_options,
 )
+from .startup import FrontEndStart
 
 BASELINE = "fixed-1/none"  # LLaDA's generate.py: one token per step, no cache; every speedup is against it
 SCHEDULE = (
@@ -485,10 +482,9 @@ def entropy_bound_matrix(base: DecodeConfig, names: list[str]) -> dict[str, Deco
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        cluster = multihost.cluster_from(args)
-        model_dir = model_directory(args.model)
-        mcfg = load_config(model_dir)
-        sampler = mcfg.family == ENTROPY_BOUND_FAMILY  # DiffusionGemma: its own settings' names
+        start = FrontEndStart.begin(args)
+        model_dir, mcfg = start.model_dir, start.config
+        sampler = start.entropy_bound  # DiffusionGemma: its own settings' names
         base = model_settings(model_dir, {**({} if sampler else BENCH_DEFAULTS), **decode_fields(args)})
         baseline = entropy_bound_name(base) if sampler else BASELINE
         known = [*(ENTROPY_BOUND_MATRIX if sampler else matrix_names()), RECOMMENDED_NAME]
@@ -504,17 +500,17 @@ def main(argv: list[str] | None = None) -> int:
             check_for_model(settings, mcfg)
         recommended_fields = {**decode_fields(args), "gen_length": base.gen_length}
         if RECOMMENDED_NAME in names:  # as far as it holds on any device
-            precheck_settings(model_dir, recommended_fields, RECOMMENDED_NAME)
+            start.precheck(recommended_fields, RECOMMENDED_NAME)
         data = Path(args.data) if args.data else model_dir / "test.jsonl"
         if not data.is_file():
             raise InputError(f"no problem file {data}: pass --data FILE.jsonl")
         examples = load_jsonl(data)[: args.limit]
         if not examples:
             raise InputError(f"{data} holds no problems")
-        multihost.start(cluster)  # before the device kind the recommendation is chosen for is read
+        start.join()
         if RECOMMENDED_NAME in names:
-            matrix[RECOMMENDED_NAME], _ = checked_settings(model_dir, recommended_fields, RECOMMENDED_NAME)
-        lm = load_model(model_dir, **weight_options(args))
+            matrix[RECOMMENDED_NAME] = start.settings(recommended_fields, RECOMMENDED_NAME)
+        lm = start.load()
         check_questions(
             lm.prompt_ids([ex["question"] for ex in examples], args.chat),
             args.prompt_bucket,

@@ -13,10 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-from ..api import Generation, LoadedModel, load_model
+from ..api import Generation, LoadedModel
 from ..core.config import ENTROPY_BOUND_FAMILY, DecodeConfig
 from ..core.errors import InputError
-from ..model_dir import checked_settings, model_directory, precheck_settings
 from ..parallel import multihost
 from ..prompts import check_seed
 from ..recommended import NAME, read_recommended
@@ -29,9 +28,9 @@ from .flags import (
     add_weight_flags,
     decode_fields,
     positive_int,
-    weight_options,
 )
 from .show import MASK_GLYPH, show
+from .startup import FrontEndStart
 
 HELD_OUT_FILE = "test.jsonl"
 PROMPT_BUCKET = 32
@@ -257,9 +256,9 @@ def _replay_options(args, family: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        cluster = multihost.cluster_from(args)
+        start = FrontEndStart.begin(args)
         check_seed(args.seed)
-        model_dir = model_directory(args.model)
+        model_dir = start.model_dir
         fields = decode_fields(args)
         if args.show:
             if fields.get("trace") is False:
@@ -273,21 +272,21 @@ def main(argv: list[str] | None = None) -> int:
             )
         # The demo runs the recommended setting, with the flags given on top of it.
         name = NAME if examples else args.settings
-        _, mcfg = precheck_settings(model_dir, fields, name)  # what holds on any device, before the cluster waits
-        if examples and mcfg.family == ENTROPY_BOUND_FAMILY:
+        start.precheck(fields, name)
+        if examples and start.entropy_bound:
             raise InputError(
                 "no prompt given: the first-run demo compares decoders of the mask-token families; for "
                 "DiffusionGemma use --prompt, --prompt-file or --prompt-ids"
             )
         if args.show and args.json:
             raise InputError("--show draws the decode for a person; with --json use --trace (each line then holds it)")
-        replay = _replay_options(args, mcfg.family)
-        multihost.start(cluster)  # before the device kind the recommendation is chosen for is read
-        settings, _ = checked_settings(model_dir, fields, name)
+        replay = _replay_options(args, start.config.family)
+        start.join()
+        settings = start.settings(fields, name)
         origin = None
         if examples:
             origin = read_recommended(model_dir).origin() + (", with the decoding flags given on top" if fields else "")
-        lm = load_model(model_dir, **weight_options(args))
+        lm = start.load()
         with multihost.quiet_unless_main():  # every process decodes; process 0 prints
             if examples:
                 bucket = replay["prompt_bucket"]

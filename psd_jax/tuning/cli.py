@@ -30,13 +30,13 @@ from ..cli.flags import (
     add_decode_flags,
     add_problem_set_flags,
     decode_fields,
-    weight_options,
 )
+from ..cli.startup import FrontEndStart
 from ..core.config import ENTROPY_BOUND_FAMILY, DecodeConfig, DecodeConfigError, check_for_model
 from ..core.errors import InputError
 from ..core.lengths import check_questions
 from ..costs import CHIPS
-from ..model_dir import model_directory, model_settings
+from ..model_dir import model_settings
 from ..names import entropy_bound_fields, entropy_bound_name, full_name, setting_fields
 from ..scoring import load_jsonl
 from . import log as tune_log
@@ -153,6 +153,7 @@ class Plan:
     log: Path
     objective: Objective
     device_kind: str  # recommended.json's key for the choice: cpu, gpu or tpu
+    start: FrontEndStart  # loads the weights when a decode needs them
 
 
 def resolve_base(text: str | None, model_dir: Path, lengths: dict[str, Any]) -> tuple[str, DecodeConfig]:
@@ -247,8 +248,9 @@ def prepare(args) -> Plan:
         raise InputError(f"--z must be positive, got {args.z:g}")
     if args.confirm_z is not None and not args.confirm_z >= 0:
         raise InputError(f"--confirm-z must be >= 0, got {args.confirm_z:g}")
-    model_dir = model_directory(args.model)
-    sampler = load_config(model_dir).family == ENTROPY_BOUND_FAMILY  # DiffusionGemma: its own space and names
+    start = FrontEndStart.begin(args)
+    model_dir = start.model_dir
+    sampler = start.entropy_bound  # DiffusionGemma: its own space and names
     if sampler and args.device != THIS:
         raise InputError(
             f"--device {args.device}: DiffusionGemma's decodes are ranked by their own seconds (--device this) or "
@@ -268,7 +270,7 @@ def prepare(args) -> Plan:
     check_disjoint(sets)
     lengths = decode_fields(args)
     base_name, base = resolve_base(args.base, model_dir, lengths)
-    mcfg = load_config(model_dir)
+    mcfg = start.config
     check_for_model(base, mcfg)
     if args.confirm_data:  # the search reads all of --data, in one seeded order
         search_ids, _ = split(len(examples), 0, args.split_seed)
@@ -312,7 +314,7 @@ def prepare(args) -> Plan:
     kind = this_device_kind() if target is None else target.kind
     return Plan(
         model_dir, data, examples, base_name, base, space.candidates, space.dropped,
-        search_ids, confirm_ids, final_ids, files, rungs, context, log, objective, kind,
+        search_ids, confirm_ids, final_ids, files, rungs, context, log, objective, kind, start,
     )  # fmt: skip
 
 
@@ -336,10 +338,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(plan: Plan, args) -> int:
-    from ..api import load_model
-
     def load():
-        lm = load_model(plan.model_dir, **weight_options(args))
+        lm = plan.start.load()
+        lm.max_programs = KEPT_PROGRAMS
         questions = lm.prompt_ids([ex["question"] for ex in plan.examples], args.chat)
         check_questions(questions, args.prompt_bucket, plan.base.gen_length, lm.config.max_length)
         return lm
@@ -405,6 +406,11 @@ def run(plan: Plan, args) -> int:
 
 
 MAX_CONFIRMATIONS = 3  # distinct answers tried on the confirmation split before giving up
+# A search compiles a program per candidate, batch shape and prompt bucket (hundreds), and each
+# XLA:CPU program holds a few hundred memory mappings until dropped: past the kernel's limit per
+# process (vm.max_map_count, 65530) the next compile fails. A rung decodes one setting after another,
+# so the least recently used programs go (``LoadedModel.max_programs``).
+KEPT_PROGRAMS = 32
 
 
 def confirm(plan: Plan, args, evaluator, result) -> tuple[dict | None, list[dict]]:

@@ -291,7 +291,6 @@ def test_show_replays_each_decode_step_by_step(capsys, monkeypatch):
 def _demo_calls(monkeypatch, argv: list[str]) -> list[tuple]:
     """``generate`` without a prompt on the shipped model, with the decodes replaced by a recorder:
     (settings, prompt_bucket) of each ``LoadedModel.generate`` call the demo makes."""
-    from psd_jax.cli import generate as generate_module
 
     calls = []
 
@@ -302,7 +301,7 @@ def _demo_calls(monkeypatch, argv: list[str]) -> list[tuple]:
             calls.append((settings, prompt_bucket))
             raise _Stop
 
-    monkeypatch.setattr(generate_module, "load_model", lambda *a, **k: Recorder())
+    monkeypatch.setattr("psd_jax.api.load_model", lambda *a, **k: Recorder())  # what every front end loads with
     with pytest.raises(_Stop):
         generate_main(argv)
     return calls
@@ -339,9 +338,8 @@ def test_demo_refuses_a_bad_held_out_line_before_loading(capsys, tmp_path):
 
 
 def test_generate_refuses_a_generation_beyond_the_context_before_loading(capsys, monkeypatch):
-    from psd_jax.cli import generate as generate_module
 
-    monkeypatch.setattr(generate_module, "load_model", lambda *a, **k: pytest.fail("loaded the weights"))
+    monkeypatch.setattr("psd_jax.api.load_model", lambda *a, **k: pytest.fail("loaded the weights"))
     assert generate_main(TINY + ["--gen-length", "4096", "--block-length", "32"]) == 2
     assert "gen_length 4096 leaves no room for a prompt in the model's context" in _one_line_error(capsys)
 
@@ -370,7 +368,7 @@ def test_bench_bad_input_is_one_line_and_exit_2(capsys, tmp_path, extra, message
 
 
 def test_bench_refuses_a_generation_beyond_the_context_before_loading(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "load_model", lambda *a, **k: pytest.fail("loaded the weights"))
+    monkeypatch.setattr("psd_jax.api.load_model", lambda *a, **k: pytest.fail("loaded the weights"))
     assert bench.main(["--gen-length", "4096", "--block-length", "32", "--out", str(tmp_path)]) == 2
     assert "gen_length 4096 leaves no room for a prompt in the model's context" in _one_line_error(capsys)
 
@@ -565,7 +563,7 @@ def test_demo_runs_and_names_the_directorys_tuned_setting(monkeypatch, capsys, t
     from psd_jax.cli import generate as generate_module
     from psd_jax.cli.generate import DEMO_PROBLEMS
 
-    monkeypatch.setattr(generate_module, "load_model", lambda *a, **k: tuned_lm)
+    monkeypatch.setattr("psd_jax.api.load_model", lambda *a, **k: tuned_lm)
     assert generate_main(["--model", str(tuned_model_dir), "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     tuned = DecodeConfig(gen_length=48, **TUNED)

@@ -15,6 +15,7 @@ from psd_jax.core.config import DecodeConfig
 from psd_jax.model_dir import DEFAULT_MODEL_DIR, model_settings
 from psd_jax.recommended import RECOMMENDED_FILE, read_recommended
 from psd_jax.tuning import log as tune_log
+from psd_jax.tuning.cli import KEPT_PROGRAMS
 from psd_jax.tuning.search import Outcome, corrected_z, speedup_interval, split, successive_halving
 from psd_jax.tuning.space import build_space, default_space, small_space
 
@@ -447,12 +448,17 @@ def test_a_resumed_run_decodes_only_what_the_log_lacks(run, model_dir, dev, tmp_
     log = tmp_path / "partial.jsonl"
     log.write_text("\n".join(kept) + '\n{"name": "interrupted", "pha')  # and a half-written line
     decoded, real = [], tune_log.decode_batch
-    monkeypatch.setattr(tune_log, "decode_batch", lambda lm, s, ex, *a: decoded.append(len(ex)) or real(lm, s, ex, *a))
+    monkeypatch.setattr(
+        tune_log,
+        "decode_batch",
+        lambda lm, s, ex, *a: decoded.append((len(ex), lm.max_programs)) or real(lm, s, ex, *a),
+    )
     assert tune.main(args(model_dir, dev, tmp_path / "out", "--log", str(log))) == 0
+    # ... with a bounded number of compiled programs kept (each holds memory mappings of its own)
     timed = ("cost_per_prompt", "speedup")  # seconds: the decode was timed again
     untimed = lambda c: {k: v for k, v in c.items() if k not in timed}  # noqa: E731
     again = json.loads((tmp_path / "out" / "tune.json").read_text())["confirmation"]
-    assert decoded == [4] and untimed(again) == untimed(report["confirmation"])
+    assert decoded == [(4, KEPT_PROGRAMS)] and untimed(again) == untimed(report["confirmation"])
     assert json.loads(log.read_text().splitlines()[-1])["phase"] == "confirm"
 
 
