@@ -277,8 +277,8 @@ def prepare(args) -> Plan:
         confirm_ids = list(range(len(examples), len(examples) + len(sets["--confirm-data"])))
     else:
         search_ids, confirm_ids = split(len(examples), confirm_size(args, len(examples)), args.split_seed)
-    start = len(examples) + (len(confirm_ids) if args.confirm_data else 0)
-    final_ids = list(range(start, start + len(sets.get("--final-data", []))))
+    final_first = len(examples) + (len(confirm_ids) if args.confirm_data else 0)
+    final_ids = list(range(final_first, final_first + len(sets.get("--final-data", []))))
     paths = {"--data": data, "--confirm-data": args.confirm_data, "--final-data": args.final_data}
     files, offset = {}, 0
     for flag, problems in sets.items():
