@@ -443,6 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the prompts' ids (10: on llada-tiny the [MASK] rule then changes both rows, as in "
         "tests/decoding/test_predict_mask.py)",
     )
+    p.add_argument("--tiny", default=str(TINY), help="the llada-tiny directory (default: the goldens')")
     p.add_argument("--no-108m", action="store_true", help="llada-tiny only")
     return p
 
@@ -456,7 +457,7 @@ def main(argv=None) -> int:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bonsai-peer-") as tmp:
         work = Path(tmp)
-        dirs = [("llada-tiny", TINY)]
+        dirs = [("llada-tiny", Path(args.tiny))]
         if not args.no_108m:
             dirs.append(("random LLaDA 108M", random_108m(work / "random-llada-108m", args.seed)))
         models = [
