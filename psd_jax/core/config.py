@@ -17,13 +17,19 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from .families import sampler_for
+from .policies import POLICIES as _POLICY_OBJECTS
+
 if TYPE_CHECKING:
     from models import ModelConfig
 
-POLICIES = ("fixed", "threshold", "factor", "dream", "threshold_schedule", "sequential")
+# The policies' names, from their registry (``policies.POLICIES``: one module each).
+POLICIES = tuple(_POLICY_OBJECTS)
 # Policies that take ``steps`` per block, as their upstream decoders (LLaDA2.0's and SDAR's) do.
-PER_BLOCK_STEPS = ("threshold_schedule", "sequential")
+PER_BLOCK_STEPS = tuple(name for name, policy in _POLICY_OBJECTS.items() if policy.per_block_steps)
 CONFIDENCES = ("prob", "margin", "entropy", "random")
+# The decoders' names: ``decoders.DECODERS`` registers each one's object under its name and checks that
+# it lists these (the decoders load JAX; this module must not).
 DECODERS = ("plain", "psd", "rps", "edit")
 ACCEPTANCES = ("tokens", "strict")
 CACHES = ("none", "prefix", "dual")
@@ -97,7 +103,7 @@ class DecodeConfig(BlockCounts):
     gen_length: int = 128
     block_length: int = 32
     steps: int | None = None  # total steps over all blocks (PER_BLOCK_STEPS: per block); None: one token per step
-    policy: Literal["fixed", "threshold", "factor", "dream", "threshold_schedule", "sequential"] = "fixed"
+    policy: Literal[POLICIES] = "fixed"  # one of the registered policies' names (``policies.POLICIES``)
     confidence: Literal["prob", "margin", "entropy", "random"] = "prob"
     threshold: float = 0.9
     factor: float = 1.0
@@ -113,7 +119,7 @@ class DecodeConfig(BlockCounts):
     predict_mask: bool = False
     eos_early_stop: bool = True
     dream_eps: float = 1e-3
-    decoder: Literal["plain", "psd", "rps", "edit"] = "plain"
+    decoder: Literal[DECODERS] = "plain"
     # PSD
     depth: int = 3
     acceptance: Literal["tokens", "strict"] = "tokens"
@@ -527,8 +533,6 @@ def check_for_model(c: DecodeConfig, mcfg: ModelConfig) -> None:
         _fail(f"draft_next_block (PSD) is not supported for the block-causal {mcfg.family}: a block sees no later one")
     if c.top_k > mcfg.vocab_size:
         _fail(f"top_k {c.top_k} exceeds the vocabulary of {mcfg.vocab_size}")
-    from .sampling import sampler_for  # here: config stays importable without loading JAX
-
     ignored = sampler_for(mcfg.family).ignored(c)
     if ignored:
         _fail(ignored)

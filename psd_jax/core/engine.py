@@ -206,24 +206,11 @@ class Loop:
             jnp, state.canvas, start, state.done, self.program.block_length, self.mcfg.mask_id, since
         )
 
-    def next_block_drafts(self, state: DecodeState, rows: jax.Array) -> jax.Array:
-        """[B, N] the masked positions of the next block of ``rows``, which PSD may draft
-        (``draft_next_block``): none for a row whose generation ends with its current block."""
-        nxt = state.block + 1
-        live = rows & ~state.done & (nxt < state.values.num_blocks)
-        start = self.block_span(nxt)[0]
-        return rules.committable(jnp, state.canvas, start, ~live, self.program.block_length, self.mcfg.mask_id)
-
     def decoder_positions(self, state: DecodeState, frozen: jax.Array) -> jax.Array | None:
-        """[B, N] the positions a decoder reads beyond its block's masks (``Decoder.candidates``'
-        ``ahead``), none of a ``frozen`` row's: the next block's masks PSD drafts into
-        (``draft_next_block``), the current block's written positions the edit decoder may rewrite
-        (``layouts.EditingLayout.editable``); None for the others."""
-        if self.program.draft_next_block:
-            return self.next_block_drafts(state, ~frozen)
-        if self.program.decoder == "edit":
-            return self.layout.editable(self, state.canvas, state.block, frozen)
-        return None
+        """[B, N] the positions the decoder reads beyond its block's masks (``Decoder.candidates``'
+        ``ahead``), none of a ``frozen`` row's, as the decoder says (``Decoder.ahead_positions``:
+        PSD's next block, token editing's written positions); None for the others."""
+        return decoder_for(self.program).ahead_positions(self, state, frozen)
 
     def advance(self, canvas, block, step, done, values: RowValues, before=None):
         """Move rows whose block is complete to the next block; stop rows at their last block

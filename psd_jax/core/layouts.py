@@ -41,6 +41,7 @@ from . import rules
 from .block_layout import BlockLayout, canvas_length, initial_canvas, output_canvas, output_trace
 from .calls import CallShape, call_shapes
 from .decoders.edit import block_end
+from .families import BlockStopRules, block_stop_rules
 from .predict import ForwardFn, LogitWindow, logits_to_prediction, on_canvas, predict_prefill
 from .runtime import Program, RowValues
 
@@ -252,34 +253,10 @@ class FlatLayout(Layout):
         return canvas, final_blocks(block, done)
 
 
-@dataclasses.dataclass(frozen=True)
-class BlockStopRules:
-    """When a block-causal family's upstream decoder stops a row, and what it returns after.
-
-    - ``always_at_block_end``: a complete block whose row's generated part holds a stop id ends the
-      row whatever ``eos_early_stop`` says (LLaDA2.0's ``generate``); otherwise only with it (SDAR's
-      ``stopping_criteria_idx``).
-    - ``mid_block``: with ``eos_early_stop``, a commit that places EOS also ends the row once every
-      generated position before it is filled (LLaDA2.0's ``eos_early_stop``).
-    - ``cut_after_eos``: the output holds EOS after the first EOS (upstream returns the sequence cut
-      there); otherwise the finished blocks' tokens are returned as decoded, and only the positions
-      no block decoded (upstream: still ``[MASK]``) hold EOS."""
-
-    always_at_block_end: bool
-    mid_block: bool
-    cut_after_eos: bool
-
-
-BLOCK_STOP_RULES: dict[str, BlockStopRules] = {
-    "llada2_moe": BlockStopRules(always_at_block_end=True, mid_block=True, cut_after_eos=True),
-    "sdar": BlockStopRules(always_at_block_end=False, mid_block=False, cut_after_eos=False),
-}
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class BlockCausalLayout(Layout):
     """Block-causal models: rows aligned to blocks from their own position 0 (``rows``), later
-    blocks never visible to earlier ones; ``stops``: the family's ``BlockStopRules``."""
+    blocks never visible to earlier ones; ``stops``: the family's ``BlockStopRules`` (``families.FAMILIES``)."""
 
     rows: BlockLayout
     stops: BlockStopRules
@@ -531,4 +508,4 @@ def layout_for(mcfg: ModelConfig, program: Program, prompt_mask: jax.Array) -> L
         return FLAT_EDITING if program.decoder == "edit" else FLAT
     lengths = prompt_mask.astype(jnp.int32).sum(axis=1)
     kind = EditingLayout if program.decoder == "edit" else BlockCausalLayout
-    return kind(BlockLayout(lengths, prompt_mask.shape[1], program.block_length), BLOCK_STOP_RULES[mcfg.family])
+    return kind(BlockLayout(lengths, prompt_mask.shape[1], program.block_length), block_stop_rules(mcfg.family))

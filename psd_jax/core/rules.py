@@ -21,26 +21,48 @@ docs/algorithms.md wording) on small random inputs, in both namespaces.
 
 Shapes: B rows, N canvas positions, D PSD levels, k RPS values.
 
-Settings: ``dcfg`` decides the rule (policy, decoder, acceptance, depth, k_max, draft_rate, block
-length, eos_early_stop); the values a rule compares against (``threshold``, ``factor``, ``ratio``,
-``pivot_tau``, ``lam``, ``accept_confidence``, ``num_blocks``) are read from ``values``: the
-``DecodeConfig`` itself (Python numbers: the PyTorch backend), or one array per row [B] (the
-engine's ``runtime.RowValues``, with its ``runtime.Program`` as ``dcfg``, so rows with different
-thresholds share one compiled program). Whether a rule compares at all is the settings' (``gated``).
+Settings: ``program`` decides the rule (policy, decoder, acceptance, depth, draft_rate, block
+length, eos_early_stop: the fields of ``ProgramFields``); the values a rule compares against
+(``threshold``, ``factor``, ``ratio``, ``pivot_tau``, ``lam``, ``accept_confidence``, ``num_blocks``)
+are read from ``values``. The engine passes its compiled ``runtime.Program`` and one array per row
+[B] (``runtime.RowValues``), so rows with different thresholds share one compiled program; the
+PyTorch backend passes its ``DecodeConfig`` as both (Python numbers). Whether a rule compares at
+all is the program's (``gated``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Protocol
 
-from .config import DecodeConfig
 
-if TYPE_CHECKING:
-    from .runtime import Program
+class ProgramFields(Protocol):
+    """What a rule is specialised on: the fields of a compiled ``runtime.Program`` that the rules read
+    (the engine passes its program; the PyTorch backend its ``DecodeConfig``, which holds them too).
+    Each one sets a shape or a code path; the values compared against are the rows' own (``values``)."""
 
-# What a rule is specialised on: a user's settings (the PyTorch backend, host-side tables) or the
-# compiled program made from them (the engine); both hold every field that sets a shape or a path.
-Settings = Union[DecodeConfig, "Program"]
+    gen_length: int
+    block_length: int
+    steps: int | None
+    policy: str
+    predict_mask: bool
+    eos_early_stop: bool
+    dream_eps: float
+    decoder: str
+    depth: int
+    acceptance: str
+    draft_rate: int | None
+    draft_next_block: bool
+    k_max: int
+    cache: str
+    vicinity: int
+    gated: bool
+
+    @property
+    def steps_per_block(self) -> int: ...
+
+    @property
+    def num_blocks(self) -> int: ...
+
 
 Array = Any  # an array of the namespace ``xp`` (jax.Array, torch.Tensor)
 
@@ -76,8 +98,9 @@ def per_row(value: Any, ndim: int = 2) -> Any:
 
 
 def repeat_rows(values: Any, times: int) -> Any:
-    """``values`` for rows repeated ``times`` each ([B] -> [B * times]); Python numbers as they are."""
-    return values if isinstance(values, DecodeConfig) else values.repeat(times)
+    """``values`` for rows repeated ``times`` each ([B] -> [B * times]: ``runtime.RowValues.repeat``);
+    a ``DecodeConfig``'s Python numbers as they are."""
+    return values.repeat(times) if hasattr(values, "repeat") else values
 
 
 def covering_index(xp, sizes: tuple[int, ...], most: Array) -> Array:
@@ -122,7 +145,7 @@ def _isin(x: Array, values: tuple[int, ...]) -> Array:
 
 
 def advance(
-    xp, canvas: Array, block: Array, step: Array, done: Array, prompt_length: int, mcfg, dcfg: Settings, values
+    xp, canvas: Array, block: Array, step: Array, done: Array, prompt_length: int, mcfg, program: ProgramFields, values
 ):
     """Rows whose block is complete move to the next block with step 0; a row stops after its last
     block (``values.num_blocks``: its own generation, in blocks), or (``eos_early_stop``) after a
@@ -131,26 +154,26 @@ def advance(
 
     ``mcfg`` is any family's config (``mask_id``, ``eos_id``, ``stop_ids``); the block-causal rule
     is the engine's own (``layouts.BlockCausalLayout.advance``)."""
-    b = dcfg.block_length
+    b = program.block_length
     start = block_start(prompt_length, block, b)
     inside = in_block(xp, canvas.shape[-1], start, b)
-    if dcfg.predict_mask:
+    if program.predict_mask:
         # LLaDA's generate.py: a block ends after its steps, whether or not a step wrote [MASK] in it
         # (such a position stays masked, so the mask rule below might never end the block).
-        complete = (step >= dcfg.steps_per_block) & ~done
+        complete = (step >= program.steps_per_block) & ~done
     else:
         complete = ~xp.any(inside & (canvas == mcfg.mask_id), axis=-1) & ~done
-    eos_stop = complete & xp.any(inside & _isin(canvas, mcfg.stop_ids), axis=-1) & dcfg.eos_early_stop
+    eos_stop = complete & xp.any(inside & _isin(canvas, mcfg.stop_ids), axis=-1) & program.eos_early_stop
     after = arange_like(xp, canvas.shape[-1], canvas)[None, :] >= (start + b)[:, None]
     canvas = xp.where(eos_stop[:, None] & after, mcfg.eos_id, canvas)
     new_done = done | eos_stop | (complete & (block + 1 >= values.num_blocks))
     block = xp.where(complete & ~new_done, block + 1, block)
-    if dcfg.draft_next_block and dcfg.policy == "fixed":  # steps the accepted drafts took in the next block
-        return canvas, block, xp.where(complete, xp.clip(step - dcfg.steps_per_block, min=0), step), new_done
+    if program.draft_next_block and program.policy == "fixed":  # steps the accepted drafts took in the next block
+        return canvas, block, xp.where(complete, xp.clip(step - program.steps_per_block, min=0), step), new_done
     return canvas, block, xp.where(complete, 0, step), new_done
 
 
-def logit_width(dcfg: Settings, region_length: int) -> int | None:
+def logit_width(program: ProgramFields, region_length: int) -> int | None:
     """Positions per row that get logits, from its current block's start: the block with a cache
     (a row whose block completes gets the next block's predictions from its block-start forward),
     the block and the next without (a row whose block completes commits from this forward next),
@@ -159,23 +182,25 @@ def logit_width(dcfg: Settings, region_length: int) -> int | None:
     the drafts verified by a window call reach, and a row that moved on is refreshed first);
     None when that covers every position after ``prompt_length`` (``region_length`` of them):
     then the logits of those. Both backends' calls use this window (docs/algorithms.md "Prediction")."""
-    if dcfg.predict_mask:  # a [MASK] an earlier block left is still committable (``committable``'s ``since``)
+    if program.predict_mask:  # a [MASK] an earlier block left is still committable (``committable``'s ``since``)
         return None
-    width = dcfg.block_length * ((1 if dcfg.cache != "none" else 2) + dcfg.draft_next_block)
+    width = program.block_length * ((1 if program.cache != "none" else 2) + program.draft_next_block)
     return None if width >= region_length else width
 
 
-def logit_count(dcfg: Settings, region_length: int) -> int:
+def logit_count(program: ProgramFields, region_length: int) -> int:
     """Positions per row that get logits: ``logit_width``, or every position after the prompt."""
-    return logit_width(dcfg, region_length) or region_length
+    return logit_width(program, region_length) or region_length
 
 
-def logit_window(dcfg: Settings, prompt_length: int, region_length: int, block: Array) -> tuple[Array, int] | None:
+def logit_window(
+    program: ProgramFields, prompt_length: int, region_length: int, block: Array
+) -> tuple[Array, int] | None:
     """The logit window of a call: (each row's first position [B], ``logit_width``) from the
     start of the row's current block ``block`` [B]; None when it would cover every position after
     ``prompt_length`` (then the logits of those are computed)."""
-    width = logit_width(dcfg, region_length)
-    return None if width is None else (block_start(prompt_length, block, dcfg.block_length), width)
+    width = logit_width(program, region_length)
+    return None if width is None else (block_start(prompt_length, block, program.block_length), width)
 
 
 def logit_positions(xp, start: Array, width: int) -> Array:
@@ -189,15 +214,15 @@ def logit_index(xp, start: Array, width: int, n: int, shift: int) -> Array:
     return xp.clip(logit_positions(xp, start, width) - shift, 0, n - 1)
 
 
-def window_lengths(dcfg: Settings, block_causal: bool = False) -> tuple[int, ...]:
+def window_lengths(program: ProgramFields, block_causal: bool = False) -> tuple[int, ...]:
     """Static query windows of a cached call, ascending: the block (block-causal models, whose later
     blocks are never visible), and for dual the block and its ``vicinity``; for prefix, the rest of
     the canvas rounded up to block_length * 2^i, or to gen_length (a few compiled sizes)."""
-    block, gen = dcfg.block_length, dcfg.gen_length
+    block, gen = program.block_length, program.gen_length
     if block_causal:
         return (block,)
-    if dcfg.cache == "dual":
-        return (block + dcfg.vicinity,)
+    if program.cache == "dual":
+        return (block + program.vicinity,)
     lengths, w = [], block
     while w < gen:
         lengths.append(w)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from .config import BlockCounts, DecodeConfig
+from .config import DECODERS, BlockCounts, DecodeConfig
 
 # The one list of the DecodeConfig fields that are per-row inputs of a compiled decode; every other
 # field is one of the Program's (a test holds the two lists to DecodeConfig's fields).
@@ -51,7 +51,7 @@ class Program(BlockCounts):
     predict_mask: bool  # LLaDA generate.py's [MASK] rule (``DecodeConfig.predict_mask``)
     eos_early_stop: bool
     dream_eps: float
-    decoder: Literal["plain", "psd", "rps", "edit"]
+    decoder: Literal[DECODERS]
     depth: int
     acceptance: str
     draft_rate: int | None

@@ -1,7 +1,8 @@
 """The logits a token is drawn from, and the distribution its confidence is scored on, per family.
 
 Each family's upstream sampler turns a position's logits into its token and that token's
-confidence differently, and psd-jax follows each one (``SAMPLERS``):
+confidence differently, and psd-jax follows each one (each family's ``Sampler``, registered with
+the family in ``families.FAMILIES``; ``SAMPLERS`` by family):
 
 - **LLaDA**, and **LLaDA-MoE**, whose model card decodes it with LLaDA's ``generate.py``
   (``add_gumbel_noise`` then ``get_transfer_index``): the token is
@@ -41,62 +42,16 @@ the code it ran before they existed.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING
+
+# Each family's sampler is registered with the family (``families.FAMILIES``); ``predict`` and the
+# PyTorch backend read it through this module, beside the filters that apply it.
+from .families import SAMPLERS, Filter, FilterSettings, Sampler, filters_set, sampler_for
 
 if TYPE_CHECKING:
     import jax
 
-
-class FilterSettings(Protocol):
-    """The settings sampling reads (a ``DecodeConfig`` has them; named structurally so the
-    config module, which asks this one what a family ignores, is not imported back)."""
-
-    temperature: float
-    top_p: float
-    top_k: int
-
-
-Filter = Literal["top_p", "top_k"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Sampler:
-    """How a family's upstream sampler treats temperature, top-p and top-k."""
-
-    source: str  # the upstream function this reproduces
-    order: tuple[Filter, Filter]  # which filter is applied first
-    confidence: Literal["logits", "sampled"]  # softmax of the raw logits, or of those the token is drawn from
-    filters_at_greedy: bool  # whether top-p/top-k apply at temperature 0
-
-    def ignored(self, c: FilterSettings) -> str | None:
-        """Why ``c``'s top-p/top-k would change nothing on this family, else None: they act only on
-        the draw, and at temperature 0 there is none (unless the family filters at greedy too)."""
-        filtering = [f"{name}={getattr(c, name)!r}" for name in ("top_p", "top_k") if name in filters_set(c)]
-        if not filtering or c.temperature > 0 or self.filters_at_greedy:
-            return None
-        return (
-            f"{', '.join(filtering)} would be ignored: at temperature 0 this family decodes the argmax and scores "
-            f"its confidence on the unfiltered softmax ({self.source}); set temperature > 0"
-        )
-
-
-SAMPLERS: dict[str, Sampler] = {
-    "llada": Sampler("LLaDA generate.py get_transfer_index", ("top_p", "top_k"), "logits", False),
-    "dream": Sampler("Dream generation_utils.sample_tokens", ("top_p", "top_k"), "sampled", True),
-    "llada2_moe": Sampler("LLaDA2.0 generate _sample_with_temperature_topk_topp", ("top_k", "top_p"), "sampled", False),
-    "lladamoe": Sampler("LLaDA generate.py get_transfer_index", ("top_p", "top_k"), "logits", False),
-    "sdar": Sampler("SDAR generate.py sample_with_temperature_topk_topp", ("top_k", "top_p"), "sampled", True),
-}
-
-
-def sampler_for(family: str) -> Sampler:
-    return SAMPLERS[family]
-
-
-def filters_set(c: FilterSettings) -> tuple[Filter, ...]:
-    """The filters ``c`` turns on (top_p below 1, top_k above 0)."""
-    return tuple(name for name, on in (("top_p", c.top_p < 1.0), ("top_k", c.top_k > 0)) if on)
+__all__ = ["SAMPLERS", "Filter", "FilterSettings", "Sampler", "filtered", "filters_set", "sampler_for"]
 
 
 # ------------------------------------------------------------------------------------ JAX

@@ -5,8 +5,9 @@ tensors under ``torch.inference_mode``, a Python ``while`` loop over iterations,
 decision a batched tensor op (no Python loop over rows), and all candidates of all rows verified
 in ONE model call of shape ``[B*K, N]``. The decoding rules themselves (ranks, every policy's
 counts and commit set, PSD's drafts and acceptance, RPS's pivot and scoring, block advance, the
-forward sizes and the logit window) are not re-written here: they are ``psd_jax.core.rules``, the
-engine's own definitions, called with the array namespace ``array_api_compat.torch``. What this
+forward sizes and the logit window) are not re-written here: the decoder is the engine's own
+object (``decoders.decoder_for``: the one registration of a decoder) and the shared rules are
+``psd_jax.core.rules``, both run with the array namespace ``array_api_compat.torch``. What this
 module adds is the loop, the model calls and the bookkeeping, as the engine's:
 
 - rows decode independently: own block, own schedule step, own ``done`` flag;
@@ -42,6 +43,7 @@ are reproducible from the seed but not equal across backends. Greedy decoding wi
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from functools import partial
 
@@ -50,9 +52,9 @@ import torch
 
 from models import ModelConfig
 
-from ..core import policies, rules
+from ..core import rules
 from ..core.config import ENTROPY_BOUND_FAMILY, DecodeConfig
-from ..core.decoders import decoder_for, psd, rps  # the engine's decoders: their rules and statistics' shapes
+from ..core.decoders import Decoder, Proposal, decoder_for  # the engine's decoders, run on torch tensors
 from ..core.errors import InputError
 from ..core.predict import ENTROPY_EPS, sequences_forwarded
 from ..core.records import DecodeOutput
@@ -271,53 +273,15 @@ def on_canvas(win: Prediction, canvas: torch.Tensor, positions: torch.Tensor) ->
 # --------------------------------------------------------------------------------- decoders
 
 
-@dataclasses.dataclass
-class Proposal:
-    candidates: torch.Tensor  # [B, K, N]
-    s0: torch.Tensor  # [B, N]
-    valid: torch.Tensor  # [B, N]
-    needed: torch.Tensor  # [B] leading candidates the row can choose from (1: only s0)
-    state: dict  # the decoder's own (PSD: levels; RPS: pivot search), for ``choose``
-
-
 def propose(loop: Loop, pred: Prediction, canvas, valid, step) -> Proposal:
-    """The policy's commit and the decoder's candidates built on it (``decoders.propose``)."""
-    dcfg, counts = loop.dcfg, loop.counts
-    chosen, s0 = policies.spatial_commit(xp, pred.conf, pred.token, canvas, valid, step, dcfg, counts, dcfg)
-    if dcfg.decoder == "psd":
-        candidates, levels, needed = psd.psd_candidates(
-            xp, pred.conf, pred.token, s0, chosen, valid, step, dcfg, counts
-        )
-        return Proposal(candidates, s0, valid, needed, {"levels": levels})
-    if dcfg.decoder == "rps":
-        candidates, needed, state = rps.rps_candidates(xp, pred.topk_prob, pred.topk_id, s0, chosen, valid, dcfg, dcfg)
-        return Proposal(candidates, s0, valid, needed, state)
-    return Proposal(s0[:, None], s0, valid, torch.ones_like(step), {})
+    """The policy's commit and the decoder's candidates built on it: the engine's decoder object
+    (``decoders.DECODERS``) over this namespace (``Loop.decoder``)."""
+    return loop.decoder.propose(pred, canvas, valid, step)
 
 
-def choose(loop: Loop, proposal: Proposal, preds: Prediction, live, step):
-    """(index [B], schedule steps consumed [B], stats increments) given every candidate's forward
-    (the engine's ``Decoder.choose``)."""
-    dcfg = loop.dcfg
-    if dcfg.decoder == "psd":
-        levels = proposal.state["levels"]
-        accepted = psd.psd_accepted(
-            xp, levels, proposal.candidates, proposal.valid, preds.token, preds.conf, live, step, dcfg,
-            loop.counts, loop.mcfg.mask_id, dcfg,
-        )  # fmt: skip
-        hist = rules.one_hot(xp, accepted, dcfg.depth + 1) * live[:, None]
-        return accepted, 1 + accepted, {"accepted_depth": hist}
-    if dcfg.decoder == "rps":
-        e = proposal.state
-        winner = rps.rps_winner(xp, e["others"], preds.entropy, e["log_p"], e["branch_ok"], live, dcfg.lam)
-        return winner, torch.ones_like(winner), rps.rps_stats(xp, e["searched"], e["found"], winner, live, dcfg.k_max)
-    zeros = torch.zeros_like(step)
-    return zeros, zeros + 1, {}
-
-
-def initial_stats(dcfg: DecodeConfig, batch: int, device) -> dict:
+def initial_stats(loop: Loop, batch: int, device) -> dict:
     """The engine's decoder statistics (same names and shapes), as zero torch counters."""
-    shapes = decoder_for(dcfg).stat_shapes(batch)
+    shapes = loop.decoder.stat_shapes(batch)
     return {name: torch.zeros(shape, dtype=torch.long, device=device) for name, shape in shapes.items()}
 
 
@@ -335,6 +299,12 @@ class Loop:
     counts: torch.Tensor | None  # the scheduled policies' count table on the decode's device
     attention_mask: torch.Tensor | None  # [B, N], None when nothing is padded
     generator: torch.Generator | None
+
+    @functools.cached_property
+    def decoder(self) -> Decoder:
+        """The engine's decoder of these settings (``decoders.decoder_for``), its rules run on torch
+        tensors; the settings are its runtime values too (one Python number each)."""
+        return decoder_for(self.dcfg, self.dcfg, xp, self.counts)
 
     def block_start(self, block: torch.Tensor) -> torch.Tensor:
         return rules.block_start(self.prompt_length, block, self.dcfg.block_length)
@@ -376,7 +346,7 @@ class DecodeState:
         batch = canvas.shape[0]
         zeros = torch.zeros(batch, dtype=torch.long, device=canvas.device)
         sequences = batch * (2 if loop.dcfg.cfg_scale > 0 else 1)
-        stats = initial_stats(loop.dcfg, batch, canvas.device)
+        stats = initial_stats(loop, batch, canvas.device)
         return cls(canvas, pred, zeros, zeros.clone(), zeros.bool(), zeros + 1, 1, sequences, 0, stats)
 
     def output(self) -> DecodeOutput:
@@ -419,7 +389,8 @@ def apply_choice(
     """The tail of an iteration shared by both loops: each row's choice, its canvas and forward,
     block advance, counters. ``frozen`` rows (finished, or waiting for a block-start refresh)
     keep their canvas and step."""
-    index, steps, increments = choose(loop, proposal, preds, live, state.step)
+    choice = loop.decoder.choose(proposal, preds, live, state.step, loop.mcfg.mask_id)
+    index, steps, increments = choice.index, choice.steps, choice.stats
     rows = torch.arange(index.shape[0], device=index.device)
     canvas = torch.where(frozen[:, None], state.canvas, proposal.candidates[rows, index])
     steps = state.step + torch.where(frozen, 0, steps)

@@ -24,12 +24,10 @@ import dataclasses
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from ..predict import Prediction
-from ..rules import Array, per_row
-from ..runtime import Program
-from .base import Choice, Proposal
+from ..rules import Array, device_of, per_row
+from .base import Choice, DecoderBase, Proposal
 
 
 def edit_positions(xp, token: Array, conf: Array, canvas: Array, editable: Array, editing_threshold) -> Array:
@@ -55,12 +53,9 @@ def block_end(xp, had_mask: Array, has_mask: Array, edited: Array, step: Array, 
 
 
 @dataclasses.dataclass(frozen=True)
-class Edit:
+class Edit(DecoderBase):
     """The fill commit ``s0`` and this call's edits as one candidate (K = 1): the pipeline's one
     update per call. Statistics: edits applied, and the post calls (decisions after the masks)."""
-
-    program: Program
-    values: Any = None  # runtime.RowValues (one value per row); None where only shapes are read
 
     @property
     def branches(self) -> int:
@@ -68,6 +63,10 @@ class Edit:
 
     def stat_shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
         return {"edits": (batch,), "post_calls": (batch,)}
+
+    def ahead_positions(self, loop: Any, state: Any, frozen: jax.Array) -> jax.Array:
+        """The current block's written positions it may rewrite (``layouts.EditingLayout.editable``)."""
+        return loop.layout.editable(loop, state.canvas, state.block, frozen)
 
     def candidates(
         self,
@@ -79,15 +78,22 @@ class Edit:
         ahead: jax.Array | None = None,
     ) -> Proposal:
         """``ahead``: the editable positions (``layouts.EditingLayout.editable``)."""
-        edits = edit_positions(jnp, pred.token, pred.conf, s0, ahead, self.values.editing_threshold)
-        canvas = jnp.where(edits, pred.token, s0)
-        deciding = jnp.any(valid | ahead, axis=-1)
+        xp = self.xp
+        edits = edit_positions(xp, pred.token, pred.conf, s0, ahead, self.values.editing_threshold)
+        canvas = xp.where(edits, pred.token, s0)
+        deciding = xp.any(valid | ahead, axis=-1)
         stats = {
-            "edits": jnp.sum(edits, axis=-1, dtype=jnp.int32),
-            "post_calls": (deciding & ~jnp.any(valid, axis=-1)).astype(jnp.int32),
+            "edits": xp.sum(edits, axis=-1, dtype=xp.int32),
+            "post_calls": xp.astype(deciding & ~xp.any(valid, axis=-1), xp.int32),
         }
-        return Proposal(canvas[:, None], canvas, valid, jnp.ones(s0.shape[:1], jnp.int32), stats)
+        return Proposal(
+            canvas[:, None], canvas, valid, xp.ones(s0.shape[:1], dtype=xp.int32, device=device_of(s0)), stats
+        )
 
     def choose(self, proposal: Proposal, preds: Prediction, live: jax.Array, step: jax.Array, mask_id: int) -> Choice:
-        batch = live.shape[0]
-        return Choice(jnp.zeros(batch, jnp.int32), jnp.ones(batch, jnp.int32), proposal.state)
+        xp, batch, device = self.xp, live.shape[0], device_of(live)
+        return Choice(
+            xp.zeros(batch, dtype=xp.int32, device=device),
+            xp.ones(batch, dtype=xp.int32, device=device),
+            proposal.state,
+        )

@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from ..predict import Prediction
-from ..runtime import Program
-from .base import Choice, Proposal
+from ..rules import device_of
+from .base import Choice, DecoderBase, Proposal
 
 
 @dataclasses.dataclass(frozen=True)
-class Plain:
-    program: Program
-    values: Any = None  # runtime.RowValues (one value per row); None where only shapes are read
-
+class Plain(DecoderBase):
     @property
     def branches(self) -> int:
         return 1
@@ -34,8 +29,9 @@ class Plain:
         step: jax.Array,
         ahead: jax.Array | None = None,
     ) -> Proposal:
-        return Proposal(s0[:, None], s0, valid, jnp.ones(s0.shape[:1], jnp.int32))
+        xp = self.xp
+        return Proposal(s0[:, None], s0, valid, xp.ones(s0.shape[:1], dtype=xp.int32, device=device_of(s0)))
 
     def choose(self, proposal: Proposal, preds: Prediction, live: jax.Array, step: jax.Array, mask_id: int) -> Choice:
-        batch = live.shape[0]
-        return Choice(jnp.zeros(batch, jnp.int32), jnp.ones(batch, jnp.int32), {})
+        xp, batch, device = self.xp, live.shape[0], device_of(live)
+        return Choice(xp.zeros(batch, dtype=xp.int32, device=device), xp.ones(batch, dtype=xp.int32, device=device), {})

@@ -13,23 +13,20 @@ written against the array API so that the PyTorch backend runs the same ones.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
-import jax.numpy as jnp
 from flax import struct
 
 from ..predict import Prediction
 from ..rules import (
     Array,
-    Settings,
+    ProgramFields,
     arange_like,
     leading_true,
     one_hot,
     per_row,
 )
-from ..runtime import Program
-from .base import Choice, Proposal
+from .base import Choice, DecoderBase, Proposal
 
 LOG_FLOOR = 1e-30  # probabilities are clipped here before a log
 
@@ -37,7 +34,7 @@ LOG_FLOOR = 1e-30  # probabilities are clipped here before a log
 # ------------------------------------------------------- the rules (array API: JAX and torch)
 
 
-def rps_candidates(xp, topk_prob, topk_id, s0, chosen, valid, dcfg: Settings, values):
+def rps_candidates(xp, topk_prob, topk_id, s0, chosen, valid, program: ProgramFields, values):
     """RPS's branches from F(x)'s top-k (docs/algorithms.md "RPS"): (candidates [B, k+1, N], the
     leading candidates each row can choose [B], and for ``rps_winner`` and the statistics a dict:
     ``searched``/``found`` [B], ``pivot`` [B], ``branch_ok`` [B, k], ``log_p`` [B, k], ``others``
@@ -102,10 +99,7 @@ class RPSState:
 
 
 @dataclasses.dataclass(frozen=True)
-class RPS:
-    program: Program
-    values: Any = None  # runtime.RowValues (one value per row); None where only shapes are read
-
+class RPS(DecoderBase):
     @property
     def branches(self) -> int:
         return self.program.k_max + 1
@@ -128,12 +122,13 @@ class RPS:
         ahead: jax.Array | None = None,
     ) -> Proposal:
         candidates, needed, state = rps_candidates(
-            jnp, pred.topk_prob, pred.topk_id, s0, chosen, valid, self.program, self.values
+            self.xp, pred.topk_prob, pred.topk_id, s0, chosen, valid, self.program, self.values
         )
         return Proposal(candidates, s0, valid, needed, RPSState(**state))
 
     def choose(self, proposal: Proposal, preds: Prediction, live: jax.Array, step: jax.Array, mask_id: int) -> Choice:
         s: RPSState = proposal.state
-        winner = rps_winner(jnp, s.others, preds.entropy, s.log_p, s.branch_ok, live, self.values.lam)
-        stats = rps_stats(jnp, s.searched, s.found, winner, live, self.program.k_max)
-        return Choice(winner, jnp.ones_like(winner), stats)
+        xp = self.xp
+        winner = rps_winner(xp, s.others, preds.entropy, s.log_p, s.branch_ok, live, self.values.lam)
+        stats = rps_stats(xp, s.searched, s.found, winner, live, self.program.k_max)
+        return Choice(winner, xp.ones_like(winner), stats)

@@ -6,15 +6,17 @@ from typing import Protocol
 
 import numpy as np
 
-from ..rules import Array, Settings
+from ..rules import Array, ProgramFields
 
 
 class Policy(Protocol):
-    """A transfer policy: ``name`` is its ``DecodeConfig.policy``."""
+    """A transfer policy: ``name`` is its ``DecodeConfig.policy``; ``per_block_steps``: its ``steps``
+    are per block (as LLaDA2.0's and SDAR's decoders), not the total (``config.PER_BLOCK_STEPS``)."""
 
     name: str
+    per_block_steps: bool
 
-    def counts(self, dcfg: Settings) -> np.ndarray | None:
+    def counts(self, program: ProgramFields) -> np.ndarray | None:
         """The per-step commit counts of one block (host-side), or ``None`` when confidence decides."""
 
     def commit(self, xp, conf: Array, valid: Array, rank: Array, step: Array, counts: Array | None, values) -> Array:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..rules import Settings
+from ..rules import ProgramFields
 from ..schedules import dream_schedule
 from .fixed import Fixed
 
@@ -17,5 +17,5 @@ from .fixed import Fixed
 class Dream(Fixed):
     name: str = "dream"
 
-    def counts(self, dcfg: Settings) -> np.ndarray:
-        return dream_schedule(dcfg.block_length, dcfg.steps_per_block, dcfg.dream_eps)
+    def counts(self, program: ProgramFields) -> np.ndarray:
+        return dream_schedule(program.block_length, program.steps_per_block, program.dream_eps)

@@ -6,8 +6,9 @@ Upstream quirk kept: when the first failing rank is the last one, everything is 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from ..rules import Array, Settings, arange_like, leading_true, per_row, rank_keys
+from ..rules import Array, ProgramFields, arange_like, leading_true, per_row, rank_keys
 
 
 def factor_count(xp, conf: Array, valid: Array, remaining: Array, factor) -> Array:
@@ -23,8 +24,9 @@ def factor_count(xp, conf: Array, valid: Array, remaining: Array, factor) -> Arr
 @dataclass(frozen=True)
 class Factor:
     name: str = "factor"
+    per_block_steps: ClassVar[bool] = False
 
-    def counts(self, dcfg: Settings) -> None:
+    def counts(self, program: ProgramFields) -> None:
         return None
 
     def commit(self, xp, conf: Array, valid: Array, rank: Array, step: Array, counts: None, values) -> Array:

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
-from ..rules import Array, Settings
+from ..rules import Array, ProgramFields
 from ..schedules import llada_schedule
 from .base import scheduled_count
 
@@ -15,9 +16,10 @@ from .base import scheduled_count
 @dataclass(frozen=True)
 class Fixed:
     name: str = "fixed"
+    per_block_steps: ClassVar[bool] = False
 
-    def counts(self, dcfg: Settings) -> np.ndarray:
-        return llada_schedule(dcfg.block_length, dcfg.steps_per_block)
+    def counts(self, program: ProgramFields) -> np.ndarray:
+        return llada_schedule(program.block_length, program.steps_per_block)
 
     def commit(self, xp, conf: Array, valid: Array, rank: Array, step: Array, counts: Array, values) -> Array:
         return rank < scheduled_count(xp, counts, step, xp.sum(valid, axis=-1))[:, None]

@@ -5,6 +5,7 @@ steps)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..rules import Array
 from .base import scheduled_count
@@ -14,6 +15,7 @@ from .fixed import Fixed
 @dataclass(frozen=True)
 class Sequential(Fixed):  # Fixed's count table (LLaDA's schedule)
     name: str = "sequential"
+    per_block_steps: ClassVar[bool] = True  # ``steps`` counts per block, as upstream
 
     def commit(self, xp, conf: Array, valid: Array, rank: Array, step: Array, counts: Array, values) -> Array:
         leftmost = xp.cumulative_sum(xp.astype(valid, xp.int32), axis=-1) - 1

@@ -5,6 +5,7 @@ confident ones, so a step never commits fewer than the schedule."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..rules import Array, per_row
 from .base import scheduled_count
@@ -14,6 +15,7 @@ from .fixed import Fixed
 @dataclass(frozen=True)
 class ThresholdSchedule(Fixed):  # Fixed's count table (LLaDA's schedule)
     name: str = "threshold_schedule"
+    per_block_steps: ClassVar[bool] = True  # ``steps`` counts per block, as upstream
 
     def commit(self, xp, conf: Array, valid: Array, rank: Array, step: Array, counts: Array, values) -> Array:
         remaining = xp.sum(valid, axis=-1)
