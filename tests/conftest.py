@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,19 @@ FAST_COMPILE_FLAGS = (
     "--xla_cpu_opt_preset=FAST_COMPILE --xla_cpu_parallel_codegen_split_count=1"
 )
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAGS}".strip()
+
+# The command-line, multi-process and serving tests start processes that compile the programs other
+# tests' processes already compiled (the shipped model's, at its recommended setting, above all).
+# JAX's persistent compilation cache in one directory per pytest run (the xdist workers share the
+# run's id; their subprocesses inherit the variables) hands each program over compiled. A size cap
+# turns on the cache's file lock, so a process never reads an entry another is still writing; a
+# miss only compiles. The directory is removed when the run ends (``pytest_sessionfinish``).
+COMPILE_CACHE_ROOT = Path(tempfile.gettempdir()) / "psd-jax-test-compile-cache"
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(COMPILE_CACHE_ROOT / _run_id)
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(8 << 30)
 
 
 # Every XLA:CPU program keeps a few hundred memory mappings of its code, and this suite compiles
@@ -340,3 +355,11 @@ def pytest_collection_modifyitems(config, items):
         return BACKGROUND_FIRST.index(module) if module in BACKGROUND_FIRST else len(BACKGROUND_FIRST)
 
     items.sort(key=first)  # stable: each file's tests keep their order
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The run's compilation cache goes with the run (the controller's end: after every worker's);
+    a directory the user set is theirs and stays."""
+    cache = Path(os.environ.get("JAX_COMPILATION_CACHE_DIR", ""))
+    if not os.environ.get("PYTEST_XDIST_WORKER") and cache.parent == COMPILE_CACHE_ROOT:
+        shutil.rmtree(cache, ignore_errors=True)

@@ -179,7 +179,7 @@ def test_bench_recommended_runs_the_directorys_setting_with_its_own_cache(
     its block length over decode_defaults.json, its cache (none) over the bench's default dual."""
     from conftest import TUNED
 
-    monkeypatch.setattr(bench, "load_model", lambda *a, **k: tuned_lm)
+    monkeypatch.setattr("psd_jax.api.load_model", lambda *a, **k: tuned_lm)
     args = ["--model", str(tuned_model_dir), "--limit", "8", "--batch", "8", "--out", str(tmp_path)]
     assert bench.main([*args, "--decoders", "recommended"]) == 0
     report = json.loads((tmp_path / "bench.json").read_text())

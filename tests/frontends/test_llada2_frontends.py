@@ -55,7 +55,7 @@ def test_bench_counts_equal_generate(model_dir, lm, questions, tmp_path, monkeyp
     """``python -m psd_jax.bench --decoders schedule-0.95,psd-schedule-0.95-d3`` on the family:
     accuracy, NFE and tokens are those of ``generate`` on the same batches; PSD accepts drafts.
     (The command's load gives this module's model, whose compiled programs both then use.)"""
-    monkeypatch.setattr(bench, "load_model", lambda *a, **k: lm)
+    monkeypatch.setattr("psd_jax.api.load_model", lambda *a, **k: lm)
     names = ["schedule-0.95", "psd-schedule-0.95-d3"]
     flags = ["--model", str(model_dir), "--batch", "3", "--gen-length", "32", "--block-length", "8"]
     assert bench.main([*flags, "--decoders", ",".join(names), "--out", str(tmp_path)]) == 0
