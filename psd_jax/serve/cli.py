@@ -19,9 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
-from models import load_config
-
-from ..api import InputError, load_model
+from ..api import InputError
 from ..cli.flags import (
     EXIT_BAD_INPUT,
     ArgumentParser,
@@ -31,11 +29,10 @@ from ..cli.flags import (
     decode_fields,
     non_negative_int,
     positive_int,
-    weight_options,
 )
-from ..core.config import ENTROPY_BOUND_FAMILY, MAX_BRANCHES, DecodeConfig, DecodeConfigError
+from ..cli.startup import FrontEndStart
+from ..core.config import MAX_BRANCHES, DecodeConfig, DecodeConfigError
 from ..core.lengths import check_context
-from ..model_dir import checked_settings, model_directory, precheck_settings
 from ..parallel import multihost
 from ..parallel.sharding import MeshError
 from ..recommended import NAME, named_settings, read_recommended, settings_on_any_device
@@ -325,18 +322,18 @@ def start_up(args: argparse.Namespace, warmup: tuple[int, ...]) -> StartUp:
     they hold on any device), then the cluster, then what depends on the device kind (the
     recommended settings are chosen per kind) and the limits, then the weights: bad input fails
     before the processes wait for one another and before the long load."""
-    cluster = multihost.cluster_from(args)
+    start = FrontEndStart.begin(args)
+    cluster, model_dir, mcfg = start.cluster, start.model_dir, start.config
     api_key = api_key_from(args.api_key, os.environ)
-    model_dir = model_directory(args.model)
-    if load_config(model_dir).family == ENTROPY_BOUND_FAMILY and (cluster is not None or args.mesh):
+    if start.entropy_bound and (cluster is not None or args.mesh):
         raise InputError(
             "python -m psd_jax.serve runs DiffusionGemma on one process and one device so far: drop "
             + ("--mesh" if args.mesh else "the cluster flags")
         )
-    precheck_settings(model_dir, decode_fields(args), args.settings)  # what holds on any device
+    start.precheck(decode_fields(args), args.settings)
     settings_on_any_device(NAME, model_dir)  # a request's "settings": "recommended", checked alike
-    multihost.start(cluster)  # before the device kind the recommendations are chosen for is read
-    defaults, mcfg = checked_settings(model_dir, decode_fields(args), args.settings)
+    start.join()
+    defaults = start.settings(decode_fields(args), args.settings)
     recommended = named_settings(NAME, model_dir)  # what a request's "settings": "recommended" asks for
     limits = ServerLimits.for_model(
         mcfg,
@@ -349,7 +346,7 @@ def start_up(args: argparse.Namespace, warmup: tuple[int, ...]) -> StartUp:
         max_body_bytes=args.max_body_bytes,
         overrides=args.allow_overrides,
     )
-    lm = load_model(model_dir, **weight_options(args))
+    lm = start.load()
     defaults = lm.settings(defaults)
     for length in warmup:
         check_context(length, args.prompt_bucket, defaults.gen_length, lm.config.max_length)
