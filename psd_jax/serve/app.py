@@ -2,7 +2,8 @@
 ``/health`` and Prometheus' ``/metrics``.
 
 Requests are authenticated (``--api-key``: every ``/v1/*`` route), read within the body limit,
-parsed and checked (``requests``, with the server's ``limits``) before they queue, so a bad one
+parsed and checked (``requests``, through ``protocol``'s models and with the server's ``limits``;
+the schema page shows those models) before they queue, so a bad one
 is a 4xx and never touches a batch; the batcher decodes; ``answers`` turns a request's block
 updates into pieces and ``responses`` into OpenAI's bodies or server-sent events. A client that
 disconnects has its row stopped at the next block boundary. Every ``/v1/*`` request is counted once
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
@@ -26,6 +28,7 @@ from starlette.requests import ClientDisconnect
 from ..api import LoadedModel
 from ..core.config import DecodeConfig
 from ..recommended import NAME, named_settings
+from . import protocol
 from .answers import joined_trace, pieces
 from .auth import check_bearer
 from .batcher import Batcher, Ticket, default_batch_sizes
@@ -70,6 +73,7 @@ def create_app(
     # the bearer key, and a guarded server should not publish its surface to whoever asks.
     docs = {"docs_url": None, "redoc_url": None, "openapi_url": None} if api_key is not None else {}
     app = FastAPI(title="psd-jax", lifespan=lifespan, **docs)
+    app.openapi = lambda: _schema(app)
     app.state.metrics, app.state.batcher = metrics, batcher
     app.add_exception_handler(HTTPException, _http_error)
     app.include_router(v1_routes(served, batcher, counted_by(metrics, api_key)))
@@ -160,24 +164,46 @@ def v1_routes(served: ServedModel, batcher: Batcher, counted) -> APIRouter:
     """The OpenAI routes, each answered through ``counted`` (``counted_by``)."""
     v1 = APIRouter(prefix="/v1")
 
-    @v1.get("/models")
+    card = protocol.ModelCard(
+        id=served.name, object="model", created=0, owned_by="psd-jax", max_model_len=served.lm.config.max_length
+    )
+    listing = protocol.ModelList(object="list", data=[card]).model_dump()
+
+    @v1.get("/models", responses=protocol.responses(None))
     async def models(request: Request) -> Response:
+        """The served model (one)."""
+
         async def listed(record: Outcome) -> Response:
-            card = {"id": served.name, "object": "model", "created": 0, "owned_by": "psd-jax"}
             record.answered()
-            return JSONResponse({"object": "list", "data": [{**card, "max_model_len": served.lm.config.max_length}]})
+            return JSONResponse(listing)
 
         return await counted(request, listed)
 
-    @v1.post("/completions")
+    # The bodies are read by ``_answer`` (within the body limit, after the key) and checked by
+    # ``parse_request``: FastAPI only shows them on the schema page, so its 422 never answers.
+    @v1.post(
+        "/completions", openapi_extra=protocol.request_body("completion"), responses=protocol.responses("completion")
+    )
     async def completions(request: Request) -> Response:
+        """A completion of one prompt (text or token ids), whole or streamed one block per event."""
         return await counted(request, lambda record: _answer(request, "completion", served, batcher, record))
 
-    @v1.post("/chat/completions")
+    @v1.post("/chat/completions", openapi_extra=protocol.request_body("chat"), responses=protocol.responses("chat"))
     async def chat_completions(request: Request) -> Response:
+        """The assistant's answer to a conversation, through the checkpoint's chat template."""
         return await counted(request, lambda record: _answer(request, "chat", served, batcher, record))
 
     return v1
+
+
+def _schema(app: FastAPI) -> dict[str, Any]:
+    """The OpenAPI document, with the protocol's models (``protocol``) that the routes' bodies and
+    answers refer to."""
+    if app.openapi_schema is None:
+        document = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        document.setdefault("components", {}).setdefault("schemas", {}).update(protocol.schema_components())
+        app.openapi_schema = document
+    return app.openapi_schema
 
 
 def _error_response(exc: RequestError) -> JSONResponse:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import re
 import socket
 import threading
 import time
@@ -31,7 +32,7 @@ from psd_jax import DecodeConfig, load_model
 from psd_jax.api import BlockDecode
 from psd_jax.core.config import MAX_BRANCHES, RECOMMENDED
 from psd_jax.model_dir import model_settings
-from psd_jax.serve import auth, build_app
+from psd_jax.serve import auth, build_app, protocol
 from psd_jax.serve.cli import api_key_from
 from psd_jax.serve.cli import main as serve_main
 from psd_jax.serve.errors import RequestError
@@ -291,6 +292,77 @@ def test_concurrent_clients_get_their_own_answers_in_fewer_batches(server):
     assert [(c.text, c.token_ids) for c in together] == [(c.text, c.token_ids) for c in alone]
     assert len({c.text for c in alone}) > 8, "the prompts should get different answers"
     assert health(server)["batches"] - batches < len(asks)
+
+
+# ---------------------------------------------------------------------------------- the protocol
+def test_the_schema_page_shows_the_protocols_models_and_a_wrong_type_is_our_400(server):
+    """``/openapi.json`` documents both routes' bodies and answers with ``protocol``'s models (every
+    reference resolves); FastAPI never parses a body, so a wrong type is the server's 400 naming
+    the field, never a 422."""
+    doc = httpx.get(f"{server}/openapi.json", timeout=TIMEOUT_S).json()
+    schemas = doc["components"]["schemas"]
+    for path, request, answer in (
+        ("/v1/completions", "CompletionRequest", "CompletionResponse"),
+        ("/v1/chat/completions", "ChatCompletionRequest", "ChatCompletionResponse"),
+    ):
+        route = doc["paths"][path]["post"]
+        assert route["requestBody"]["content"]["application/json"]["schema"] == {
+            "$ref": f"#/components/schemas/{request}"
+        }
+        assert route["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith(answer)
+        assert route["responses"]["400"]["content"]["application/json"]["schema"]["$ref"].endswith("ErrorResponse")
+    assert {"prompt", "max_tokens", "stop", "threshold", "trace", "decoder", "chat"} <= set(
+        schemas["CompletionRequest"]["properties"]
+    )
+    assert {"messages", "max_completion_tokens", "threshold", "trace", "settings"} <= set(
+        schemas["ChatCompletionRequest"]["properties"]
+    )
+    assert schemas["CompletionRequest"]["additionalProperties"] is False
+    assert {"usage", "choices"} <= set(schemas["CompletionResponse"]["properties"])
+    assert {"step", "kind", "pieces"} <= set(schemas["Trace"]["properties"])
+    text = json.dumps(doc)
+    assert set(re.findall(r'"#/components/schemas/([^"]+)"', text)) <= set(schemas), "a reference without a schema"
+    assert not [p for p in doc["paths"].values() for r in p.values() if "422" in r["responses"]]
+    for path, body, param in (
+        ("completions", {"prompt": "hi", "max_tokens": "ten"}, "max_tokens"),
+        ("completions", {"prompt": "hi", "seed": True}, "seed"),
+        ("chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ):
+        reply = httpx.post(f"{server}/v1/{path}", json=body, timeout=TIMEOUT_S)
+        assert (reply.status_code, reply.json()["error"]["param"]) == (400, param), reply.text
+
+
+def events(reply: httpx.Response) -> list[str]:
+    """A stream's ``data:`` payloads, ``[DONE]`` left out."""
+    data = [line.removeprefix("data: ") for line in reply.text.split("\n\n") if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    return data[:-1]
+
+
+def test_every_answer_is_the_protocols_response_model(server):
+    """What the server writes (whole answers, stream chunks, the usage chunk, a trace, the model
+    list, an error) is ``protocol``'s response models to the letter: no field they do not declare."""
+    url = f"{server}/v1"
+    chat = {"messages": [{"role": "user", "content": QUESTIONS[1]}]}
+    asks = [
+        ("completions", {"prompt": QUESTIONS[9], "trace": True}, protocol.CompletionResponse),
+        ("chat/completions", chat, protocol.ChatCompletionResponse),
+    ]
+    for path, body, model in asks:
+        model.model_validate_json(httpx.post(f"{url}/{path}", json=body, timeout=TIMEOUT_S).content)
+    usage = {"stream": True, "stream_options": {"include_usage": True}}
+    for path, body, model in (
+        ("completions", {"prompt": QUESTIONS[9], "trace": True, **usage}, protocol.CompletionChunk),
+        ("chat/completions", {**chat, **usage}, protocol.ChatCompletionChunk),
+    ):
+        chunks = [
+            model.model_validate_json(e) for e in events(httpx.post(f"{url}/{path}", json=body, timeout=TIMEOUT_S))
+        ]
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+        assert all(c.usage is None for c in chunks[:-1]) and chunks[0].choices[0].index == 0
+    protocol.ModelList.model_validate_json(httpx.get(f"{url}/models", timeout=TIMEOUT_S).content)
+    refused = httpx.post(f"{url}/completions", json={"prompt": 5}, timeout=TIMEOUT_S)
+    assert protocol.ErrorResponse.model_validate_json(refused.content).error.param == "prompt"
 
 
 # ------------------------------------------------------------------------------------- refusals
@@ -818,7 +890,7 @@ def test_serve_settings_recommended_sets_the_servers_defaults(monkeypatch, tuned
     from conftest import TUNED
 
     built = []
-    monkeypatch.setattr(psd_jax.serve.cli, "load_model", lambda *a, **k: tuned_lm)
+    monkeypatch.setattr("psd_jax.api.load_model", lambda *a, **k: tuned_lm)
     monkeypatch.setattr(psd_jax.serve.app, "build_app", lambda lm, defaults, **kw: built.append((defaults, kw)))
     monkeypatch.setattr(psd_jax.serve.server, "serve", lambda *a, **k: None)
     base = ["--model", str(tuned_model_dir), "--warmup-lengths", "none"]

@@ -23,7 +23,9 @@ from served import TIMEOUT_S, client, health, running
 import psd_jax.serve.app
 from psd_jax.api import BlockDecode
 from psd_jax.serve import build_app
+from psd_jax.serve.errors import RequestError
 from psd_jax.serve.limits import ServerLimits
+from psd_jax.serve.requests import ServedModel, parse_request
 from psd_jax.serve.responses import ResponseWriter
 
 from test_serve import (  # noqa: F401  (lm and defaults are fixtures)
@@ -172,6 +174,28 @@ HOSTILE = {
         b'{"prompt": "What is 2 + 3?", "\\ud800": 1}',
         invalid("the field name '\\ud800' is not valid Unicode: it holds a lone surrogate (\\ud800)", "\\ud800"),
     ),
+    "bool for an integer": (
+        "completions",
+        b'{"prompt": "What is 2 + 3?", "max_tokens": true}',
+        invalid("max_tokens must be a positive integer, got True", "max_tokens"),
+    ),
+    "text for a number": (
+        "completions",
+        b'{"prompt": "What is 2 + 3?", "temperature": "0.5"}',
+        invalid("temperature must be a number, got '0.5'", "temperature", "invalid_settings"),
+    ),
+    "junk inside a message": (
+        "chat/completions",
+        b'{"messages": [{"role": "user", "content": [{"type": "text", "text": {"a": [1, {"b": null}]}}]}]}',
+        invalid(
+            "messages[0].content[0].text must be a string, got {'a': [1, {'b': None}]}", "messages[0].content[0].text"
+        ),
+    ),
+    "unknown field set to null": (
+        "completions",
+        b'{"prompt": "What is 2 + 3?", "min_p": null}',
+        invalid("unknown field 'min_p' (not an OpenAI or DecodeConfig field)", "min_p"),
+    ),
 }
 
 
@@ -269,7 +293,8 @@ def test_a_body_nested_50000_deep_is_400_naming_the_limit(hostile, server_log, c
         "the request body nests arrays and objects 65 levels deep; this server reads at most 64",
     )
     reply = post(hostile, "completions", deep(63))  # the deepest body parsed: the prompt's own check answers
-    assert (reply.status_code, reply.json()["error"]["param"]) == (400, "prompt")
+    assert (reply.status_code, reply.json()["error"]["param"]) == (400, "prompt[0][0]")
+    assert reply.json()["error"]["message"].startswith("prompt[0][0] must be a token id (an integer), got [[[")
     assert_quiet(server_log, capfd)
 
 
@@ -298,6 +323,201 @@ def test_a_lone_surrogate_in_a_string_is_400_naming_its_field(hostile, server_lo
 def test_a_lone_surrogate_in_a_field_name_is_400_with_the_name_escaped(hostile, server_log, capfd):
     check_hostile(hostile, "surrogate in a field name")
     assert_quiet(server_log, capfd)
+
+
+# ------------------------------------------------------------------------------------ the protocol
+def test_wrong_types_and_junk_are_400_naming_their_field(hostile, server_log, capfd):
+    for name in ("bool for an integer", "text for a number", "junk inside a message", "unknown field set to null"):
+        check_hostile(hostile, name)
+    assert_quiet(server_log, capfd)
+
+
+CHAT = [{"role": "user", "content": PROMPT}]
+# (endpoint, body, (param, code, message)): each refused by the protocol or by the server's checks
+# behind it, as ``parse_request`` (the route's own check) answers it.
+REFUSED = [
+    ("completion", {"prompt": 5}, ("prompt", None, "prompt must be a string or a list of token ids, got 5")),
+    ("completion", {"prompt": [1, "a"]}, ("prompt[1]", None, "prompt[1] must be a token id (an integer), got 'a'")),
+    ("completion", {"prompt": [True]}, ("prompt[0]", None, "prompt[0] must be a token id (an integer), got True")),
+    (
+        "completion",
+        {"prompt": [[1, 2.0]]},
+        ("prompt[0][1]", None, "prompt[0][1] must be a token id (an integer), got 2.0"),
+    ),
+    (
+        "completion",
+        {"prompt": ["a", "b"]},
+        ("prompt", None, "one prompt per request: send several requests (they are batched)"),
+    ),
+    (
+        "completion",
+        {"prompt": PROMPT, "max_tokens": 16.0},
+        ("max_tokens", None, "max_tokens must be a positive integer, got 16.0"),
+    ),
+    ("completion", {"prompt": PROMPT, "seed": "3"}, ("seed", None, "seed must be an integer in [0, 2**32), got '3'")),
+    (
+        "completion",
+        {"prompt": PROMPT, "seed": 2**32},
+        ("seed", None, "seed must be an integer in [0, 2**32), got 4294967296"),
+    ),
+    ("completion", {"prompt": PROMPT, "stream": 1}, ("stream", None, "stream must be true or false, got 1")),
+    ("completion", {"prompt": PROMPT, "chat": "no"}, ("chat", None, "chat must be true or false, got 'no'")),
+    (
+        "completion",
+        {"prompt": PROMPT, "stop": [5]},
+        ("stop", None, "stop must be a non-empty string or a list of up to 4 of them, got [5]"),
+    ),
+    (
+        "completion",
+        {"prompt": PROMPT, "stop": {"a": [{"b": None}]}},
+        ("stop", None, "stop must be a non-empty string or a list of up to 4 of them, got {'a': [{'b': None}]}"),
+    ),
+    (
+        "completion",
+        {"prompt": PROMPT, "stream": True, "stream_options": {"include_usage": 1}},
+        ("stream_options.include_usage", None, "stream_options.include_usage must be true or false, got 1"),
+    ),
+    (
+        "completion",
+        {"prompt": PROMPT, "stream": True, "stream_options": {"include_usage": True, "x": [[{}]]}},
+        ("stream_options.x", None, "stream_options holds an unknown field 'x'; it holds only include_usage"),
+    ),
+    (
+        "completion",
+        {"prompt": PROMPT, "stream_options": {"include_usage": True}},
+        ("stream_options", None, "stream_options is only allowed with stream: true"),
+    ),
+    (
+        "completion",
+        {"prompt": PROMPT, "model": ["default"]},
+        ("model", None, "model must be a string, got ['default']"),
+    ),
+    ("completion", {"prompt": PROMPT, "user": {"id": 1}}, ("user", None, "user must be a string, got {'id': 1}")),
+    (
+        "completion",
+        {"prompt": PROMPT, "n": True},
+        ("n", None, "n=True is not supported by this server; leave it out or send 1"),
+    ),
+    (
+        "completion",
+        {"prompt": PROMPT, "logit_bias": {"1": 5}},
+        ("logit_bias", None, "logit_bias={'1': 5} is not supported by this server; leave it out or send {}"),
+    ),
+    (
+        "completion",
+        {"prompt": PROMPT, "messages": CHAT},
+        ("messages", None, "messages is a field of /v1/chat/completions, not of /v1/completions"),
+    ),
+    (
+        "completion",
+        {"prompt": PROMPT, "depth": True},
+        ("depth", "invalid_settings", "depth must be an integer, got True"),
+    ),
+    (
+        "completion",
+        {"prompt": PROMPT, "accept_confidence": [0.5]},
+        ("accept_confidence", "invalid_settings", "accept_confidence must be a number, got [0.5]"),
+    ),
+    (
+        "completion",
+        {"prompt": PROMPT, "decoder": {"name": "psd"}},
+        ("decoder", "invalid_settings", "unknown decoder {'name': 'psd'}; choose one of plain, psd, rps, edit"),
+    ),
+    (
+        "completion",
+        {"prompt": PROMPT, "policy": "p" * 5000},
+        ("policy", "invalid_settings", "unknown policy '" + "p" * 59 + " ... (5002 characters); choose one of"),
+    ),
+    (
+        "completion",
+        {"prompt": PROMPT, "max_tokens": 10**19},
+        (
+            "max_tokens",
+            "limit_exceeded",
+            "max_tokens 10000000000000000000 exceeds this server's limit of 448 (--max-tokens)",
+        ),
+    ),
+    (
+        "completion",
+        {"prompt": PROMPT, "settings": ["recommended"]},
+        ("settings", None, "settings must be a setting's name (recommended), got ['recommended']"),
+    ),
+    (
+        "chat",
+        {"messages": {"role": "user"}},
+        ("messages", None, "messages must be a non-empty list of {role, content} objects, got {'role': 'user'}"),
+    ),
+    (
+        "chat",
+        {"messages": [None]},
+        ("messages[0]", None, "messages[0] must be an object with role and content, got None"),
+    ),
+    ("chat", {"messages": [{"content": PROMPT}]}, ("messages[0].role", None, "messages[0].role is required")),
+    (
+        "chat",
+        {"messages": [{"role": "user", "content": PROMPT, "name": "bob"}]},
+        ("messages[0].name", None, "messages[0] holds an unknown field 'name'; it holds only role and content"),
+    ),
+    (
+        "chat",
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        (
+            "messages[0].content[0].type",
+            None,
+            "messages[0].content[0].type must be 'text' (only text parts are supported), got 'image_url'",
+        ),
+    ),
+    (
+        "chat",
+        {"messages": [{"role": "user", "content": None}]},
+        (
+            "messages[0].content",
+            None,
+            'messages[0].content must be a string or a list of text parts ({"type": "text", "text": ...}), got None',
+        ),
+    ),
+    (
+        "chat",
+        {"messages": CHAT, "max_tokens": 16, "max_completion_tokens": 32},
+        ("max_completion_tokens", None, "give max_tokens or max_completion_tokens, not both (they differ)"),
+    ),
+    (
+        "chat",
+        {"messages": CHAT, "max_completion_tokens": 100_000},
+        (
+            "max_completion_tokens",
+            "limit_exceeded",
+            "max_completion_tokens 100000 exceeds this server's limit of 448 (--max-tokens)",
+        ),
+    ),
+    (
+        "chat",
+        {"messages": CHAT, "prompt": None},
+        ("prompt", None, "prompt is a field of /v1/completions, not of /v1/chat/completions"),
+    ),
+]
+
+
+def test_the_protocol_refuses_each_field_by_its_path_and_takes_null_as_absent(lm, defaults):  # noqa: F811
+    """Wrong types (a bool for an integer, text for a number), nested junk, huge numbers, fields of
+    the other endpoint: each is one line naming its field and what was sent (a long value cut
+    short), ``param`` its path; a field sent as ``null`` is not sent."""
+    settings = lm.settings(defaults)
+    served = ServedModel(lm, "default", settings, BUCKET, ServerLimits.for_model(lm.config, settings, BUCKET))
+    for endpoint, body, (param, code, message) in REFUSED:
+        with pytest.raises(RequestError) as caught:
+            parse_request(body, endpoint, served)
+        got = caught.value
+        assert (got.status, got.param, got.code) == (400, param, code), (body, got.message)
+        assert got.message.startswith(message) and "\n" not in got.message and len(got.message) < 300, body
+    nulls = dict.fromkeys(("model", "max_tokens", "stop", "stream", "seed", "n", "threshold", "decoder", "chat"))
+    assert parse_request({"prompt": PROMPT, **nulls}, "completion", served) == parse_request(
+        {"prompt": PROMPT}, "completion", served
+    )
+    parts = [{"type": "text", "text": "What is "}, {"type": "text", "text": "2 + 3?"}]
+    assert parse_request({"messages": [{"role": "user", "content": parts}]}, "chat", served) == parse_request(
+        {"messages": CHAT}, "chat", served
+    )
 
 
 # --------------------------------------------------------------------------- a client that leaves
