@@ -19,8 +19,10 @@ given an all-ones attention mask). Decoded with LLaDA ``generate.py``'s rule: st
   tokens must equal bonsai's;
 - ``psd-jax default mask rule``: the same without ``predict_mask`` ([MASK]'s logit -inf); its
   tokens equal the others' unless a step predicts [MASK];
-- ``psd-jax recommended``: the fields of ``models/default/recommended.json``'s CPU choice
-  (threshold 0.99, dual cache, vicinity 4, block 16), ``eos_early_stop=False``;
+- ``psd-jax recommended``: the fields of ``models/default/recommended.json``'s CPU choice (since
+  commit 03fcebb threshold 0.99, uncached, block 16), ``eos_early_stop=False``;
+- ``--settings NAME ...``: further psd-jax rows by setting name, ``eos_early_stop=False`` (default
+  ``threshold-0.99/dual+v4/b16``, the recommendation before 03fcebb);
 - ``bonsai (shipped)``: ``modeling.generate`` as it is: a Python loop over an un-jitted forward
   (each op dispatched on its own), with its own jitted rank function;
 - ``bonsai (jitted forward)``: the same loop with the model's forward wrapped in ``jax.jit`` (the
@@ -232,10 +234,12 @@ def prompts_for(path: Path, batch: int, length: int, seed: int) -> list[list[int
     return np.random.default_rng(seed).choice(vocab, size=(batch, length)).tolist()
 
 
-def psd_settings(gen_length: int) -> dict:
-    """The psd-jax rows: name -> DecodeConfig."""
+def psd_settings(gen_length: int, extra: tuple[str, ...] = ()) -> dict:
+    """The psd-jax rows: name -> DecodeConfig; ``extra``: setting names (``psd_jax.names``) of
+    further rows, each its own name. Every row decodes every block (``eos_early_stop=False``)."""
     from psd_jax import DecodeConfig
     from psd_jax.model_dir import DEFAULT_MODEL_DIR
+    from psd_jax.names import setting_fields
     from psd_jax.recommended import read_recommended
 
     upstream = DecodeConfig(
@@ -246,6 +250,10 @@ def psd_settings(gen_length: int) -> dict:
         "generate.py rule": upstream,
         "default mask rule": upstream.replace(predict_mask=False),
         "recommended": DecodeConfig(gen_length=gen_length, eos_early_stop=False, **recommended),
+        **{
+            name: DecodeConfig(gen_length=gen_length, eos_early_stop=False, **setting_fields(name, gen_length))
+            for name in extra
+        },
     }
 
 
@@ -282,7 +290,7 @@ def psd_forward(lm, canvas: np.ndarray) -> None:
     jax.block_until_ready(lm.logits(canvas))
 
 
-def measure(models: list[dict], bonsai: BonsaiProcess, repeats: int) -> list[dict]:
+def measure(models: list[dict], bonsai: BonsaiProcess, repeats: int, extra: tuple[str, ...] = ()) -> list[dict]:
     """Per model: every row's warm-up call, then ``repeats`` rounds of one timed call per row, the
     psd-jax rows (this process) and then bonsai's (its process), so that a drift of the machine's
     load falls on all rows alike."""
@@ -292,7 +300,7 @@ def measure(models: list[dict], bonsai: BonsaiProcess, repeats: int) -> list[dic
     results = []
     for index, m in enumerate(models):
         lm = load_model(m["dir"])  # float32
-        settings = psd_settings(m["gen_length"])
+        settings = psd_settings(m["gen_length"], extra)
         psd_calls = {name: partial(lm.generate, m["prompts"], s, prompt_bucket=None) for name, s in settings.items()}
         mask_id = json.loads((Path(m["dir"]) / "config.json").read_text())["mask_token_id"]
         canvas = np.concatenate([np.asarray(m["prompts"]), np.full((m["batch"], m["gen_length"]), mask_id)], axis=1)
@@ -361,10 +369,16 @@ def compare(psd: list[dict], bonsai: list[dict]) -> list[dict]:
 LABELS = {
     "generate.py rule": "psd-jax, generate.py rule (`predict_mask`)",
     "default mask rule": "psd-jax, default [MASK] rule",
-    "recommended": "psd-jax `recommended` (threshold 0.99, dual+v4, block 16)",
     "shipped": "bonsai as shipped (un-jitted forward)",
     "jit": "bonsai, forward in `jax.jit`",
 }
+
+
+def label(row: dict) -> str:
+    """A decode row's name in the table."""
+    if row["variant"] == "recommended":
+        return f"psd-jax `recommended` (`{row['name']}`)"
+    return LABELS.get(row["variant"], f"psd-jax `{row['variant']}`")
 
 
 FORWARDS = {
@@ -387,14 +401,14 @@ def markdown(report: dict) -> str:
             "vs bonsai shipped | vs bonsai jit | tokens = bonsai's |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
-        for r in (r for r in rows if r["variant"] in LABELS):
+        for r in (r for r in rows if "nfe" in r or r["variant"] in BonsaiCalls.VARIANTS):
             same = [
                 c["equal"] for c in report["comparison"] if c["model"] == m["label"] and c["psd_jax"] == r["variant"]
             ]
             equal = "—" if not same else ("yes" if all(same) else "no")
             calls = str(max(r["nfe"])) if "nfe" in r else str(m["gen_length"])
             lines.append(
-                f"| {LABELS[r['variant']]} | {calls} | {r['first_call_s']:.2f} | {r['median_s']:.3f} | "
+                f"| {label(r)} | {calls} | {r['first_call_s']:.2f} | {r['median_s']:.3f} | "
                 f"{r['min_s']:.3f}–{r['max_s']:.3f} | {r['tokens_per_s']:.1f} | "
                 f"{r['tokens_per_s'] / bonsai_tps['shipped']:.2f}x | {r['tokens_per_s'] / bonsai_tps['jit']:.2f}x | {equal} |"
             )
@@ -418,6 +432,22 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def report_of(meta: dict, models: list[dict], results: list[dict], record: dict) -> dict:
+    """The run's record: bonsai's tokens (its worker's file: each variant's last call) joined to its
+    rows, and the psd-jax decodes' tokens compared with them."""
+    for r in results:
+        if r["variant"] in BonsaiCalls.VARIANTS:
+            r["tokens"] = record["calls"][f"{r['model']}/{r['variant']}"]["tokens"]
+    decodes = [r for r in results if "nfe" in r]  # psd-jax's (the forwards have no tokens)
+    bonsai = [r for r in results if r["variant"] in BonsaiCalls.VARIANTS]
+    return {
+        "meta": meta,
+        "models": [{k: v for k, v in m.items() if k != "dir"} for m in models],
+        "results": results,
+        "comparison": compare(decodes, bonsai),
+    }
+
+
 def parameters(path: Path) -> int:
     from safetensors import safe_open
 
@@ -432,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", required=True, help="directory for results.json and table.md")
     p.add_argument("--gen-length", type=int, default=64)
-    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--batch", type=int, default=1)
     p.add_argument("--prompt-length", type=int, default=24)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0, help="the 108M model's weights")
@@ -442,6 +472,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=10,
         help="the prompts' ids (10: on llada-tiny the [MASK] rule then changes both rows, as in "
         "tests/decoding/test_predict_mask.py)",
+    )
+    p.add_argument(
+        "--settings",
+        nargs="*",
+        default=["threshold-0.99/dual+v4/b16"],
+        help="further psd-jax rows, as setting names (default: the recommendation before commit 03fcebb)",
     )
     p.add_argument("--tiny", default=str(TINY), help="the llada-tiny directory (default: the goldens')")
     p.add_argument("--no-108m", action="store_true", help="llada-tiny only")
@@ -478,33 +514,23 @@ def main(argv=None) -> int:
 
         bonsai = BonsaiProcess(args.bonsai_python, {"models": models}, work)
         try:
-            results = measure(models, bonsai, args.repeats)
+            results = measure(models, bonsai, args.repeats, tuple(args.settings))
         finally:
             record = bonsai.finish()
-    for r in results:  # bonsai's tokens, from its file (its last call of each)
-        if r["variant"] in BonsaiCalls.VARIANTS:
-            r["tokens"] = record["calls"][f"{r['model']}/{r['variant']}"]["tokens"]
-    psd = [r for r in results if r["variant"] not in BonsaiCalls.VARIANTS]
-    bonsai_rows = [r for r in results if r["variant"] in BonsaiCalls.VARIANTS]
     git = ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]
-    commit = subprocess.run(git, capture_output=True, text=True).stdout.strip()
-    report = {
-        "meta": {
-            "time": time.strftime("%Y-%m-%d %H:%M"),
-            "commit": commit,
-            "argv": sys.argv[1:] if argv is None else argv,
-            "repeats": args.repeats,
-            "psd_jax_jax": jax.__version__,
-            "bonsai": record["meta"],
-            "devices": [str(d) for d in jax.devices()],
-            "cpu_count": os.cpu_count(),
-            "platform": platform.platform(),
-            "load_average_before_after": [load_before, os.getloadavg()],
-        },
-        "models": [{k: v for k, v in m.items() if k != "dir"} for m in models],
-        "results": results,
-        "comparison": compare(psd, bonsai_rows),
+    meta = {
+        "time": time.strftime("%Y-%m-%d %H:%M"),
+        "commit": subprocess.run(git, capture_output=True, text=True).stdout.strip(),
+        "argv": sys.argv[1:] if argv is None else argv,
+        "repeats": args.repeats,
+        "psd_jax_jax": jax.__version__,
+        "bonsai": record["meta"],
+        "devices": [str(d) for d in jax.devices()],
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "load_average_before_after": [load_before, os.getloadavg()],
     }
+    report = report_of(meta, models, results, record)
     (out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
     table = markdown(report)
     (out / "table.md").write_text(table)

@@ -6,16 +6,26 @@ from __future__ import annotations
 from paths import GOLDENS
 
 from psd_jax import DecodeConfig
+from psd_jax.model_dir import DEFAULT_MODEL_DIR
+from psd_jax.recommended import read_recommended
 from scripts.figures import bonsai_peer
 
 
-def test_the_psd_jax_rows_are_generate_py_its_default_mask_rule_and_the_recommended_fields():
-    rows = bonsai_peer.psd_settings(64)
+def test_the_psd_jax_rows_are_generate_py_its_default_mask_rule_the_recommended_fields_and_names():
+    rows = bonsai_peer.psd_settings(64, ("threshold-0.99/dual+v4/b16",))
     upstream = DecodeConfig(gen_length=64, block_length=32, steps=64, eos_early_stop=False, predict_mask=True)
     assert rows["generate.py rule"] == upstream
     assert rows["default mask rule"] == upstream.replace(predict_mask=False)
-    recommended = rows["recommended"]
-    assert (recommended.policy, recommended.cache, recommended.eos_early_stop) == ("threshold", "dual", False)
+    shipped = read_recommended(DEFAULT_MODEL_DIR, "cpu").settings
+    assert rows["recommended"] == DecodeConfig(gen_length=64, eos_early_stop=False, **shipped)
+    dual = rows["threshold-0.99/dual+v4/b16"]
+    assert (dual.threshold, dual.cache, dual.vicinity, dual.block_length, dual.eos_early_stop) == (
+        0.99,
+        "dual",
+        4,
+        16,
+        False,
+    )
 
 
 def test_prompts_avoid_the_special_ids_and_the_table_reports_token_equality():
@@ -27,16 +37,17 @@ def test_prompts_avoid_the_special_ids_and_the_table_reports_token_equality():
 
     psd = [row("generate.py rule", [[1, 500, 2, 3]], [0.1, 0.2]), row("default mask rule", [[1, 7, 2, 3]], [0.1])]
     psd = [{**r, "nfe": [4]} for r in psd]
-    bonsai = [row("shipped", [[1, 500, 2, 3]], [1.0, 2.0, 3.0]), row("jit", [[1, 500, 2, 3]], [0.5])]
-    comparison = bonsai_peer.compare(psd, bonsai)
-    assert [(c["psd_jax"], c["bonsai"], c["equal"], c["positions_differ"]) for c in comparison] == [
+    bonsai = [row("shipped", None, [1.0, 2.0, 3.0]), row("jit", None, [0.5])]
+    forwards = [row(f"forward {v}", None, [0.01]) for v in ("psd-jax", "shipped", "jit")]
+    record = {"calls": {f"m/{v}": {"tokens": [[1, 500, 2, 3]], "seconds": []} for v in ("shipped", "jit")}}
+    model = {"label": "m", "dir": "/m", "params": 1e6, "batch": 1, "prompt_length": 4, "gen_length": 4}
+    report = bonsai_peer.report_of({"repeats": 2}, [model], psd + bonsai + forwards, record)
+    assert [(c["psd_jax"], c["bonsai"], c["equal"], c["positions_differ"]) for c in report["comparison"]] == [
         ("generate.py rule", "shipped", True, 0),
         ("generate.py rule", "jit", True, 0),
         ("default mask rule", "shipped", False, 1),
         ("default mask rule", "jit", False, 1),
     ]
-    model = {"label": "m", "params": 1e6, "batch": 1, "prompt_length": 4, "gen_length": 4}
-    report = {"meta": {"repeats": 2}, "models": [model], "results": psd + bonsai, "comparison": comparison}
     lines = bonsai_peer.markdown(report).splitlines()
     generate_py, default, shipped = (
         next(x for x in lines if x.startswith(f"| {label}"))
@@ -44,3 +55,4 @@ def test_prompts_avoid_the_special_ids_and_the_table_reports_token_equality():
     )
     assert generate_py.endswith("| 26.7 | 13.33x | 3.33x | yes |")  # 4 tokens in 0.15 s; bonsai: 2 s and 0.5 s
     assert default.endswith("| no |") and shipped.endswith("| 2.0 | 1.00x | 0.25x | — |")
+    assert "| bonsai, in `jax.jit` | 3.00 | 10.0 | 10.0–10.0 |" in lines  # one forward alone
