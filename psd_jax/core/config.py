@@ -293,6 +293,7 @@ INT_FIELDS = (
 FLOAT_FIELDS = (
     "threshold",
     "factor",
+    "accept_confidence",
     "temperature",
     "top_p",
     "cfg_scale",

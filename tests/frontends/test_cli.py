@@ -48,6 +48,7 @@ TINY = ["--model", str(GOLDENS / "llada-tiny"), "--prompt-ids", "1,2,3"]
         (dict(gen_length=48.0), "gen_length must be an integer, got 48.0"),
         (dict(gen_length=True), "gen_length must be an integer, got True"),
         (dict(threshold="0.9", policy="threshold"), "threshold must be a number"),
+        (dict(decoder="psd", accept_confidence="0.5"), "accept_confidence must be a number, got '0.5'"),
         (dict(eos_early_stop=1), "eos_early_stop must be true or false"),
         (dict(policy="dream", dream_eps=1.0), r"dream_eps must be in \(0, 1\)"),
         (dict(cache="full"), "unknown cache 'full'"),
@@ -161,6 +162,13 @@ def test_replace_resets_what_only_the_old_decoder_used():
 
 def test_field_help_covers_every_field_and_steps_follow_gen_length():
     assert list(FIELD_HELP) == [f.name for f in dataclasses.fields(DecodeConfig)]
+    # Every field has one kind, which its flag parses and its check enforces (a number given as
+    # text is refused by name, not compared with one deep in a check).
+    from psd_jax.core.config import BOOL_FIELDS, CHOICES, FLOAT_FIELDS, INT_FIELDS
+
+    kinds = [INT_FIELDS, FLOAT_FIELDS, BOOL_FIELDS, tuple(CHOICES)]
+    for f in dataclasses.fields(DecodeConfig):
+        assert sum(f.name in kind for kind in kinds) == 1, f.name
     assert DecodeConfig(gen_length=48, block_length=16).replace(gen_length=96).total_steps == 96
     DecodeConfig(**RECOMMENDED)
 
