@@ -64,7 +64,14 @@ def test_generate_recommended_on_two_processes_prints_what_one_process_prints(ge
     assert other.out() == "", "only process 0 prints"
 
 
-TIMING = {"seconds", "tokens_per_second", "compile_seconds", "speedup_tokens_per_second"}
+TIMING = {
+    "seconds",
+    "tokens_per_second",
+    "compile_seconds",
+    "speedup_tokens_per_second",
+    "speedup_tokens_per_second_interval",
+    "batch_seconds",
+}
 
 
 def test_bench_recommended_on_two_processes_writes_what_one_process_writes(out):
