@@ -74,8 +74,21 @@ def timing(seconds: list[float], first: float, tokens: int) -> dict:
     }
 
 
+SETTLE_S = 1.0  # idle before each timed call: the other process's XLA thread pool stops spinning
+
+
+def settled(call):
+    """``call`` after ``SETTLE_S`` of idling. XLA:CPU's worker threads keep spinning for a moment
+    after a computation; without the pause, a call timed right after the other process's call
+    shares the two cores with those threads (a psd-jax forward measured 177 ms there, 112 ms alone)."""
+    time.sleep(SETTLE_S)
+    return call()
+
+
 def seconds_of(call) -> tuple[object, float]:
-    """(result, wall seconds) of one call; ``call`` returns once its result is on the host."""
+    """(result, wall seconds) of one call, started after ``SETTLE_S`` of idling; ``call`` returns
+    once its result is on the host."""
+    time.sleep(SETTLE_S)
     start = time.perf_counter()
     result = call()
     return result, time.perf_counter() - start
@@ -312,11 +325,13 @@ def measure(models: list[dict], bonsai: BonsaiProcess, repeats: int, extra: tupl
                 outputs[name], s = seconds_of(call)
                 seconds.setdefault(name, []).append(s)
             for variant in BonsaiCalls.VARIANTS:
-                seconds.setdefault(variant, []).append(bonsai.ask(cmd="call", model=index, variant=variant)["seconds"])
+                seconds.setdefault(variant, []).append(
+                    settled(partial(bonsai.ask, cmd="call", model=index, variant=variant))["seconds"]
+                )
             _, s = seconds_of(partial(psd_forward, lm, canvas))
             seconds.setdefault("forward psd-jax", []).append(s)
             for variant in BonsaiCalls.VARIANTS:
-                reply = bonsai.ask(cmd="forward", model=index, variant=variant)
+                reply = settled(partial(bonsai.ask, cmd="forward", model=index, variant=variant))
                 seconds.setdefault(f"forward {variant}", []).append(reply["seconds"])
         for name, out in outputs.items():
             tokens = np.array([r.output_ids for r in out])
