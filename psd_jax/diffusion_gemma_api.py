@@ -211,6 +211,20 @@ class LoadedDiffusionGemma(PromptIO):
         )
         return dataclasses.replace(run, inputs=(put(ids), put(valid), draws, jax.tree.map(put, values)))
 
+    def placed(self, *trees: Any, whole: bool = False) -> tuple[Any, ...]:
+        """A session's host arrays (row-major [B, ...], or pytrees of them) as its programs take
+        them: as they are on one device; on the mesh, global arrays with their rows split as
+        ``sharding.batch_sharding`` says (``whole``: every device holds them whole), each process
+        placing its own devices' shards (every process passes the same values)."""
+        if self.mesh is None:
+            return trees
+        whole_sharding = NamedSharding(self.mesh, PartitionSpec())
+
+        def put(x):
+            return jax.device_put(x, whole_sharding if whole else batch_sharding(self.mesh, x.shape[0]))
+
+        return tuple(jax.tree.map(put, tree) for tree in trees)
+
     def _generations(self, decoded: Decoded, seconds: float, compile_seconds: float) -> list[Generation]:
         ids = decoded.output_ids
         tokens = tokens_before_stop(ids, self.config.stop_ids)

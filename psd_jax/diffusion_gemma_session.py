@@ -2,7 +2,10 @@
 ``serve.session.BlockSession`` a server's batcher drives, over ``core.entropy_bound_rows``. A
 canvas is the family's block: each ``advance`` is one compiled call and one host round trip for a
 whole canvas of every decoding row (its denoising steps inside), and between two calls rows join,
-stop and the batch changes compiled size."""
+stop and the batch changes compiled size. On a mesh (``LoadedDiffusionGemma.mesh``, over one process
+or several) the rows' arrays are global arrays, their rows split over ``data``
+(``LoadedDiffusionGemma.placed``, ``entropy_bound_rows``' pinned states), and the small per-row
+results come back to every process (``multihost.to_host``): every process makes the same calls."""
 
 from __future__ import annotations
 
@@ -10,14 +13,22 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
 from .core.config import DecodeConfig
 from .core.entropy_bound import EntropyBoundSettings, SamplerProgram, SamplerValues
-from .core.entropy_bound_rows import CanvasRows, advance_rows, empty_rows, join_rows, regroup_rows, stop_rows
+from .core.entropy_bound_rows import (
+    CanvasRows,
+    advance_rows,
+    empty_rows,
+    join_rows,
+    placed_empty_rows,
+    regroup_rows,
+    stop_rows,
+)
 from .core.errors import InputError
 from .core.runtime import row_keys
+from .parallel.multihost import to_host
 from .prompts import left_pad
 
 
@@ -46,7 +57,15 @@ class CanvasSession:
         self.compile_seconds = 0.0
         self.seconds = 0.0
         self.done = True
-        self._state: CanvasRows = empty_rows(lm.config, lm.model.dtype, size, prompt_length, program)
+        self._state: CanvasRows = self._empty()
+
+    def _empty(self) -> CanvasRows:
+        """``size`` empty rows: on one device made here; on a mesh by a program of their own (the
+        model's cache keeps it), so every process holds its devices' shards of the global state."""
+        shape = dict(cfg=self.lm.config, dtype=self.lm.model.dtype, batch=self.size, prompt_length=self.prompt_length)
+        if self.lm.mesh is None:
+            return empty_rows(**shape, program=self.program)
+        return self._run("empty", placed_empty_rows, **shape, program=self.program)
 
     def _program(self, name: str, fn, args: tuple, static: dict, with_model: bool = False):
         """``fn`` compiled for ``args`` (by the model's program cache), its compilation counted here."""
@@ -92,10 +111,8 @@ class CanvasSession:
         row_keys_[list(rows)] = keys
         joined = np.zeros(self.size, bool)
         joined[list(rows)] = True
-        values = SamplerValues.of(row_samplers)
-        self._state = self._run(
-            "join", join_rows, self._state, joined, ids, valid, row_keys_, canvases, values, with_model=True
-        )
+        inputs = self.lm.placed(joined, ids, valid, row_keys_, canvases, SamplerValues.of(row_samplers))
+        self._state = self._run("join", join_rows, self._state, *inputs, with_model=True)
         self.done = False
 
     def advance(self) -> CanvasProgress:
@@ -103,19 +120,21 @@ class CanvasSession:
         if not self.done:
             self._state = self._run("advance", advance_rows, self._state, with_model=True, program=self.program)
         s = self._state  # the rows' small arrays to the host, never the cache
-        ids, canvas, ended, nfe, canvases = jax.device_get((s.ids, s.canvas, s.ended, s.row_nfe, s.canvases))
+        ids, canvas, ended, nfe, canvases = to_host((s.ids, s.canvas, s.ended, s.row_nfe, s.canvases))
         self.done = bool(ended.all())
         return CanvasProgress(ids, canvas, ended, nfe, canvases * self.lm.config.canvas_length)
 
     def regroup(self, index: Sequence[int]) -> None:
         """Move to ``len(index)`` rows: new row i is row ``index[i]`` (-1: an empty, done row)."""
-        self._state = self._run("regroup", regroup_rows, self._state, np.asarray(index, np.int32))
+        (index_array,) = self.lm.placed(np.asarray(index, np.int32), whole=True)
+        self._state = self._run("regroup", regroup_rows, self._state, index_array)
         self.size = len(index)
-        self.done = bool(jax.device_get(self._state.ended).all())
+        self.done = bool(to_host(self._state.ended).all())
 
     def prepare_regroup(self, size: int):
         """Compile the move to ``size`` rows now (a server's warm-up)."""
-        return self._program("regroup", regroup_rows, (self._state, np.zeros(size, np.int32)), {})
+        (index,) = self.lm.placed(np.zeros(size, np.int32), whole=True)  # placed as ``regroup`` places it
+        return self._program("regroup", regroup_rows, (self._state, index), {})
 
     def stop(self, rows: Sequence[int]) -> None:
         """Stop decoding ``rows`` from the next ``advance`` on."""
@@ -123,8 +142,8 @@ class CanvasSession:
             return
         stopped = np.zeros(self.size, bool)
         stopped[list(rows)] = True
-        self._state = self._run("stop", stop_rows, self._state, stopped)
-        self.done = bool(jax.device_get(self._state.ended).all())
+        self._state = self._run("stop", stop_rows, self._state, *self.lm.placed(stopped))
+        self.done = bool(to_host(self._state.ended).all())
 
 
 def start_session(

@@ -11,6 +11,10 @@ hold the loop; then ``finish_canvas``, each row writing at its own offsets); ``j
 new prompts into rows that are done and resets them. A row's draws are keyed by its own key, canvas
 and step, as in ``entropy_bound``'s whole decode, so a row with key ``row_keys([seed], [0])``
 decodes exactly as ``generate([prompt], seed=seed)``'s only row, whatever shares its batch.
+
+Traced under a mesh, each function's state comes out with its rows split as
+``sharding.batch_sharding`` splits them (``constrain_rows``; the rest of each array whole), so one
+call's state goes into the next call as that call was compiled for; on one device nothing is pinned.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from flax import nnx
 from models.diffusion_gemma import Cache
 from models.diffusion_gemma_config import GROUPS
 
+from ..parallel.sharding import constrain_rows
 from .entropy_bound import Draws, SamplerProgram, SamplerValues, denoise_canvas, finish_canvas
 
 
@@ -71,6 +76,13 @@ def empty_rows(cfg, dtype, batch: int, prompt_length: int, program: SamplerProgr
     )
 
 
+@jax.jit(static_argnames=("cfg", "dtype", "batch", "prompt_length", "program"))
+def placed_empty_rows(cfg, dtype, batch: int, prompt_length: int, program: SamplerProgram) -> CanvasRows:
+    """``empty_rows`` made by a program (a session on a mesh): traced under the mesh, its rows come
+    out split over it, each process's devices writing their own shards."""
+    return constrain_rows(empty_rows(cfg, dtype, batch, prompt_length, program), batch)
+
+
 @jax.jit(static_argnames=("graphdef",))
 def join_rows(
     graphdef, params, state: CanvasRows, joined, prompt_ids, prompt_valid, keys, canvases, values: SamplerValues
@@ -96,7 +108,7 @@ def join_rows(
         passes=zero,
         row_nfe=zero,
     )
-    return jax.tree.map(pick, restarted, state)
+    return constrain_rows(jax.tree.map(pick, restarted, state), batch)
 
 
 @jax.jit(static_argnames=("graphdef", "program"))
@@ -116,7 +128,7 @@ def advance_rows(graphdef, params, state: CanvasRows, program: SamplerProgram) -
     )  # fmt: skip
     ids, ended, cache = finish_canvas(model, a, at, state.ended, state.ids, state.cache, k * C, prompt_length + k * C)
     canvas = state.canvas + live.astype(jnp.int32)
-    return CanvasRows(
+    advanced = CanvasRows(
         cache=cache,
         canvas=canvas,
         canvases=state.canvases,
@@ -127,16 +139,17 @@ def advance_rows(graphdef, params, state: CanvasRows, program: SamplerProgram) -
         passes=counters["passes"],
         row_nfe=counters["row_nfe"],
     )
+    return constrain_rows(advanced, live.shape[0])
 
 
 @jax.jit
 def regroup_rows(state: CanvasRows, index: jax.Array) -> CanvasRows:
     """``len(index)`` rows: new row i is row ``index[i]`` as it is (-1: an empty, ended row)."""
     moved = jax.tree.map(lambda x: x[jnp.maximum(index, 0)], state)
-    return dataclasses.replace(moved, ended=moved.ended | (index < 0))
+    return constrain_rows(dataclasses.replace(moved, ended=moved.ended | (index < 0)), index.shape[0])
 
 
 @jax.jit
 def stop_rows(state: CanvasRows, stopped: jax.Array) -> CanvasRows:
     """``state`` with the ``stopped`` rows [B] ended (their output no longer wanted)."""
-    return dataclasses.replace(state, ended=state.ended | stopped)
+    return constrain_rows(dataclasses.replace(state, ended=state.ended | stopped), stopped.shape[0])

@@ -325,11 +325,6 @@ def start_up(args: argparse.Namespace, warmup: tuple[int, ...]) -> StartUp:
     start = FrontEndStart.begin(args)
     cluster, model_dir, mcfg = start.cluster, start.model_dir, start.config
     api_key = api_key_from(args.api_key, os.environ)
-    if start.entropy_bound and (cluster is not None or args.mesh):
-        raise InputError(
-            "python -m psd_jax.serve runs DiffusionGemma on one process and one device so far: drop "
-            + ("--mesh" if args.mesh else "the cluster flags")
-        )
     start.precheck(decode_fields(args), args.settings)
     settings_on_any_device(NAME, model_dir)  # a request's "settings": "recommended", checked alike
     start.join()

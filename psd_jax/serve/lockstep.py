@@ -17,6 +17,10 @@ process that dies between requests is noticed too. A process that dies while a c
 others inside that call's collectives; JAX's coordination service ends every process after its
 heartbeat timeout (``--heartbeat-timeout``; ``timeout_s`` is half of it, so the server's own check
 comes first whenever it can).
+
+When the server stops, process 0 sends ``EXIT`` and, once every process has it, deletes the
+channel's keys: the same processes may start another server afterwards (a process that serves one
+model, then another), its calls numbered from 1 again.
 """
 
 from __future__ import annotations
@@ -96,6 +100,7 @@ class Channel:
         self.sent = self.received = 0
         self.last_sent = time.monotonic()
         self.lost: PeerLost | None = None
+        self.closed = False  # ``close``d: nothing more is sent
         self.on_lost: Callable[[PeerLost], None] | None = None
         self._lock = threading.Lock()
 
@@ -106,6 +111,8 @@ class Channel:
         with self._lock:
             if self.lost is not None:
                 raise self.lost
+            if self.closed:
+                raise RuntimeError(f"the serving channel is closed: {call.op} not sent")
             number = self.sent + 1
             self.client.key_value_set_bytes(f"{PREFIX}/call/{number}", pickle.dumps(call))
             for process in range(1, self.processes):
@@ -117,11 +124,22 @@ class Channel:
                     break
             else:
                 self.sent, self.last_sent = number, time.monotonic()
+                self.closed = call.op == EXIT  # nothing follows it (a keep-alive ping included)
                 self._forget(number - 1)
                 return
         if self.on_lost is not None:
             self.on_lost(self.lost)
         raise self.lost
+
+    def close(self) -> None:
+        """Send ``EXIT`` (the other processes stop following) and, once each has it, delete what is
+        left of this channel in the key-value store (the last call, the ready marks), so that the
+        next server of these processes starts clean. ``PeerLost`` if a process does not confirm."""
+        self.send(Call(EXIT))
+        with self._lock:
+            self._forget(self.sent)
+            for process in range(1, self.processes):
+                self.client.key_value_delete(f"{PREFIX}/ready/{process}")
 
     def wait_for_followers(self, timeout_s: float = JOIN_TIMEOUT_S) -> None:
         """Process 0, before it opens its port: wait until every other process follows its calls
@@ -154,12 +172,12 @@ class Channel:
         a process that died while the server is idle is noticed within about 1.5 x ``timeout_s``."""
 
         def ping() -> None:
-            while self.lost is None:
+            while self.lost is None and not self.closed:
                 time.sleep(self.timeout_s / 4)
                 if time.monotonic() - self.last_sent >= self.timeout_s / 2:
                     try:
                         self.send(Call(PING))
-                    except PeerLost:
+                    except (PeerLost, RuntimeError):  # a lost process, or the channel closed meanwhile
                         return
 
         thread = threading.Thread(target=ping, name="psd-lockstep-ping", daemon=True)
@@ -246,7 +264,7 @@ class LockstepModel:
     def close(self) -> None:
         """Tell the other processes that the server has stopped (they return from ``follow``)."""
         if self.channel.lost is None:
-            self.channel.send(Call(EXIT))
+            self.channel.close()
 
 
 class LockstepRun:

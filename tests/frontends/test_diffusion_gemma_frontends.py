@@ -1,8 +1,9 @@
 """DiffusionGemma through the front ends: its settings as ``DecodeConfig`` fields (the release's
 ``generation_config.json`` as defaults, lengths in whole canvases, every other family's fields
 refused by name and its fields refused on them), ``python -m psd_jax.generate --replay-draws``
-reproducing upstream's decodes as a command and in-process, the Python API's replay, and the front
-ends that do not run the family yet refusing it in one line."""
+reproducing upstream's decodes as a command and in-process, the Python API's replay, and what the
+family does not do (a likelihood, a served trace, a modeled device's prices) refused in one line.
+On a mesh and on several processes: tests/parallel/."""
 
 from __future__ import annotations
 
@@ -26,7 +27,6 @@ from psd_jax.core.entropy_bound import EntropyBoundSettings
 from psd_jax.diffusion_gemma_api import read_draws
 from psd_jax.model_dir import checked_settings, model_settings, release_settings
 from psd_jax.serve import build_app
-from psd_jax.serve.cli import main as serve_main
 from psd_jax.tuning.cli import main as tune_main
 
 CASES_FILE = GOLDENS / "diffusion_gemma_cases.safetensors"
@@ -364,12 +364,6 @@ def test_rows_of_other_bounds_temperatures_and_confidences_share_a_session_and_d
         assert progress.generated[r].tolist() == want.output_ids and progress.nfe[r] >= want.nfe
     with pytest.raises(InputError, match="differ in steps or stopping"):
         lm.start_rows(prompts[:2], [base, base.replace(max_denoising_steps=4)], seeds[:2])
-
-
-@pytest.mark.parametrize("extra, flag", [(["--mesh", "data=1"], "--mesh"), (["--distributed"], "the cluster flags")])
-def test_the_server_refuses_several_processes_or_a_mesh_in_one_line(extra, flag, capsys):
-    assert serve_main(["--model", str(TINY), *extra]) == 2
-    assert f"runs DiffusionGemma on one process and one device so far: drop {flag}" in _one_line_error(capsys)
 
 
 def test_harness_generate_until_equals_generate_and_likelihood_is_refused(tmp_path):

@@ -11,7 +11,10 @@ and its exit code (and ``generate`` of the tiny DiffusionGemma checkpoint). ``be
 ``evaluate`` on several processes are tests/parallel/test_front_end_commands.py's (each started as a
 user starts it; they decode through the same ``generate`` as here). With ``--serve PORT`` it then
 runs ``python -m psd_jax.serve`` (``SERVE`` settings; process 0 listens on PORT) until the server
-stops.
+stops. Before that, ``python -m psd_jax.serve`` of the tiny DiffusionGemma checkpoint on the same
+processes (``DG_SERVE``'s settings, on a free port of process 0's): process 0 sends it
+sharded_decode's first ``DG_SERVED`` requests, records the answers and stops it (SIGTERM); the same
+processes then start the second server.
 """
 
 from __future__ import annotations
@@ -19,12 +22,29 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import signal
+import socket
 import sys
+import threading
+import time
 from pathlib import Path
 
 from paths import GOLDENS
 
-from sharded_decode import CACHED, DECODERS, DG_CASE, DG_OWN, DG_OWN_MESH, block_decode_rows
+from sharded_decode import (
+    CACHED,
+    DECODERS,
+    DG_CASE,
+    DG_OWN,
+    DG_OWN_MESH,
+    DG_PROMPT_BUCKET,
+    DG_SERVE,
+    DG_SERVE_ROWS,
+    DG_SERVED,
+    block_decode_rows,
+    served_answers,
+)
 from word_model import PROMPTS, converted, text
 
 # (mesh, setting of sharded_decode): rows over `data` (one process each) with heads over `model`,
@@ -99,6 +119,61 @@ def diffusion_gemma_generate(cluster: list[str]) -> dict:
     return captured(generate.main, argv + cluster)
 
 
+DG_SERVED_NAME = "diffusion-gemma-tiny"
+DG_START_S = 300  # process 0's wait for its DiffusionGemma server to answer /health
+
+
+def diffusion_gemma_served(cluster: list[str]) -> dict:
+    """``python -m psd_jax.serve`` of the tiny DiffusionGemma checkpoint on ``DG_OWN_MESH`` across
+    the processes; process 0 answers sharded_decode's first ``DG_SERVED`` requests (sent at once by a
+    thread of its own), then stops on the SIGTERM that thread sends it. The exit code and what it
+    printed, and on process 0 the answers' ids and calls and ``/health`` (or why there are none)."""
+    import httpx
+
+    from psd_jax.serve import cli
+
+    argv = ["--model", str(GOLDENS / "diffusion-gemma-tiny"), "--mesh", DG_OWN_MESH, "--batch-sizes", "2"]
+    argv += ["--gen-length", str(DG_SERVE["gen_length"]), "--max-denoising-steps", str(DG_SERVE["max_denoising_steps"])]
+    argv += ["--prompt-bucket", str(DG_PROMPT_BUCKET), "--warmup-lengths", "none", "--max-wait-ms", "100"]
+    argv += ["--served-model-name", DG_SERVED_NAME, "--log-level", "warning"]
+    if process_index(cluster) != 0:
+        return captured(cli.main, argv + cluster)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url, got, ended = f"http://127.0.0.1:{port}", {}, threading.Event()
+
+    def ask() -> None:
+        try:
+            deadline = time.monotonic() + DG_START_S
+            while not ended.is_set() and time.monotonic() < deadline:
+                try:
+                    if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+            else:
+                got["error"] = "the server ended or did not answer /health in time"
+                return
+            got["answers"] = served_answers(url, DG_SERVED_NAME, DG_SERVE_ROWS[:DG_SERVED])
+            got["health"] = httpx.get(f"{url}/health", timeout=60).json()
+        except Exception as exc:  # recorded for the test's message
+            got["error"] = repr(exc)
+        finally:
+            if not ended.is_set():
+                os.kill(os.getpid(), signal.SIGTERM)  # the server drains and stops every process
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    try:
+        record = captured(cli.main, [*argv, "--port", str(port), *cluster])
+    finally:
+        ended.set()
+    thread.join(60)
+    return {**record, **got}
+
+
 def serve_argv(model: Path, port: int) -> list[str]:
     argv = ["--model", str(model), "--mesh", SERVE_MESH, "--prompt-bucket", PROMPT_BUCKET, *SERVE]
     return [*argv, "--served-model-name", SERVED_NAME, "--port", str(port), "--log-level", "warning"]
@@ -121,6 +196,8 @@ def main(model: str, out: str, *rest: str) -> None:
     out_dir = Path(out)
     runs = run_front_ends(Path(model), cluster)
     runs["generate diffusion_gemma"] = diffusion_gemma_generate(cluster)
+    if args.serve is not None:  # a DiffusionGemma server on these processes, stopped before the next one
+        runs["serve diffusion_gemma"] = diffusion_gemma_served(cluster)
     # A running batch that grows, takes joined rows and shrinks, its programs split over both processes.
     runs["block_decode"] = block_decode_rows(load_model(model, mesh=SERVE_MESH))
     # Written whole under a temporary name, then renamed: a reader never sees a part of it. A server

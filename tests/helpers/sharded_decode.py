@@ -6,8 +6,8 @@ With MOE_CKPT (llada2-tiny: 8 experts, top-2) it also runs LLaDA2.0's forward an
 diffusion decode per expert mesh; with WORD_MODEL (tests/helpers/word_model.py) and OUT, the command-line
 front ends as one process, for the multi-process tests (tests/helpers/multihost_driver.py); with SDAR_CKPT
 (sdar-tiny) one cached SDAR decode on a mesh against one device; with DIFFUSION_GEMMA_CKPT
-(diffusion-gemma-tiny) a replayed upstream decode on an expert mesh and the engine's own draws on a
-data x model mesh.
+(diffusion-gemma-tiny) a replayed upstream decode on an expert mesh, and the engine's own draws,
+its canvas session and its server on a data x model mesh.
 """
 
 from __future__ import annotations
@@ -357,8 +357,103 @@ def diffusion_gemma_meshes(ckpt: str) -> dict:
     split = {path[-1]: str(p[...].sharding.spec) for path, p in lm.params.flat_state()
              if not p[...].sharding.is_fully_replicated}  # fmt: skip
     out = {DG_REPLAY_MESH: {"decoded": rows(lm.generate(prompts, draws=draws, **DG_REPLAY)), "split_params": split}}
-    out["own_reference"] = rows(load_model(ckpt).generate(prompts, **DG_OWN))
+    single = load_model(ckpt)
+    out["own_reference"] = rows(single.generate(prompts, **DG_OWN))
     print(f"diffusion_gemma meshes: {time.perf_counter() - start:.1f}s", file=sys.stderr)
+    start = time.perf_counter()
+    on_mesh = load_model(ckpt, mesh=DG_OWN_MESH)
+    out["serving"] = {
+        "session": canvas_session_rows(on_mesh),
+        "served": diffusion_gemma_served(on_mesh),
+        "served_reference": diffusion_gemma_served_reference(single),
+    }
+    print(f"diffusion_gemma serving on {DG_OWN_MESH}: {time.perf_counter() - start:.1f}s", file=sys.stderr)
+    return out
+
+
+# DiffusionGemma served on ``DG_OWN_MESH``: rows of their own prompts, lengths, seeds and entropy
+# bounds (``DG_SERVE`` the server's settings); the first ``DG_SERVED`` of them differ only in
+# length and seed, the requests that tests/parallel/test_multihost.py's two processes answer too.
+DG_SERVE = dict(gen_length=64, max_denoising_steps=6)
+DG_SERVE_ROWS = [  # (prompt ids, settings over DG_SERVE, seed)
+    ([2, 40, 41, 42, 43, 44, 45], {}, 0),
+    ([2, 7, 9], {"gen_length": 32}, 5),
+    ([2, 5, 9, 11, 13], {"entropy_bound": 2.0}, 2),
+]
+DG_SERVED = 2
+DG_PROMPT_BUCKET = 16
+
+
+def canvas_session_rows(lm) -> list[list]:
+    """``DG_SERVE_ROWS`` through one ``CanvasSession`` as the continuous batcher drives it: the
+    first row alone (one row: whole on every device), the batch grown to two rows (split over
+    ``data``) for the next, the third joined into the first free row, and the batch shrunk to the
+    row still decoding. Each row's ids (its own length) and denoiser calls."""
+    settings = [lm.settings(None, {**DG_SERVE, **extra}) for _, extra, _ in DG_SERVE_ROWS]
+    prompts, seeds = [p for p, _, _ in DG_SERVE_ROWS], [seed for _, _, seed in DG_SERVE_ROWS]
+    run = lm.start_rows(prompts[:1], settings[:1], seeds[:1], batch_size=1, prompt_bucket=DG_PROMPT_BUCKET)
+    run.advance()
+    run.regroup([0, -1])
+    slots, waiting, got = [0, None], [1, 2], {}
+    while len(got) < len(DG_SERVE_ROWS):
+        for at in [at for at, row in enumerate(slots) if row is None][: len(waiting)]:
+            row = slots[at] = waiting.pop(0)
+            run.join([at], [prompts[row]], [settings[row]], [seeds[row]])
+        progress = run.advance()
+        for at, row in enumerate(slots):
+            if row is not None and progress.done[at]:
+                got[row] = [progress.generated[at, : progress.gen_length[at]].tolist(), int(progress.nfe[at])]
+                slots[at] = None
+        live = [at for at, row in enumerate(slots) if row is not None]
+        if run.size == 2 and len(live) == 1 and not waiting:
+            run.regroup(live)
+            slots = [slots[live[0]]]
+    return [got[row] for row in range(len(DG_SERVE_ROWS))]
+
+
+def diffusion_gemma_served(lm) -> dict:
+    """The first ``DG_SERVED`` rows as concurrent requests (token ids) to the in-process server of
+    ``lm`` (continuous batching, sizes 1 and 2): each answer's ids and denoiser calls."""
+    import httpx
+
+    from psd_jax.serve import build_app
+    from psd_jax.serve.server import serving_in_thread
+
+    defaults = lm.settings(None, DG_SERVE)
+    app = build_app(lm, defaults, name="dg", batch_sizes=(1, 2), prompt_bucket=DG_PROMPT_BUCKET, max_wait_ms=100)
+    with serving_in_thread(app, start_timeout_s=300) as url:
+        answers = served_answers(url, "dg", DG_SERVE_ROWS[:DG_SERVED])
+        health = httpx.get(f"{url}/health", timeout=60).json()
+    return {"answers": answers, "failed_batches": health["failed_batches"]}
+
+
+def served_answers(url: str, model: str, rows: list) -> list[list]:
+    """``rows`` (prompt ids, settings, seed) as concurrent completions, the later ones sent a little
+    after (they join a running batch): each answer's token ids and model calls."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    def complete(i: int) -> list:
+        prompt, extra, seed = rows[i]
+        time.sleep(0.3 * i)
+        body = {"model": model, "prompt": prompt, "max_tokens": extra.get("gen_length", DG_SERVE["gen_length"])}
+        body.update({k: v for k, v in extra.items() if k != "gen_length"}, seed=seed)
+        answer = httpx.post(f"{url}/v1/completions", json=body, timeout=600).json()
+        return [answer["choices"][0]["token_ids"], answer["usage"]["model_calls"]]
+
+    with ThreadPoolExecutor(len(rows)) as pool:
+        return list(pool.map(complete, range(len(rows))))
+
+
+def diffusion_gemma_served_reference(lm) -> list[list]:
+    """Each of ``DG_SERVE_ROWS`` decoded alone by ``generate``: its ids, calls and tokens before its end."""
+    out = []
+    for prompt, extra, seed in DG_SERVE_ROWS:
+        (g,) = lm.generate(
+            [prompt], lm.settings(None, {**DG_SERVE, **extra}), seed=seed, prompt_bucket=DG_PROMPT_BUCKET
+        )
+        out.append([g.output_ids, g.nfe, g.tokens])
     return out
 
 

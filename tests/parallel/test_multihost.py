@@ -4,7 +4,8 @@ mesh over all eight) gives what one process on the same eight devices gives.
 One cluster runs for the module: two processes of tests/helpers/multihost_driver.py, each running
 ``generate`` (a text and a token-id prompt; plain, PSD and RPS; no cache and the dual cache; rows
 over ``data`` and ``model`` across the processes) through its command-line entry point, then
-``serve`` (process 0 answers HTTP). ``bench`` and ``evaluate`` on two processes are
+``serve`` of DiffusionGemma (its requests sent and the server stopped by process 0 itself), then
+``serve`` of the word model (process 0 answers HTTP). ``bench`` and ``evaluate`` on two processes are
 tests/parallel/test_front_end_commands.py's. The one-process reference is
 the same driver run in conftest's ``sharded_run`` subprocess. The last test kills process 1.
 """
@@ -32,6 +33,7 @@ from psd_jax.parallel import multihost
 
 from conftest import OFFLINE
 from multihost_driver import CONVERTED, GENERATE, SERVE_PROMPTS, SERVED_NAME, TEXT_REFERENCE
+from sharded_decode import DG_OWN_MESH, DG_SERVED
 
 DRIVER = HELPERS / "multihost_driver.py"
 HEARTBEAT_S = 10  # the serving processes wait half of it for each other's confirmation
@@ -119,6 +121,19 @@ def test_diffusion_gemma_generate_equals_one_process(cluster, sharded_run):
     rows = [json.loads(line) for line in run["stdout"].splitlines()]
     got = [[r["output_ids"], r["nfe"], r["decoder_passes"]] for r in rows]
     assert len(got) == 2 and got == sharded_run["diffusion_gemma"]["own_reference"]
+
+
+def test_diffusion_gemma_server_on_two_processes_answers_as_generate(cluster, sharded_run):
+    """``python -m psd_jax.serve`` of DiffusionGemma on data=2,model=4 across the two processes:
+    concurrent requests (a row joining a running batch) each get ``generate``'s ids and calls of it
+    alone on one device; the server stops on SIGTERM and both processes exit 0, and the same
+    processes start the next server afterwards (the fixture's)."""
+    runs = [cluster.run(i)["serve diffusion_gemma"] for i in range(2)]
+    served = runs[0]
+    assert [r["code"] for r in runs] == [0, 0] and "error" not in served, served
+    reference = sharded_run["diffusion_gemma"]["serving"]["served_reference"][:DG_SERVED]
+    assert served["answers"] == [[ids[:tokens], nfe] for ids, nfe, tokens in reference], DG_OWN_MESH
+    assert served["health"]["requests"] == DG_SERVED and served["health"]["failed_batches"] == 0
 
 
 def test_converted_checkpoint_restores_each_process_blocks(cluster, sharded_run):
@@ -356,3 +371,24 @@ def test_process_zero_opens_its_port_only_once_every_process_follows():
         assert not waiting.is_alive()
         leader.send(Call("advance", run=1))
         assert [r.result(60).op for r in received] == ["advance", "advance"]
+
+
+def test_a_closed_channel_leaves_no_keys_so_the_same_processes_serve_again():
+    """A server's stop (``close``: ``EXIT``, confirmed) deletes every key its channel wrote, so a
+    second server of the same processes numbers its calls from 1 again and each follower gets
+    exactly its own server's calls; a closed channel sends nothing more."""
+    from psd_jax.serve.lockstep import Call, Channel
+
+    store = _KeyValueStore()
+    for ops in (["advance", "stop"], ["regroup"]):  # two servers in turn
+        leader, follower = Channel(0, 2, timeout_s=5, client=store), Channel(1, 2, timeout_s=5, client=store)
+        with ThreadPoolExecutor(1) as pool:
+            received = pool.submit(lambda f=follower: [call.op for call in f.calls()])
+            leader.wait_for_followers(timeout_s=60)
+            for op in ops:
+                leader.send(Call(op, run=1))
+            leader.close()
+            assert received.result(60) == ops
+        assert store.values == {}
+        with pytest.raises(RuntimeError, match="closed"):
+            leader.send(Call("advance", run=1))

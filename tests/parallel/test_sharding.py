@@ -26,7 +26,9 @@ from sharded_decode import (
     CACHED,
     DECODERS,
     DG_CASE,
+    DG_OWN_MESH,
     DG_REPLAY_MESH,
+    DG_SERVED,
     MESHES,
     MOE_DECODE,
     MOE_INT8_MESH,
@@ -273,3 +275,15 @@ def test_diffusion_gemma_on_an_expert_mesh_decodes_as_upstream(sharded_run):
     assert split["layer2_expert_gate_up"] == str(jax.sharding.PartitionSpec("expert", None, "model"))
     assert split["embed"] == str(jax.sharding.PartitionSpec("model", None))
     assert {"layer0_wq", "layer0_wo", "layer2_wq", "sc_gate"} <= set(split)
+
+
+def test_diffusion_gemma_serves_on_a_mesh_as_on_one_device(sharded_run):
+    """DiffusionGemma's canvas session on data=2,model=4 (one row whole on every device, then two
+    split over ``data``; rows joined, the batch grown and shrunk) decodes every row's ids and calls
+    as one device's ``generate`` of it alone, and the server on that mesh answers concurrent
+    requests likewise."""
+    run = sharded_run["diffusion_gemma"]["serving"]
+    reference = run["served_reference"]
+    assert run["session"] == [[ids, nfe] for ids, nfe, _ in reference], DG_OWN_MESH
+    assert run["served"]["failed_batches"] == 0
+    assert run["served"]["answers"] == [[ids[:tokens], nfe] for ids, nfe, tokens in reference[:DG_SERVED]]
