@@ -7,8 +7,6 @@ reports compilation separately from decoding time.
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,31 +16,34 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from convert.hf import load_hf_model
 from convert.orbax_io import is_orbax_dir, load_checkpoint
-from models import DiffusionLM, ModelConfig, load_config
+from models import DiffusionLM, load_config
 from models.config import DTYPE_NAMES
 from models.quantize import check_quantize
 from models.transformer import default_unroll_layers
 
-from .core import rules
 from .core.block_decode import BlockDecode
-from .core.calls import call_records
 from .core.config import ENTROPY_BOUND_FAMILY, DecodeConfig
 from .core.engine import decode
 from .core.errors import InputError
-from .core.layouts import layout_type
-from .core.records import DecodeOutput, Generation, generations
+from .core.placed_model import PlacedModel
+from .core.records import DecodeOutput, Generation
 from .core.runtime import Program, RowValues, row_keys
 from .model_dir import model_directory
-from .parallel.multihost import process_count, to_host
-from .parallel.sharding import batch_sharding, make_mesh, param_shardings
+from .parallel.multihost import process_count
+from .parallel.sharding import make_mesh, param_shardings
 from .prompts import PromptIO, left_pad
 from .tokenizer import load_tokenizer, resolve_special_ids
 
 DTYPES = {name: getattr(jnp, name) for name in DTYPE_NAMES}
+
+
+def _placed(name: str, doc: str) -> property:
+    """``LoadedModel``'s attribute ``name``: its ``PlacedModel``'s, read and set through it."""
+    return property(lambda lm: getattr(lm.placed, name), lambda lm, value: setattr(lm.placed, name, value), doc=doc)
 
 
 class LoadedModel(PromptIO):
@@ -50,14 +51,21 @@ class LoadedModel(PromptIO):
 
     def __init__(self, model: DiffusionLM, tokenizer, path: Path, mesh: Mesh | None = None):
         self.model = model
-        self.mesh = mesh  # parameters are sharded over it (see psd_jax.parallel.sharding); None = one device
         self.tokenizer = tokenizer
         self.path = path
-        self.config: ModelConfig = resolve_special_ids(model.config, tokenizer, str(path))
-        self.graphdef, self.params = nnx.split(model)
-        self._compiled: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
-        self.max_programs: int | None = None  # compiled programs kept (least recently used out); None: all
+        graphdef, params = nnx.split(model)
+        config = resolve_special_ids(model.config, tokenizer, str(path))
+        # Parameters on their devices (sharded over ``mesh``: psd_jax.parallel.sharding; None = one
+        # device), the config and the compiled programs: what the compiled decode needs.
+        self.placed = PlacedModel(graphdef, params, config, mesh, self.decode_text)
         self._forward = jax.jit(lambda params, ids, mask: nnx.merge(self.graphdef, params)(ids, mask))
+
+    # The placed model's, read and set here as a loaded model's own.
+    config = _placed("config", "the model's config, special ids resolved (``ModelConfig``)")
+    graphdef = _placed("graphdef", "the model's graph (``nnx.split``)")
+    params = _placed("params", "the model's parameters (``nnx.split``), on their devices")
+    mesh = _placed("mesh", "the mesh the parameters are sharded over; ``None``: one device")
+    max_programs = _placed("max_programs", "compiled programs kept (least recently used out); ``None``: all")
 
     # ------------------------------------------------------------------------------ logits
     def logits(self, input_ids, attention_mask=None) -> jax.Array:
@@ -73,9 +81,9 @@ class LoadedModel(PromptIO):
                 f"token ids must be in [0, {self.config.vocab_size}), got {int(ids.min())}..{int(ids.max())}"
             )
         mask = None if attention_mask is None else jnp.asarray(attention_mask, jnp.int32)
-        ids, mask = self._on_devices(ids, mask)  # rows over the mesh as decoding splits them
+        ids, mask = self.placed.on_devices(ids, mask)  # rows over the mesh as decoding splits them
         # Under the mesh, as decoding: the expert-parallel MoE path is chosen when tracing sees it.
-        with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
+        with self.placed.under_mesh():
             return self._forward(self.params, ids, mask)
 
     # --------------------------------------------------------------------------- generate
@@ -103,15 +111,15 @@ class LoadedModel(PromptIO):
         program = Program.of(dcfg)
         rows = range(len(ids))
         inputs = (*left_pad(ids, self.config, dcfg.gen_length, prompt_bucket), row_keys([seed] * len(ids), rows))
-        args = (self.params, *self._on_devices(*inputs, RowValues.of([dcfg] * len(ids))))
-        compiled, compile_seconds = self._compile_with(decode, ("decode", args[1]), args, program)
+        args = (self.params, *self.placed.on_devices(*inputs, RowValues.of([dcfg] * len(ids))))
+        compiled, compile_seconds = self.placed.compile_with(decode, ("decode", args[1]), args, program)
         for _ in range(2 if warm and compile_seconds else 1):
             start = time.perf_counter()
             out: DecodeOutput = jax.block_until_ready(compiled(*args))
             seconds = time.perf_counter() - start
         # The canvas holds whole blocks; a generation that ends inside its last (decoder "edit") is cut.
         out = out._replace(canvas=out.canvas[:, : args[1].shape[1] + dcfg.gen_length])
-        return self._results(out, args[1].shape[1], seconds, compile_seconds, program)
+        return self.placed.results(out, args[1].shape[1], seconds, compile_seconds, program)
 
     def start_blocks(
         self,
@@ -169,30 +177,15 @@ class LoadedModel(PromptIO):
         padding = rows - len(ids)
         prompt_ids, prompt_mask = left_pad(ids + [ids[0]] * padding, self.config, canvas, prompt_bucket)
         values = RowValues.of(list(settings) + [settings[0]] * padding)
-        run = BlockDecode(self, programs.pop(), prompt_ids, prompt_mask, values)
+        run = BlockDecode(self.placed, programs.pop(), prompt_ids, prompt_mask, values)
         run.start(np.concatenate([keys, np.repeat(keys[:1], padding, axis=0)]), np.arange(rows) < len(ids))
         return run
-
-    def _on_devices(self, *arrays: Any) -> tuple[Any, ...]:
-        """Row-major arrays [B, ...] or pytrees of them (prompts, masks, keys, ``RowValues``;
-        ``None`` passes through) as device arrays, rows split over the mesh as ``batch_sharding``
-        says."""
-        arrays = tuple(None if a is None else jax.tree.map(jnp.asarray, a) for a in arrays)
-        if self.mesh is None:
-            return arrays
-        rows = batch_sharding(self.mesh, arrays[0].shape[0])
-        return tuple(None if a is None else jax.tree.map(lambda x: jax.device_put(x, rows), a) for a in arrays)
-
-    def _replicated(self, array: Any) -> jax.Array:
-        """A small array every device holds whole (on a mesh: every process's devices)."""
-        array = jnp.asarray(array)
-        return array if self.mesh is None else jax.device_put(array, NamedSharding(self.mesh, PartitionSpec()))
 
     @property
     def compiled_programs(self) -> int:
         """How many decode programs this model holds compiled (one per name, input shapes and the
         settings that select a program: ``runtime.Program``); at most ``max_programs``."""
-        return len(self._compiled)
+        return len(self.placed.programs)
 
     def program_key(self, settings: DecodeConfig, gen_length: int) -> Program:
         """What rows sharing a batch share (``serve.session.BlockEngine``): ``runtime.Program``."""
@@ -203,45 +196,7 @@ class LoadedModel(PromptIO):
         its code, freed once nothing holds the program; a process that compiles thousands (a test
         suite, a notebook sweeping shapes) runs into the kernel's limit on mappings per process
         (``vm.max_map_count``, often 65530) unless it drops them."""
-        self._compiled.clear()
-
-    def _compile_with(self, fn, shapes: tuple, args: tuple, program: Program):
-        """``fn`` compiled ahead of time for ``args`` (cached by name, input shapes and settings;
-        the least recently used program is dropped beyond ``max_programs``)."""
-        cache_key = (shapes[0], *(a.shape for a in shapes[1:]), program, self.config)
-        if cache_key in self._compiled:
-            self._compiled.move_to_end(cache_key)
-            return self._compiled[cache_key], 0.0
-        began = time.perf_counter()
-        # Under the mesh, the engine pins the KV cache's sharding (sharding.constrain_kv_cache).
-        with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
-            compiled = fn.lower(self.graphdef, *args, mcfg=self.config, program=program).compile()
-        self._compiled[cache_key] = compiled
-        while self.max_programs is not None and len(self._compiled) > self.max_programs:
-            self._compiled.popitem(last=False)
-        return compiled, time.perf_counter() - began
-
-    def _results(
-        self,
-        out: DecodeOutput,
-        prompt_length: int,
-        seconds: float,
-        compile_seconds: float,
-        program: Program | None = None,
-    ):
-        """``generations`` of ``out``, with the batch's calls by shape when ``program`` (the compiled
-        settings) is given: a decode of one batch size throughout (``generate``; a block-by-block
-        decode may change size between calls)."""
-        out = to_host(out)  # rows split over several processes' devices come back whole on every process
-        calls = None
-        if program is not None:
-            layout = layout_type(self.config)
-            shapes = layout.call_shapes(program, layout.canvas_length(prompt_length, program))
-            logits = rules.logit_count(program, layout.region_length(program))
-            calls = call_records(shapes, out.calls, len(out.row_nfe), logits)
-        return generations(
-            out, prompt_length, self.config.stop_ids, self.decode_text, seconds, compile_seconds, calls=calls
-        )
+        self.placed.clear_programs()
 
 
 def _load_entropy_bound_model(path: Path, cfg, dtype: str, mesh, quantize: str | None):

@@ -162,3 +162,149 @@ def test_each_module_imports_only_from_its_group_and_the_layers_below():
     graph = import_graph()
     found = downward_violations(graph)
     assert found == [], "imports against the layers: " + "; ".join(found)
+
+
+# A core module reaches the library above it without importing it when it names one of the upper
+# layers' classes (``LoadedModel``, say in an annotation) or reads a private attribute of an object
+# passed in (``lm._compile_with``): the layer rule above would not see either.
+CORE = "psd_jax.core"
+OWN_PRIVATE = {"self", "cls"}  # a class's own private attributes
+NAMED_TUPLE_API = {"_replace", "_asdict", "_fields", "_make", "_field_defaults"}  # public, underscore and all
+
+
+def module_sources() -> dict[str, str]:
+    return {module_name(p): p.read_text() for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
+def upper_classes(sources: dict[str, str]) -> set[str]:
+    """The classes defined at the top of the modules above core's layer, less any name core or a
+    layer below it also defines (such a name says nothing of where it comes from)."""
+    core = group_of(CORE)[0]
+    above, below = set(), set()
+    for module, source in sources.items():
+        names = {n.name for n in ast.parse(source).body if isinstance(n, ast.ClassDef)}
+        (above if group_of(module)[0] > core else below).update(names)
+    return above - below
+
+
+def own_names(tree: ast.Module) -> set[str]:
+    """Names a module binds itself: its classes and functions, and what it imports from outside the
+    project (``typing.Protocol`` is not a front end's ``Protocol``)."""
+    names = {n.name for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module.split(".")[0] not in PACKAGES:
+            names |= {alias.asname or alias.name for alias in node.names}
+    return names
+
+
+def reaches_up(source: str, upper: set[str]) -> list[str]:
+    """Where ``source`` names one of ``upper`` (in code or a string annotation, not in prose) or
+    reads a private attribute of anything but ``self``/``cls`` (a named tuple's ``_replace`` and the
+    like are public): one ``line: what`` each."""
+    tree = ast.parse(source)
+    upper = upper - own_names(tree)
+    nodes = list(ast.walk(tree))
+    for node in list(nodes):  # string annotations ("LoadedModel") are code too
+        for ann in (getattr(node, "annotation", None), getattr(node, "returns", None)):
+            if isinstance(ann, ast.Constant) and isinstance(ann.value, str):
+                nodes += [at_line(n, ann.lineno) for n in ast.walk(ast.parse(ann.value, mode="eval"))]
+    found = []
+    for node in nodes:
+        if isinstance(node, ast.Name) and node.id in upper:
+            found.append(f"{node.lineno}: {node.id}")
+        elif isinstance(node, ast.alias) and node.name.rpartition(".")[2] in upper:
+            found.append(f"{node.lineno}: import {node.name}")
+        elif isinstance(node, ast.Attribute):
+            private = node.attr.startswith("_") and not node.attr.startswith("__")
+            others = private and node.attr not in NAMED_TUPLE_API and ast.unparse(node.value) not in OWN_PRIVATE
+            if node.attr in upper or others:
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return sorted(set(found), key=lambda f: (int(f.partition(":")[0]), f))
+
+
+def at_line(node: ast.AST, line: int) -> ast.AST:
+    """``node`` (parsed from a string annotation) numbered as the annotation's line."""
+    for n in ast.walk(node):
+        if hasattr(n, "lineno"):
+            n.lineno = line
+    return node
+
+
+def test_reaching_up_is_flagged_by_name_and_by_private_attribute():
+    source = '''
+"""The session on a ``LoadedModel`` (prose names it freely)."""
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:
+    from psd_jax.api import LoadedModel
+class Run:
+    def __init__(self, lm: "LoadedModel", other: LoadedModel):
+        self.lm, self._state = lm, None
+    def start(self, out):
+        compiled = self.lm._compile_with(1)
+        rows = self.lm._on_devices(2)
+        out = out._replace(canvas=self._state)
+        return cls._cache, out.__class__, self.lm.params
+'''
+    assert reaches_up(source, {"LoadedModel"}) == [
+        "5: import LoadedModel",
+        "7: LoadedModel",
+        "10: self.lm._compile_with",
+        "11: self.lm._on_devices",
+    ]
+
+
+def test_reaching_up_finds_the_session_that_drove_the_library_model():
+    """The block session as it once was: ``BlockDecode`` called ``LoadedModel``'s private methods."""
+    old = """
+class BlockDecode:
+    def __init__(self, lm: Any, program, prompt_ids, prompt_mask, values):
+        self.lm, self.program = lm, program
+    def _compiled(self, fn, name, args, shapes=()):
+        compiled, seconds = self.lm._compile_with(fn, (name, *shapes), args, self.program)
+        return compiled
+    def start(self, keys, live):
+        ids, mask = self.lm._on_devices(keys, live)
+        index = self.lm._replicated(keys)
+        return self.lm._results(ids, mask, index, self.lm.params)
+"""
+    assert reaches_up(old, upper_classes(module_sources())) == [
+        "6: self.lm._compile_with",
+        "9: self.lm._on_devices",
+        "10: self.lm._replicated",
+        "11: self.lm._results",
+    ]
+    assert "LoadedModel" in upper_classes(module_sources())
+
+
+def test_core_names_no_upper_class_and_reads_no_private_attribute_of_others():
+    sources = module_sources()
+    upper = upper_classes(sources)
+    found = [
+        f"{module}:{where}"
+        for module, source in sorted(sources.items())
+        if module == CORE or module.startswith(CORE + ".")
+        for where in reaches_up(source, upper)
+    ]
+    assert found == [], "core reaching the layers above: " + "; ".join(found)
+
+
+def test_layouts_read_the_engine_through_views_it_satisfies():
+    """``core.layouts`` cannot import the engine (which imports it): it reads the engine's ``Loop``
+    and ``DecodeState`` through the protocols ``LoopView`` and ``StateView``. Every ``loop.x`` and
+    ``state.x`` it reads is one of theirs, and the engine's classes have every one."""
+    import dataclasses
+
+    from psd_jax.core import engine
+
+    tree = ast.parse((ROOT / "psd_jax" / "core" / "layouts.py").read_text())
+    views = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    for variable, view, engine_class in (("loop", "LoopView", engine.Loop), ("state", "StateView", engine.DecodeState)):
+        members = {n.name for n in views[view].body if isinstance(n, ast.FunctionDef)}
+        read = {
+            n.attr
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == variable
+        }
+        assert read <= members, f"layouts reads {sorted(read - members)} of {variable} outside {view}"
+        has = {f.name for f in dataclasses.fields(engine_class)} | set(dir(engine_class))
+        assert members <= has, f"engine.{engine_class.__name__} lacks {sorted(members - has)} of {view}"

@@ -1,4 +1,4 @@
-"""One batch decoded block by block on a ``LoadedModel``: the session a server drives.
+"""One batch decoded block by block on a ``placed_model.PlacedModel``: the session a server drives.
 
 Each of ``BlockDecode``'s calls is one compiled program of the engine's block streaming
 (``engine.decode_start``, ``decode_blocks``, ``decode_join``, ``decode_regroup``, ``decode_stop``,
@@ -18,12 +18,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
 
 from ..parallel.multihost import to_host
 from .config import DecodeConfig
 from .engine import decode_blocks, decode_join, decode_regroup, decode_start, decode_stop, finish, streamed
 from .errors import InputError
+from .placed_model import PlacedModel
 from .records import DecodeOutput, Generation
 from .runtime import Program, RowValues, row_keys
 
@@ -45,17 +45,17 @@ class BlockProgress:
 
 
 class BlockDecode:
-    """One batch decoded block by block (``LoadedModel.start_blocks``): each ``advance`` is one
+    """One batch decoded block by block (the loaded model's ``start_blocks``): each ``advance`` is one
     compiled call and one host round trip, however many steps the block takes. ``join`` writes new
     prompts into rows that are done (continuous batching): each decodes from there exactly as a
     ``generate`` of its own (greedy), while the other rows go on.
 
     All rows share the compiled ``program`` (``runtime.Program``: the settings that set
     shapes); each has its own runtime values, PRNG key and generation length (up to the canvas's).
-    ``lm``: the ``api.LoadedModel`` that started it (its compile cache, devices and results)."""
+    ``placed``: the model it decodes on (its parameters, config, compile cache, devices and results)."""
 
-    def __init__(self, lm: Any, program: Program, prompt_ids, prompt_mask, values: RowValues):
-        self.lm, self.program = lm, program
+    def __init__(self, placed: PlacedModel, program: Program, prompt_ids, prompt_mask, values: RowValues):
+        self.placed, self.program = placed, program
         self._first = (np.asarray(prompt_ids, np.int32), np.asarray(prompt_mask, np.int32), values)  # ``start``'s
         self.size, self.prompt_length = self._first[0].shape
         self.rows = 0  # rows holding a prompt at the start (``results``)
@@ -68,7 +68,7 @@ class BlockDecode:
     def _compiled(self, fn, name: str, args: tuple, shapes: tuple = ()):
         """``fn`` compiled for ``args`` (by the model's program cache), its time counted here."""
         rows = jax.ShapeDtypeStruct((self.size, self.prompt_length), jnp.int32)
-        compiled, seconds = self.lm._compile_with(fn, (name, rows, *shapes), args, self.program)
+        compiled, seconds = self.placed.compile_with(fn, (name, rows, *shapes), args, self.program)
         self.compile_seconds += seconds
         self.compiles += seconds > 0.0  # a cached program is returned with 0.0
         return compiled
@@ -76,8 +76,8 @@ class BlockDecode:
     def start(self, keys: np.ndarray, live: np.ndarray) -> None:
         """The first state: the first forward of the ``live`` rows (the others start done)."""
         (ids, mask, values), self._first = self._first, None  # the state holds the rows from here on
-        ids, mask, keys, values, live_rows = self.lm._on_devices(ids, mask, keys, values, live)
-        args = (self.lm.params, ids, mask, keys, values, live_rows)
+        ids, mask, keys, values, live_rows = self.placed.on_devices(ids, mask, keys, values, live)
+        args = (self.placed.params, ids, mask, keys, values, live_rows)
         start = self._compiled(decode_start, "start", args)
         began = time.perf_counter()
         self._state = start(*args)
@@ -90,7 +90,7 @@ class BlockDecode:
         and ``seeds``; they decode from the next ``advance`` on. No model call."""
         if not len(rows):
             return
-        new_ids = np.full((self.size, self.prompt_length), self.lm.config.pad_id, np.int32)
+        new_ids = np.full((self.size, self.prompt_length), self.placed.config.pad_id, np.int32)
         new_mask = np.zeros((self.size, self.prompt_length), np.int32)
         for row, ids, dcfg in zip(rows, prompts, settings):
             if Program.of(dcfg, self.program.gen_length) != self.program:
@@ -110,8 +110,8 @@ class BlockDecode:
         keys[picked] = row_keys(seeds, [0] * len(rows))  # a joined row draws as generate's row 0
         join = np.zeros(self.size, bool)
         join[picked] = True
-        ids, mask, keys, values, join = self.lm._on_devices(new_ids, new_mask, keys, values, join)
-        args = (self.lm.params, ids, mask, self._state, join, keys, values)
+        ids, mask, keys, values, join = self.placed.on_devices(new_ids, new_mask, keys, values, join)
+        args = (self.placed.params, ids, mask, self._state, join, keys, values)
         self._state = self._compiled(decode_join, "join", args)(*args)
         self.done = False
 
@@ -119,8 +119,8 @@ class BlockDecode:
         """Run the loop until every row that is decoding has left its block or finished."""
         began = time.perf_counter()
         if not self.done:
-            blocks = self._compiled(decode_blocks, "blocks", (self.lm.params, self._state))
-            self._state = blocks(self.lm.params, self._state)
+            blocks = self._compiled(decode_blocks, "blocks", (self.placed.params, self._state))
+            self._state = blocks(self.placed.params, self._state)
         state = self._state
         canvas, final, trace = self._streamed(state)
         done, canvas, final, nfe, gen, trace = to_host(
@@ -141,15 +141,15 @@ class BlockDecode:
             state.prompt_mask,
             state.values.num_blocks,
             state.trace,
-            mcfg=self.lm.config,
+            mcfg=self.placed.config,
             program=self.program,
         )
 
     def regroup(self, index: Sequence[int]) -> None:
         """Move to a decode of ``len(index)`` rows: new row i is row ``index[i]`` as it is (-1: an
         empty row, done), so a running batch changes compiled size without touching its rows."""
-        index_array = self.lm._replicated(np.asarray(index, np.int32))
-        self._state = self.prepare_regroup(len(index))(self.lm.params, self._state, index_array)
+        index_array = self.placed.replicated(np.asarray(index, np.int32))
+        self._state = self.prepare_regroup(len(index))(self.placed.params, self._state, index_array)
         self.size = len(index)
         if all(i < 0 for i in index):
             self.done = True
@@ -159,9 +159,8 @@ class BlockDecode:
         it is not yet (a server compiles them at start-up)."""
         # The index is replicated (``regroup`` places it on every device): compiled for that layout,
         # not one the partitioner picks.
-        whole = None if self.lm.mesh is None else NamedSharding(self.lm.mesh, PartitionSpec())
-        index = jax.ShapeDtypeStruct((size,), jnp.int32, sharding=whole)
-        args = (self.lm.params, self._state, index)
+        index = jax.ShapeDtypeStruct((size,), jnp.int32, sharding=self.placed.whole())
+        args = (self.placed.params, self._state, index)
         return self._compiled(decode_regroup, "regroup", args, (index,))
 
     def stop(self, rows: Sequence[int]) -> None:
@@ -171,7 +170,7 @@ class BlockDecode:
             return
         stopped = np.zeros(self.size, bool)
         stopped[list(rows)] = True
-        args = (self.lm.params, self._state, self.lm._on_devices(stopped)[0])
+        args = (self.placed.params, self._state, self.placed.on_devices(stopped)[0])
         self._state = self._compiled(decode_stop, "stop", args)(*args)
 
     def results(self) -> list[Generation]:
@@ -185,4 +184,4 @@ class BlockDecode:
         rows = rows._replace(stats={k: v[:n] for k, v in out.stats.items()}, calls=out.calls)
         if out.trace is not None:
             rows = rows._replace(trace=jax.tree.map(lambda a: np.asarray(a)[:n, :end], out.trace))
-        return self.lm._results(rows, self.prompt_length, self.seconds, self.compile_seconds)
+        return self.placed.results(rows, self.prompt_length, self.seconds, self.compile_seconds)

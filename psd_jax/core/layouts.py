@@ -21,7 +21,7 @@ and asks it for the canvas, the attention mask, the model-call wrappers, the blo
 end, the block-start cache refresh and the calls it counts, the keys a window attends to, the window
 lengths and call shapes, and what a streaming caller reads. The shape-only questions (canvas length,
 window lengths, call shapes) are class methods, so callers that know only the prompts' padded length
-(``api``, ``costs``) ask ``layout_type(mcfg)`` without building a decode.
+(``placed_model``, ``costs``) ask ``layout_type(mcfg)`` without building a decode.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from functools import partial
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -42,13 +42,53 @@ from .block_layout import BlockLayout, canvas_length, initial_canvas, output_can
 from .calls import CallShape, call_shapes
 from .decoders.edit import block_end
 from .families import BlockStopRules, block_stop_rules
-from .predict import ForwardFn, LogitWindow, logits_to_prediction, on_canvas, predict_prefill
+from .predict import ForwardFn, LogitWindow, Prediction, logits_to_prediction, on_canvas, predict_prefill
 from .runtime import Program, RowValues
 
-# The engine's ``Loop`` and ``DecodeState``, which a layout reads: not imported, since the engine
-# imports this module (tests/test_import_layers.py: no import circles).
-Loop = Any
-DecodeState = Any
+
+class LoopView(Protocol):
+    """What a layout reads of the engine's ``Loop`` (which is not imported: the engine imports this
+    module, and tests/test_import_layers.py allows no import circles): one decode's static pieces."""
+
+    @property
+    def mcfg(self) -> ModelConfig: ...
+    @property
+    def program(self) -> Program: ...
+    @property
+    def prompt_length(self) -> int: ...
+    @property
+    def total_length(self) -> int: ...
+    @property
+    def prefill(self) -> Callable | None: ...
+    @property
+    def window(self) -> Callable | None: ...
+    @property
+    def positions(self) -> Callable | None: ...
+    def logit_window(self, block: jax.Array) -> LogitWindow | None: ...
+    def count_call(self, calls: jax.Array, index: int | jax.Array, made: jax.Array | int = 1) -> jax.Array: ...
+    def row_end(self, values: RowValues) -> jax.Array: ...
+    def block_span(self, block: jax.Array) -> tuple[jax.Array, jax.Array]: ...
+    def in_block(self, block: jax.Array) -> jax.Array: ...
+
+
+class StateView(Protocol):
+    """What a layout reads of the engine's ``DecodeState`` (not imported, as ``LoopView``)."""
+
+    @property
+    def canvas(self) -> jax.Array: ...
+    @property
+    def pred(self) -> Prediction: ...
+    @property
+    def block(self) -> jax.Array: ...
+    @property
+    def calls(self) -> jax.Array: ...
+    @property
+    def values(self) -> RowValues: ...
+    @property
+    def fresh(self) -> jax.Array: ...
+    @property
+    def cache(self) -> tuple | None: ...
+    def replace(self, **changes: Any) -> StateView: ...
 
 
 class ModelCalls(NamedTuple):
@@ -91,7 +131,7 @@ def canvas_attention_mask(prompt_mask: jax.Array, gen_length: int, row_gen: jax.
     return jnp.concatenate([prompt_mask.astype(jnp.int32), generated], 1)
 
 
-def full_refresh(loop: Loop, attention_mask: jax.Array, state: DecodeState, rows: jax.Array, keys: jax.Array):
+def full_refresh(loop: LoopView, attention_mask: jax.Array, state: StateView, rows: jax.Array, keys: jax.Array):
     """The block-start full forward of ``rows`` (one call, only if some row needs it): their
     prediction and KV cache rows replaced by those of their current canvas (the prefill writes them
     into the carried cache, ``into``). Returns (pred, cache, calls made)."""
@@ -165,16 +205,16 @@ class Layout:
         """The canvas's attention mask [B, N] (``values``: the rows' own generation lengths)."""
         raise NotImplementedError
 
-    def row_end(self, loop: Loop, values: RowValues) -> jax.Array:
+    def row_end(self, loop: LoopView, values: RowValues) -> jax.Array:
         """[B] the canvas index after each row's own generation (window keys past it are masked)."""
         raise NotImplementedError
 
-    def advance(self, loop: Loop, canvas, block, step, done, values: RowValues, before):
+    def advance(self, loop: LoopView, canvas, block, step, done, values: RowValues, before):
         """Move rows whose block is complete to the next block; stop rows at their last block or at
         EOS. Returns (canvas, block, step, done)."""
         raise NotImplementedError
 
-    def refresh(self, loop: Loop, attention_mask: jax.Array, state: DecodeState, rows: jax.Array, keys: jax.Array):
+    def refresh(self, loop: LoopView, attention_mask: jax.Array, state: StateView, rows: jax.Array, keys: jax.Array):
         """The cache refresh of ``rows`` at a block start (calls only if some row needs them).
         Returns (pred, cache, calls made, ``state.calls`` with them counted by shape)."""
         raise NotImplementedError
@@ -228,15 +268,15 @@ class FlatLayout(Layout):
         row_gen = None if values is None else values.num_blocks * program.block_length
         return canvas_attention_mask(prompt_mask, program.gen_length, row_gen)
 
-    def row_end(self, loop: Loop, values: RowValues) -> jax.Array:
+    def row_end(self, loop: LoopView, values: RowValues) -> jax.Array:
         """After ``values.num_blocks`` blocks (at most the canvas's)."""
         return loop.prompt_length + values.num_blocks * loop.program.block_length
 
-    def advance(self, loop: Loop, canvas, block, step, done, values: RowValues, before):
+    def advance(self, loop: LoopView, canvas, block, step, done, values: RowValues, before):
         """``rules.advance`` (``before`` is not needed)."""
         return rules.advance(jnp, canvas, block, step, done, loop.prompt_length, loop.mcfg, loop.program, values)
 
-    def refresh(self, loop: Loop, attention_mask: jax.Array, state: DecodeState, rows: jax.Array, keys: jax.Array):
+    def refresh(self, loop: LoopView, attention_mask: jax.Array, state: StateView, rows: jax.Array, keys: jax.Array):
         """A full forward (``full_refresh``), counted as ``refresh`` (shape 0)."""
         pred, cache, calls = full_refresh(loop, attention_mask, state, rows, keys)
         return pred, cache, calls, loop.count_call(state.calls, 0, calls)
@@ -314,12 +354,12 @@ class BlockCausalLayout(Layout):
         index = jnp.arange(total_length)[None, :]
         return (index >= self.rows.pad[:, None]).astype(jnp.int32)
 
-    def row_end(self, loop: Loop, values: RowValues) -> jax.Array:
+    def row_end(self, loop: LoopView, values: RowValues) -> jax.Array:
         """The canvas end: a row's blocks are offset by its prompt's tail, and later blocks are never
         visible to earlier ones."""
         return jnp.full(values.num_blocks.shape, loop.total_length, jnp.int32)
 
-    def advance(self, loop: Loop, canvas, block, step, done, values: RowValues, before):
+    def advance(self, loop: LoopView, canvas, block, step, done, values: RowValues, before):
         """As the family's upstream decoder (``stops``): a row stops after a complete block when its
         generated part holds a stop id (LLaDA2.0: always; SDAR: with ``eos_early_stop``), and after
         its own last block; LLaDA2.0 with ``eos_early_stop`` also mid-block, when this commit placed
@@ -345,7 +385,7 @@ class BlockCausalLayout(Layout):
         block = jnp.where(complete & ~new_done, block + 1, block)
         return canvas, block, jnp.where(complete, 0, step), new_done
 
-    def refresh(self, loop: Loop, attention_mask: jax.Array, state: DecodeState, rows: jax.Array, keys: jax.Array):
+    def refresh(self, loop: LoopView, attention_mask: jax.Array, state: StateView, rows: jax.Array, keys: jax.Array):
         """The first call of a block is a window over [previous block, current block] against the
         cache of the blocks before them (``window_refresh``, counted as ``block_refresh``, shape 1).
         The previous block is final, so its keys/values, written into the cache here, are exact for
@@ -357,7 +397,7 @@ class BlockCausalLayout(Layout):
         by_shape = loop.count_call(loop.count_call(state.calls, 0, full_calls), 1, window_calls)
         return pred, cache, full_calls + window_calls, by_shape
 
-    def window_refresh(self, loop: Loop, attention_mask: jax.Array, state: DecodeState, rows, keys: jax.Array):
+    def window_refresh(self, loop: LoopView, attention_mask: jax.Array, state: StateView, rows, keys: jax.Array):
         """``refresh``'s window over [previous block, current block] for ``rows`` (one call, only if
         some row needs it). Returns (pred, cache, calls made)."""
         b, (batch, n) = loop.program.block_length, state.canvas.shape
@@ -424,17 +464,17 @@ class EditingLayout(BlockCausalLayout):
         index = jnp.arange(total_length)[None, :]
         return ((index >= self.rows.pad[:, None]) & (index < (self.rows.gen_start + gen)[:, None])).astype(jnp.int32)
 
-    def row_end(self, loop: Loop, values: RowValues) -> jax.Array:
+    def row_end(self, loop: LoopView, values: RowValues) -> jax.Array:
         """After the row's own generation: a window's keys past it (the tail) are hidden."""
         return self.rows.gen_start + values.gen_length
 
-    def editable(self, loop: Loop, canvas: jax.Array, block: jax.Array, frozen: jax.Array) -> jax.Array:
+    def editable(self, loop: LoopView, canvas: jax.Array, block: jax.Array, frozen: jax.Array) -> jax.Array:
         """[B, N] the positions the decoder may rewrite: the current block's written, generated
         (not prompt) positions, none of a ``frozen`` row's."""
         generated = jnp.arange(canvas.shape[1])[None, :] >= self.rows.gen_start[:, None]
         return loop.in_block(block) & generated & (canvas != loop.mcfg.mask_id) & ~frozen[:, None]
 
-    def advance(self, loop: Loop, canvas, block, step, done, values: RowValues, before):
+    def advance(self, loop: LoopView, canvas, block, step, done, values: RowValues, before):
         """``edit_advance`` from the row's first generated position, after its own last block."""
         last = self.rows.last_block(values.gen_length)
         return edit_advance(loop, canvas, block, step, done, values, before, self.rows.gen_start, self.rows.pad, last)
@@ -450,11 +490,11 @@ class FlatEditingLayout(FlatLayout):
     visible, as LLaDA's ``generate``), the editing decoder's block end and EOS rule
     (``edit_advance``), the generated positions as left (only positions never written read EOS)."""
 
-    def editable(self, loop: Loop, canvas: jax.Array, block: jax.Array, frozen: jax.Array) -> jax.Array:
+    def editable(self, loop: LoopView, canvas: jax.Array, block: jax.Array, frozen: jax.Array) -> jax.Array:
         """[B, N] the current block's written positions, none of a ``frozen`` row's."""
         return loop.in_block(block) & (canvas != loop.mcfg.mask_id) & ~frozen[:, None]
 
-    def advance(self, loop: Loop, canvas, block, step, done, values: RowValues, before):
+    def advance(self, loop: LoopView, canvas, block, step, done, values: RowValues, before):
         """``edit_advance``; EOS is looked for among the generated positions only (left padding
         may be the EOS id)."""
         start = jnp.full(done.shape, loop.prompt_length, jnp.int32)
@@ -465,7 +505,7 @@ class FlatEditingLayout(FlatLayout):
         return jnp.where(canvas == mcfg.mask_id, mcfg.eos_id, canvas)
 
 
-def edit_advance(loop: Loop, canvas, block, step, done, values: RowValues, before, gen_start, scan_from, last):
+def edit_advance(loop: LoopView, canvas, block, step, done, values: RowValues, before, gen_start, scan_from, last):
     """One decision of the edit decoder (``step``: the row's counter + 1; ``before``: the canvas
     before it): the block ends by ``decoders.edit.block_end``; a row stops after its ``last`` block
     [B], or (``eos_early_stop``) when this call wrote an EOS and the row's first EOS from

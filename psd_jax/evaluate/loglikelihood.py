@@ -190,8 +190,8 @@ class LikelihoodScorer:
         splits a batch, the rest whole on every device (on several processes: every process's)."""
         rows = args[0].shape[0]
         per_row = [i for i, a in enumerate(args) if np.ndim(a) and a.shape[0] == rows]
-        placed = dict(zip(per_row, self.lm._on_devices(*(args[i] for i in per_row))))
-        return tuple(placed[i] if i in placed else self.lm._replicated(a) for i, a in enumerate(args))
+        placed = dict(zip(per_row, self.lm.placed.on_devices(*(args[i] for i in per_row))))
+        return tuple(placed[i] if i in placed else self.lm.placed.replicated(a) for i, a in enumerate(args))
 
     def _call(self, name: str, impl, static: tuple, args: tuple) -> np.ndarray:
         args = self._placed(args)

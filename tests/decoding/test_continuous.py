@@ -161,9 +161,9 @@ def test_block_causal_rows_join_as_alone(llada2_lm):
 
 def test_program_cache_is_bounded_least_recently_used_first(lms):
     lm = lms["llada-tiny"]
-    before, lm.max_programs = dict(lm._compiled), 2
+    before, lm.max_programs = dict(lm.placed.programs), 2
     try:
-        lm._compiled.clear()
+        lm.placed.programs.clear()
         a, b, c = (DecodeConfig(gen_length=16, block_length=16, steps=s) for s in (16, 8, 4))
         for settings in (a, b, a, c):  # a used again before c: b is the least recently used
             lm.generate([PROMPTS[0]], settings, prompt_bucket=BUCKET)
@@ -173,8 +173,8 @@ def test_program_cache_is_bounded_least_recently_used_first(lms):
         assert lm.generate([PROMPTS[0]], a.replace(steps=16), prompt_bucket=BUCKET)[0].compile_seconds == 0.0
     finally:
         lm.max_programs = None
-        lm._compiled.clear()
-        lm._compiled.update(before)
+        lm.placed.programs.clear()
+        lm.placed.programs.update(before)
 
 
 def test_a_new_threshold_compiles_nothing(lms):

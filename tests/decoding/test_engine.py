@@ -321,7 +321,7 @@ def test_clear_programs_releases_every_program_and_decodes_the_same_after():
     dcfg = DecodeConfig(gen_length=8, block_length=8, policy="threshold")
     first = lm.generate([[5, 6, 7]], dcfg)
     assert lm.compiled_programs == 1
-    program = weakref.ref(next(iter(lm._compiled.values())))
+    program = weakref.ref(next(iter(lm.placed.programs.values())))
     lm.clear_programs()
     gc.collect()
     assert lm.compiled_programs == 0 and program() is None
