@@ -272,6 +272,16 @@ def sharded_process(word_model, tmp_path_factory):
     shared.finish()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_run_starts_with_the_session(request):
+    """The 8-device subprocess started at each worker's first test (the first worker to claim it
+    runs it), when any collected test needs it: it runs beside the other files' tests from the
+    start instead of while the worker that first needs it waits."""
+    needs = ("sharded_process", "sharded_run")
+    if any(name in getattr(item, "fixturenames", ()) for item in request.session.items for name in needs):
+        request.getfixturevalue("sharded_process")
+
+
 @pytest.fixture(scope="session")
 def sharded_run(sharded_process) -> dict:
     """``sharded_process``'s record, once it has finished."""

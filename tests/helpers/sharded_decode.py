@@ -364,7 +364,6 @@ def diffusion_gemma_meshes(ckpt: str) -> dict:
     on_mesh = load_model(ckpt, mesh=DG_OWN_MESH)
     out["serving"] = {
         "session": canvas_session_rows(on_mesh),
-        "served": diffusion_gemma_served(on_mesh),
         "served_reference": diffusion_gemma_served_reference(single),
     }
     print(f"diffusion_gemma serving on {DG_OWN_MESH}: {time.perf_counter() - start:.1f}s", file=sys.stderr)
@@ -409,22 +408,6 @@ def canvas_session_rows(lm) -> list[list]:
             run.regroup(live)
             slots = [slots[live[0]]]
     return [got[row] for row in range(len(DG_SERVE_ROWS))]
-
-
-def diffusion_gemma_served(lm) -> dict:
-    """The first ``DG_SERVED`` rows as concurrent requests (token ids) to the in-process server of
-    ``lm`` (continuous batching, sizes 1 and 2): each answer's ids and denoiser calls."""
-    import httpx
-
-    from psd_jax.serve import build_app
-    from psd_jax.serve.server import serving_in_thread
-
-    defaults = lm.settings(None, DG_SERVE)
-    app = build_app(lm, defaults, name="dg", batch_sizes=(1, 2), prompt_bucket=DG_PROMPT_BUCKET, max_wait_ms=100)
-    with serving_in_thread(app, start_timeout_s=300) as url:
-        answers = served_answers(url, "dg", DG_SERVE_ROWS[:DG_SERVED])
-        health = httpx.get(f"{url}/health", timeout=60).json()
-    return {"answers": answers, "failed_batches": health["failed_batches"]}
 
 
 def served_answers(url: str, model: str, rows: list) -> list[list]:

@@ -28,7 +28,6 @@ from sharded_decode import (
     DG_CASE,
     DG_OWN_MESH,
     DG_REPLAY_MESH,
-    DG_SERVED,
     MESHES,
     MOE_DECODE,
     MOE_INT8_MESH,
@@ -277,13 +276,11 @@ def test_diffusion_gemma_on_an_expert_mesh_decodes_as_upstream(sharded_run):
     assert {"layer0_wq", "layer0_wo", "layer2_wq", "sc_gate"} <= set(split)
 
 
-def test_diffusion_gemma_serves_on_a_mesh_as_on_one_device(sharded_run):
+def test_diffusion_gemma_canvas_session_on_a_mesh_decodes_as_on_one_device(sharded_run):
     """DiffusionGemma's canvas session on data=2,model=4 (one row whole on every device, then two
     split over ``data``; rows joined, the batch grown and shrunk) decodes every row's ids and calls
-    as one device's ``generate`` of it alone, and the server on that mesh answers concurrent
-    requests likewise."""
+    as one device's ``generate`` of it alone. (The server on that mesh, across two processes, is
+    tests/parallel/test_multihost.py's.)"""
     run = sharded_run["diffusion_gemma"]["serving"]
     reference = run["served_reference"]
     assert run["session"] == [[ids, nfe] for ids, nfe, _ in reference], DG_OWN_MESH
-    assert run["served"]["failed_batches"] == 0
-    assert run["served"]["answers"] == [[ids[:tokens], nfe] for ids, nfe, tokens in reference[:DG_SERVED]]
