@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,15 @@ class FrontEndStart:
         model_dir = model_directory(args.model)
         return cls(args, model_dir, load_config(model_dir), cluster)
 
+    @classmethod
+    def of_model_args(
+        cls, model: str | Path | None, dtype: str = "float32", quantize: str | None = None, mesh: str | None = None
+    ) -> FrontEndStart:
+        """``begin`` for a front end whose model and weight options come as values, not flags (the
+        harness's model: ``pretrained=``, ``dtype=``, ``quantize=``, ``mesh=``): the same checks, and
+        no cluster of its own (its command joins the cluster before the harness makes the model)."""
+        return cls.begin(argparse.Namespace(model=model, dtype=dtype, quantize=quantize, mesh=mesh))
+
     @property
     def entropy_bound(self) -> bool:
         """DiffusionGemma: no mask token, its own sampler's settings and names."""
@@ -68,8 +78,10 @@ class FrontEndStart:
         settings, _ = checked_settings(self.model_dir, fields, name)
         return settings
 
-    def load(self) -> LoadedModel:
-        """The weights, with the front end's ``--dtype``, ``--mesh`` and ``--quantize``."""
+    def load(self, loader: Callable[..., LoadedModel] | None = None) -> LoadedModel:
+        """The weights, with the front end's ``--dtype``, ``--mesh`` and ``--quantize``, through
+        ``api.load_model`` (or the ``loader`` a front end holds in its place: the harness's model
+        loads through the name its module imports)."""
         from ..api import load_model
 
-        return load_model(self.model_dir, **weight_options(self.args))
+        return (loader or load_model)(self.model_dir, **weight_options(self.args))

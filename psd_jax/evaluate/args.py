@@ -21,10 +21,11 @@ from typing import Any
 
 from convert.orbax_io import is_orbax_dir, stored_quantize
 from convert.safetensors_dir import CheckpointError
-from models import ConfigError, load_config
+from models import ConfigError
 from models.quantize import INT4_ON_A_MESH, QUANTIZE
 
 from ..api import DTYPES
+from ..cli.startup import FrontEndStart
 from ..core.config import (
     BOOL_FIELDS,
     CHOICES,
@@ -36,7 +37,7 @@ from ..core.config import (
     check_for_model,
 )
 from ..core.errors import InputError
-from ..model_dir import model_directory, model_settings, precheck_settings
+from ..model_dir import model_settings
 from ..parallel.sharding import AXES
 from ..recommended import RECOMMENDED_FILE, named_settings
 
@@ -78,6 +79,7 @@ class EvalArgs:
     pretrained: Path
     settings: DecodeConfig
     decode_fields: dict[str, Any]  # the DecodeConfig fields the user set (gen_length explicit or not)
+    start: FrontEndStart = dataclasses.field(repr=False, compare=False)  # the model's start: its config, its load
     dtype: str = "float32"
     quantize: str | None = None
     mesh: str | None = None
@@ -178,17 +180,18 @@ def _estimator_args(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {"mc_num": mc_num, "mc_batch": mc_batch, "cfg": cfg, "is_check_greedy": greedy}
 
 
-def _pretrained(value: Any) -> Path:
-    """The model directory, checked to be one ``load_model`` can load (its ``config.json`` read,
-    its weights present) without reading any weights: a wrong path fails here, before the harness
-    indexes its tasks, not when the model is made."""
+def _start(value: Any, dtype: str, quantize: str | None, mesh: str | None) -> FrontEndStart:
+    """The model's start (``cli.startup.FrontEndStart``): the directory checked to be one
+    ``load_model`` can load (its ``config.json`` read, its weights present) without reading any
+    weights, so a wrong path fails here, before the harness indexes its tasks, not when the model
+    is made; and the weight options it loads with."""
     try:
-        return model_directory(value if value not in (None, "") else None)
+        return FrontEndStart.of_model_args(value if value not in (None, "") else None, dtype, quantize, mesh)
     except FileNotFoundError:
         raise EvalArgsError(f"pretrained={value}: no such model directory") from None
     except CheckpointError as exc:
         raise EvalArgsError(f"pretrained={exc}") from None
-    except InputError as exc:
+    except (ConfigError, InputError) as exc:
         raise EvalArgsError(f"pretrained={value}: {exc}") from None
 
 
@@ -203,15 +206,13 @@ def _quantize_checked(pretrained: Path, quantize: str | None, mesh: str | None) 
         raise EvalArgsError(f"model arguments {what} and mesh={mesh}: {INT4_ON_A_MESH}")
 
 
-def _model_checked(pretrained: Path, settings: DecodeConfig) -> None:
+def _model_checked(start: FrontEndStart, settings: DecodeConfig) -> None:
     """``config.check_for_model`` on the directory's config: gen_length within the context, RPS's
-    k_max within the vocabulary, no cfg on block-causal families."""
+    k_max within the vocabulary, no cfg on block-causal families; its refusal names ``pretrained=``."""
     try:
-        check_for_model(settings, load_config(pretrained))
-    except ConfigError as exc:
-        raise EvalArgsError(f"pretrained={pretrained}: {exc}") from None
+        check_for_model(settings, start.config)
     except DecodeConfigError as exc:
-        raise EvalArgsError(f"{exc} (pretrained={pretrained})") from None
+        raise EvalArgsError(f"{exc} (pretrained={start.model_dir})") from None
 
 
 def parse_eval_args(raw: dict[str, Any], any_device: bool = False) -> EvalArgs:
@@ -236,7 +237,8 @@ def parse_eval_args(raw: dict[str, Any], any_device: bool = False) -> EvalArgs:
     quantize = None if quantize in (None, "", "none") else str(quantize)
     if quantize is not None and quantize not in QUANTIZE:
         raise EvalArgsError(f"model argument quantize must be one of {', '.join(QUANTIZE)} or none, got {quantize!r}")
-    pretrained = _pretrained(kwargs.get("pretrained"))
+    start = _start(kwargs.get("pretrained"), dtype, quantize, mesh)
+    pretrained = start.model_dir
     _quantize_checked(pretrained, quantize, mesh)
     fields = {k: decode_field(k, v) for k, v in kwargs.items() if k in FIELD_HELP}
     if fields.get("trace"):  # the harness reports scores, not decodes: a trace would be dropped unseen
@@ -246,13 +248,14 @@ def parse_eval_args(raw: dict[str, Any], any_device: bool = False) -> EvalArgs:
         )
     name = None if kwargs.get("settings") is None else str(kwargs["settings"])
     try:
-        if any_device:
-            settings, _ = precheck_settings(pretrained, fields, name)
-        else:
+        if any_device:  # checked against the model (check_for_model) over every device's choice
+            settings = start.precheck(fields, name)
+        else:  # FrontEndStart.settings' two steps apart: only the model's refusal (_model_checked) names pretrained=
             settings = model_settings(pretrained, fields, named_settings(name, pretrained))
     except DecodeConfigError as exc:
         raise EvalArgsError(f"{exc} (pretrained={pretrained})" if any_device else str(exc)) from None
-    _model_checked(pretrained, settings)
+    if not any_device:
+        _model_checked(start, settings)
     seed = as_int("seed", kwargs.get("seed", 0))
     if seed is None or not 0 <= seed < 2**32:
         raise EvalArgsError(f"model argument seed must be an integer in [0, 2**32), got {kwargs.get('seed')!r}")
@@ -260,6 +263,7 @@ def parse_eval_args(raw: dict[str, Any], any_device: bool = False) -> EvalArgs:
         pretrained=pretrained,
         settings=settings,
         decode_fields=fields,
+        start=start,
         dtype=dtype,
         quantize=quantize,
         mesh=mesh,

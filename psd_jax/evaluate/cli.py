@@ -132,8 +132,6 @@ def precheck(argv: list[str], harness_cli: type, any_device: bool = False) -> No
     then ``parse_eval_args`` (the model directory and the settings against its config) and the
     generation kwargs' mapping. ``any_device``: before a cluster starts, asking JAX nothing
     (``parse_eval_args``)."""
-    from models import load_config
-
     from ..core.config import check_for_model
     from .args import parse_eval_args
     from .gen_kwargs import parse_gen_kwargs, request_settings
@@ -151,7 +149,7 @@ def precheck(argv: list[str], harness_cli: type, any_device: bool = False) -> No
     if getattr(args, "gen_kwargs", None):
         gen = parse_gen_kwargs(args.gen_kwargs)
         settings = request_settings(parsed.settings, gen, parsed.decode_fields, "--gen_kwargs")
-        check_for_model(settings, load_config(parsed.pretrained))
+        check_for_model(settings, parsed.start.config)
 
 
 def report(argv: list[str], models: list) -> None:

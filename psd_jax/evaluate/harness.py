@@ -65,9 +65,7 @@ class PsdJaxLM(LM):
         super().__init__()
         self.args: EvalArgs = parse_eval_args(kwargs)  # checked against the model's config before loading
         settings = self.args.settings
-        self.lm: LoadedModel = load_model(
-            self.args.pretrained, dtype=self.args.dtype, mesh=self.args.mesh, quantize=self.args.quantize
-        )
+        self.lm: LoadedModel = self.args.start.load(load_model)  # the weights, with dtype=, mesh= and quantize=
         est = Estimator(
             mc_num=self.args.mc_num,
             mc_batch=self.args.mc_batch,
