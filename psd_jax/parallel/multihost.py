@@ -162,6 +162,20 @@ def quiet_unless_main() -> Iterator[None]:
         yield
 
 
+def from_main(data: bytes) -> bytes:
+    """Process 0's ``data`` on every process (the others' own ``data`` is ignored; one process:
+    ``data`` itself). Two collectives (the length, then the bytes), so every process must call this
+    in the same order: what a process reads or measures by itself (a file, a clock) becomes one value
+    that every process decides on alike."""
+    if process_count() == 1:
+        return data
+    from jax.experimental.multihost_utils import broadcast_one_to_all
+
+    length = int(broadcast_one_to_all(np.int32(len(data) if is_main() else 0)))
+    mine = np.frombuffer(data, np.uint8) if is_main() else np.zeros(length, np.uint8)
+    return bytes(np.asarray(broadcast_one_to_all(mine), np.uint8)) if length else b""
+
+
 def to_host(tree: Any) -> Any:
     """``tree``'s arrays as numpy arrays on every process. An array split over several processes'
     devices is first made whole on every device (one collective, compiled once per shape), so every

@@ -11,6 +11,10 @@ of ``--data``, or a file of their own, ``--confirm-data``), and the first whose 
 is chosen. ``--final-data`` measures that choice once more on a third set that nothing else reads:
 the figure a user can expect. A finished log re-ranks for another objective or device without
 decoding again. docs/tuning.md.
+
+On several processes (the cluster flags every front end takes: docs/multi-host.md) every process
+runs the same search on the global mesh, each decode a collective call (``tuning.log``); only
+process 0 prints, shows the progress and writes (``--out``, the log, ``--write``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from ..core.lengths import check_questions
 from ..costs import CHIPS
 from ..model_dir import model_settings
 from ..names import entropy_bound_fields, entropy_bound_name, full_name, setting_fields
+from ..parallel import multihost
 from ..scoring import load_jsonl
 from . import log as tune_log
 from .devices import OBJECTIVES, THIS, objective_for, parse_device
@@ -130,6 +135,7 @@ def build_parser() -> ArgumentParser:
         help="store the choice in the model directory's recommended.json, as the setting for this device's kind "
         "(or the modeled target's: gpu for h200, tpu for tpu-v5e)",
     )
+    multihost.add_flags(p)
     return p
 
 
@@ -241,7 +247,9 @@ def confirmation_z(args) -> float:
 
 
 def prepare(args) -> Plan:
-    """Every check that needs no weights: bad input fails here, before the model loads."""
+    """Every check that needs no weights: bad input fails here, before the model loads and before
+    the processes of a cluster wait for one another; then the cluster starts (``FrontEndStart.join``),
+    before the device kind is read."""
     if args.max_loss < 0:
         raise InputError(f"--max-loss must be >= 0 (accuracy points), got {args.max_loss:g}")
     if not args.z > 0:
@@ -311,6 +319,7 @@ def prepare(args) -> Plan:
     log = Path(args.log) if args.log else Path(args.out) / "tune.jsonl"
     target = parse_device(args.device, model_dir, args.batch)
     objective = objective_for(args.objective, target, defaults.block_length)
+    start.join()
     kind = this_device_kind() if target is None else target.kind
     return Plan(
         model_dir, data, examples, base_name, base, space.candidates, space.dropped,
@@ -325,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:  # InputError, DecodeConfigError, ConfigError, ...
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    for fields, why in plan.dropped:
+    main_process = multihost.is_main()
+    for fields, why in plan.dropped if main_process else ():
         print(f"skipped {fields}: {why}", file=sys.stderr)
     try:
         return run(plan, args)
@@ -345,7 +355,8 @@ def run(plan: Plan, args) -> int:
         check_questions(questions, args.prompt_bucket, plan.base.gen_length, lm.config.max_length)
         return lm
 
-    bar = tune_log.progress_bar()
+    main_process = multihost.is_main()  # the others decode alike and say nothing
+    bar = tune_log.progress_bar(disable=not main_process)
     evaluator = tune_log.LoggedEvaluator(
         plan.log, plan.context, plan.examples, load, args.batch, args.chat, args.prompt_bucket, bar, not args.rerank
     )
@@ -364,6 +375,9 @@ def run(plan: Plan, args) -> int:
     confirmation, failed = confirm(plan, args, evaluator, result)
     final = measure_final(plan, args, evaluator, result.choice) if confirmation is not None else None
     bar.close()
+    refused = unwritable(plan, result, confirmation, final) if args.write else None
+    if not main_process:
+        return 1 if refused else 0
     meta = {
         "model": str(plan.model_dir),
         "data": str(plan.data),
@@ -382,6 +396,7 @@ def run(plan: Plan, args) -> int:
         "objective": plan.objective.name,
         "device": plan.objective.device,
         "device_kind": plan.device_kind,
+        "processes": multihost.process_count(),
         "base": {"name": plan.base_name, "settings": tune_log.dataclass_fields(plan.base)},
         "space": args.space,
         "candidates": len(plan.candidates),
@@ -394,15 +409,21 @@ def run(plan: Plan, args) -> int:
     print(
         write_reports(Path(args.out), meta, result, plan.base_name, confirmation, plan.dropped, fields, failed, final)
     )
+    if refused:
+        print(f"error: {refused}", file=sys.stderr)
+        return 1
     if args.write:
-        if result.choice is None or confirmation is None:
-            print("error: nothing chosen and confirmed, so no recommended setting written", file=sys.stderr)
-            return 1
-        if plan.final_ids and final is None:
-            print("error: the choice's final measurement is not in the log, so nothing written", file=sys.stderr)
-            return 1
         write_choice(plan, args, result, confirmation, final)
     return 0
+
+
+def unwritable(plan: Plan, result, confirmation: dict | None, final: dict | None) -> str | None:
+    """Why ``--write`` stores nothing (None: it may)."""
+    if result.choice is None or confirmation is None:
+        return "nothing chosen and confirmed, so no recommended setting written"
+    if plan.final_ids and final is None:
+        return "the choice's final measurement is not in the log, so nothing written"
+    return None
 
 
 MAX_CONFIRMATIONS = 3  # distinct answers tried on the confirmation split before giving up

@@ -8,12 +8,18 @@ its context matches: the model path, the data file's SHA-256 and what else chang
 (dtype, quantization, chat template, prompt bucket). A restarted run reads the matching lines
 back, keyed by the setting's canonical JSON and the problem index, and decodes only what is
 missing; a half-written last line (an interrupted run) is skipped.
+
+On several processes (``psd_jax.parallel.multihost``) every process runs the same search: each
+decode is a collective ``generate`` on the global mesh, and what a process reads or measures by
+itself is process 0's on every process (``multihost.from_main``): the log read back, and each
+batch's seconds, so every process ranks, halves and confirms alike. Only process 0 writes the log.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import struct
 import sys
 import time
 from collections.abc import Callable
@@ -21,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.config import DecodeConfig
+from ..parallel import multihost
 from .search import NotEvaluated, Outcome
 from .space import canonical
 
@@ -32,19 +39,22 @@ def file_sha256(path: Path) -> str:
 def decode_batch(lm, settings: DecodeConfig, examples: list[dict], chat: bool | None, bucket: int) -> tuple:
     """One warm decode of ``examples`` (``generate(warm=True)``): per problem whether it was right,
     its calls and tokens; the decode's seconds (compilation apart), its compile seconds and its
-    calls by shape."""
+    calls by shape. On several processes every process makes the same decode (the answers come
+    back to each) and takes process 0's seconds, which rank the candidates."""
     from ..scoring import is_correct
 
     texts = [ex["question"] for ex in examples]
     results = lm.generate(texts, settings, chat=chat, prompt_bucket=bucket, warm=True)
     first = results[0]
     correct = [int(is_correct(r.text or "", ex)) for r, ex in zip(results, examples)]
+    timing = multihost.from_main(struct.pack("<dd", first.seconds, first.compile_seconds))
+    seconds, compile_seconds = struct.unpack("<dd", timing)
     return (
         correct,
         [r.nfe for r in results],
         [r.tokens for r in results],
-        first.seconds,
-        first.compile_seconds,
+        seconds,
+        compile_seconds,
         first.calls,
     )
 
@@ -65,7 +75,8 @@ class LoggedEvaluator:
 
     ``load`` returns the model (called at most once, only when something is missing, so a finished
     run's report is rebuilt without loading weights); ``phase`` is written into each line
-    ("search" or "confirm") so the log shows which split a problem was decoded for."""
+    ("search" or "confirm") so the log shows which split a problem was decoded for. On several
+    processes only process 0 reads and writes ``path``; the others read back what it read."""
 
     def __init__(
         self,
@@ -87,12 +98,14 @@ class LoggedEvaluator:
         self.decoded = 0  # problems decoded by this process (not read back)
         self.torn = False
         self.batches = 0  # batch ids handed out: one per log line read or written
+        self.writes = multihost.is_main()
         self.read_back = self._read()
 
     def _read(self) -> int:
-        if not self.path.is_file():
+        own = self.path.read_bytes() if self.writes and self.path.is_file() else b""
+        text = multihost.from_main(own).decode()
+        if not text:
             return 0
-        text = self.path.read_text()
         self.torn = bool(text) and not text.endswith("\n")  # an interrupted run's half line
         count = 0
         for line in text.splitlines():
@@ -151,6 +164,8 @@ class LoggedEvaluator:
         return {i: self.known[(key, i)] for i in ids}
 
     def _append(self, name, settings, chunk, outcomes, seconds, compile_seconds, calls) -> None:
+        if not self.writes:
+            return
         entry = {
             "name": name,
             "phase": self.phase,

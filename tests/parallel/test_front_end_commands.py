@@ -23,7 +23,7 @@ import pytest
 from paths import DEFAULT_MODEL, ROOT
 from processes import finish, free_port, start, stop
 
-from psd_jax.recommended import read_recommended
+from psd_jax.recommended import RECOMMENDED_FILE, read_recommended
 
 MODEL = str(DEFAULT_MODEL.relative_to(ROOT))  # as a user in the repository writes it
 MESH = ["--mesh", "data=2"]
@@ -88,6 +88,67 @@ def test_bench_recommended_on_two_processes_writes_what_one_process_writes(out):
     assert [r["name"] for r in want["results"]] == ["fixed-1/none", "recommended"]
     assert untimed(got) == untimed(want)
     assert (got["meta"]["processes"], want["meta"]["processes"]) == (2, 1)
+
+
+def linked_model(directory: Path) -> Path:
+    """The shipped model's files linked into ``directory``, without its recommended setting: what
+    ``tune --write`` writes there."""
+    directory.mkdir()
+    for file in DEFAULT_MODEL.iterdir():
+        if file.name != RECOMMENDED_FILE:
+            (directory / file.name).symlink_to(file)
+    return directory
+
+
+TUNE_PROBLEMS = {"dev": (3, 5), "confirm": (5, 7)}  # lines of the held-out set: a search and a confirmation
+UNTIMED_TUNE = {"seconds", "compile_seconds", "time", "date", "model", "log", "processes"}
+
+
+def untimed_tune(tree):
+    """``tree`` without what differs between two runs that decode alike: times, and the paths of
+    each run's own model directory and output."""
+    if isinstance(tree, dict):
+        return {k: untimed_tune(v) for k, v in tree.items() if k not in UNTIMED_TUNE}
+    if isinstance(tree, list):
+        return [untimed_tune(v) for v in tree]
+    return tree
+
+
+def test_tune_on_two_processes_writes_what_one_process_writes(out):
+    """The tuner's smallest search on two processes: process 0 writes the log, the report and
+    (``--write``) the choice that one process writes; process 1 prints nothing. The small space at
+    4 tokens in blocks of 1 holds one candidate (threshold-0.9 with the dual cache; the others do
+    not fit the block), so each run compiles two programs, the base's and its; one rung of two
+    problems and two confirmation problems; model calls the objective, so that no clock decides
+    between the two runs."""
+    lines = (DEFAULT_MODEL / "test.jsonl").read_text().splitlines()
+    for name, (first, end) in TUNE_PROBLEMS.items():
+        (out / f"tune-{name}.jsonl").write_text("\n".join(lines[first:end]) + "\n")
+    argv = ["--data", str(out / "tune-dev.jsonl"), "--confirm-data", str(out / "tune-confirm.jsonl")]
+    argv += ["--space", "small", "--rungs", "2", "--batch", "2", "--max-loss", "0", "--confirm-z", "0"]
+    argv += ["--gen-length", "4", "--block-length", "1", "--objective", "calls", *MESH]
+    runs = {
+        n: ["--model", str(linked_model(out / f"tune-model-{n}")), "--out", str(out / f"tune-{n}"), "--write"]
+        for n in ("one", "two")
+    }
+    _, (_, other) = one_and_two("psd_jax.tune", [*argv, *runs["one"]], out, "tune", [*argv, *runs["two"]])
+    assert other.out() == "", "only process 0 prints"
+    got, want = (json.loads((out / f"tune-{n}" / "tune.json").read_text()) for n in ("two", "one"))
+    assert (got["meta"]["processes"], want["meta"]["processes"]) == (2, 1)
+    assert got["choice"] is not None and untimed_tune(got) == untimed_tune(want)
+    log, want_log = ((out / f"tune-{n}" / "tune.jsonl").read_text().splitlines() for n in ("two", "one"))
+    assert list(map(untimed_tune, map(json.loads, log))) == list(map(untimed_tune, map(json.loads, want_log)))
+    chosen, want_chosen = (json.loads((out / f"tune-model-{n}" / RECOMMENDED_FILE).read_text()) for n in ("two", "one"))
+    assert untimed_tune(chosen) == untimed_tune(want_chosen)
+    # Resumed on two processes from process 0's log: process 1 reads it back through process 0 (it
+    # does not read the file), so neither decodes nor loads the model, and the report is the same.
+    resumed = ["--model", str(out / "tune-model-two"), "--out", str(out / "tune-resumed")]
+    resumed += ["--log", str(out / "tune-two" / "tune.jsonl")]
+    finish(start("psd_jax.tune", [*argv, *resumed], out, "tune-resumed", devices=1, processes=2), TIMEOUT_S)
+    again = json.loads((out / "tune-resumed" / "tune.json").read_text())
+    assert (again["meta"]["log_entries_read_back"], again["meta"]["problems_decoded"]) == (len(log), 0)
+    same = lambda report: untimed_tune({**report, "meta": {}})  # noqa: E731
+    assert same(again) == same(got)
 
 
 def harness_files(root: Path) -> tuple[dict, dict]:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from paths import HELPERS, TEST_DATA
+from paths import DEFAULT_MODEL, HELPERS, TEST_DATA
 from processes import free_port
 
 from psd_jax.parallel import multihost
@@ -223,14 +223,10 @@ def test_cluster_flags_are_all_three_or_none():
             cluster_of(*argv)
 
 
-@pytest.mark.parametrize("front_end", ["generate", "bench", "evaluate", "serve"])
+@pytest.mark.parametrize("front_end", ["generate", "bench", "evaluate", "serve", "tune"])
 def test_front_ends_refuse_incomplete_cluster_flags_in_one_line(front_end, capsys):
-    from psd_jax import evaluate
-    from psd_jax.cli import bench, generate
-    from psd_jax.serve import cli
-
-    main = {"generate": generate.main, "bench": bench.main, "evaluate": evaluate.main, "serve": cli.main}[front_end]
-    assert main(["--coordinator", "127.0.0.1:1234"]) == 2
+    argv = ["--data", PROBLEMS] if front_end == "tune" else []  # its one required flag
+    assert front_end_main(front_end)([*argv, "--coordinator", "127.0.0.1:1234"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "error: --coordinator needs --num-processes and --process-id too: give all three or none"
 
@@ -241,13 +237,15 @@ class _Started(BaseException):
 
 CLUSTER = ["--coordinator", "127.0.0.1:1", "--num-processes", "2", "--process-id", "0"]
 TASKS = str(TEST_DATA / "tasks")
-STARTS = {  # front end, flags: every path that reads a recommended setting, with the cluster flags
+PROBLEMS = str(DEFAULT_MODEL / "test.jsonl")
+STARTS = {  # front end, flags: every path that reads a recommended setting or the device kind, with the cluster flags
     "generate demo": ("generate", []),
     "generate --settings": ("generate", ["--settings", "recommended", "--prompt", "What is 2 + 3?"]),
     "bench recommended": ("bench", ["--decoders", "recommended", "--limit", "2"]),
     "evaluate --settings": ("evaluate", ["--settings", "recommended", "--tasks", "heldout", "--include_path", TASKS]),
     "serve": ("serve", []),
     "serve --settings": ("serve", ["--settings", "recommended", "--threshold", "0.9"]),
+    "tune --write": ("tune", ["--data", PROBLEMS, "--space", "small", "--write"]),  # recommended.json's device kind
 }
 
 
@@ -255,8 +253,10 @@ def front_end_main(name: str):
     from psd_jax import evaluate
     from psd_jax.cli import bench, generate
     from psd_jax.serve import cli
+    from psd_jax.tuning.cli import main as tune
 
-    return {"generate": generate.main, "bench": bench.main, "evaluate": evaluate.main, "serve": cli.main}[name]
+    mains = {"generate": generate.main, "bench": bench.main, "evaluate": evaluate.main, "serve": cli.main}
+    return {**mains, "tune": tune}[name]
 
 
 def guard_device_reads(monkeypatch) -> list:
@@ -303,6 +303,7 @@ def test_every_front_end_starts_the_cluster_before_it_reads_the_device(start, mo
         ("generate", ["--settings", "recommended", "--depth", "2", "--prompt", "x"], "depth"),
         ("serve", ["--settings", "recommended", "--gen-length", "4096"], "gen_length 4096"),
         ("bench", ["--decoders", "recommended", "--gen-length", "4096"], "gen_length 4096"),
+        ("tune", ["--data", PROBLEMS, "--gen-length", "4096"], "gen_length 4096"),
         (
             "evaluate",
             [
