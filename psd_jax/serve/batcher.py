@@ -47,7 +47,7 @@ from ..core.lengths import padded_length
 from ..core.trace import FIELDS as TRACE_FIELDS
 from .errors import QueueFull, RequestError, RequestTimedOut, ShuttingDown
 from .requests import DecodeRequest
-from .session import BlockEngine, BlockSession
+from .session import BlockEngine, BlockSession, SessionRows
 
 log = logging.getLogger(__name__)
 BATCHING = ("continuous", "static")
@@ -114,18 +114,21 @@ def default_batch_sizes(max_batch: int) -> tuple[int, ...]:
 
 @dataclasses.dataclass
 class Running:
-    """A batch in flight: its decode and, per row, the request it holds (None: free) and the
-    final blocks already sent."""
+    """A batch in flight: its decode with the request each row holds (``session.SessionRows``, the
+    owner of row order; None before the batch starts) and the requests admitted to it."""
 
     key: tuple
-    run: BlockSession | None = None
-    tickets: list[Ticket | None] = dataclasses.field(default_factory=list)
-    sent: list[int] = dataclasses.field(default_factory=list)
+    run: SessionRows | None = None
     joining: list[Ticket] = dataclasses.field(default_factory=list)  # admitted, written in next turn
 
     @property
+    def tickets(self) -> list[Ticket]:
+        """The requests its rows hold, in row order."""
+        return [] if self.run is None else [self.run.holders[row] for row in self.run.held()]
+
+    @property
     def live(self) -> int:
-        return sum(t is not None for t in self.tickets) + len(self.joining)
+        return len(self.tickets) + len(self.joining)
 
 
 class Batcher:
@@ -314,7 +317,7 @@ class Batcher:
             if self.batching == "static":
                 self._start(batch)
                 # until its rows are done, or all stopped (a stopped row is done only after a call)
-                while batch.run is not None and not batch.run.done and any(t is not None for t in batch.tickets):
+                while batch.run is not None and not batch.run.done and batch.run.held():
                     self._block(batch)
             else:
                 self._join(batch)
@@ -322,9 +325,12 @@ class Batcher:
         except Exception as exc:  # a failing decode fails its own requests, never the server
             log.exception("decode of a batch of %d requests failed", batch.live)
             self.count("failed_batches")
-            for ticket in [t for t in batch.tickets if t is not None] + batch.joining:
+            for ticket in batch.tickets + batch.joining:
                 ticket.put(Failed(exc))
-            batch.tickets, batch.joining = [None] * len(batch.tickets), []
+            if batch.run is not None:
+                for row in batch.run.held():
+                    batch.run.free(row)
+            batch.joining = []
 
     def _start(self, batch: Running) -> None:
         """A new decode of the batch's joining requests, at the smallest size that holds them: all
@@ -342,8 +348,7 @@ class Batcher:
             gen_length=batch.key[0].gen_length,
         )
         self.count("compiles", run.compiles)
-        batch.run, batch.tickets, batch.joining = run, [*tickets, *[None] * (size - len(tickets))], []
-        batch.sent = [0] * size
+        batch.run, batch.joining = SessionRows(run, tickets), []
         self.count("batches")
         self.count("rows", len(tickets))
 
@@ -362,35 +367,27 @@ class Batcher:
         batch.joining = []
 
     def _write(self, batch: Running, tickets: Sequence[Ticket]) -> None:
+        """``tickets`` into the batch's free rows (the session picks them)."""
         if not tickets:
             return
-        free = [r for r, t in enumerate(batch.tickets) if t is None][: len(tickets)]
         self._counted(
             batch.run,
             "join",
-            free,
+            tickets,
             [t.request.prompt_ids for t in tickets],
             [t.request.settings for t in tickets],
             [t.seed for t in tickets],
         )
-        for row, ticket in zip(free, tickets):
-            batch.tickets[row], batch.sent[row] = ticket, 0
         self.count("rows", len(tickets))
 
     def _regroup(self, batch: Running, size: int) -> None:
         """Move the batch's live rows to a decode of ``size`` rows (first rows first)."""
-        rows = [r for r, t in enumerate(batch.tickets) if t is not None]
-        index = rows + [-1] * (size - len(rows))
-        self._counted(batch.run, "regroup", index)
-        batch.tickets = [batch.tickets[r] for r in rows] + [None] * (size - len(rows))
-        batch.sent = [batch.sent[r] for r in rows] + [0] * (size - len(rows))
+        self._counted(batch.run, "regroup", size)
 
     def _retire(self, batch: Running) -> None:
         """Stop rows whose request was cancelled (client gone, stop string, deadline); free them."""
-        gone = [row for row, ticket in enumerate(batch.tickets) if ticket is not None and ticket.cancelled]
-        self._count_cancelled([batch.tickets[row] for row in gone])
-        for row in gone:
-            batch.tickets[row] = None
+        gone = [row for row in batch.run.held() if batch.run.holders[row].cancelled]
+        self._count_cancelled([batch.run.holders[row] for row in gone])
         self._counted(batch.run, "stop", gone)
 
     def _counted(self, session: BlockSession, method: str, *args: Any) -> Any:
@@ -406,19 +403,18 @@ class Batcher:
         """One block call and every row's progress to its request."""
         if self.batching == "static":
             self._retire(batch)
-        if batch.run is None or all(t is None for t in batch.tickets):
+        if batch.run is None or not batch.run.held():
             return
-        rows = sum(t is not None for t in batch.tickets)
+        rows = len(batch.run.held())
         if self.on_batch is not None:
             self.on_batch(rows, batch.run.size)
         progress = self._counted(batch.run, "advance")
         self.count("block_calls")
         self.count("block_rows", rows)
-        for row, ticket in enumerate(batch.tickets):
-            if ticket is None:
-                continue
+        for row in batch.run.held():
+            ticket = batch.run.holders[row]
             final, done = int(progress.final_blocks[row]), bool(progress.done[row])
-            if final == batch.sent[row] and not done:
+            if final == batch.run.sent[row] and not done:
                 continue
             end = progress.gen_length[row]
             generated = progress.generated[row, :end]
@@ -427,9 +423,9 @@ class Batcher:
                 trace = {name: getattr(progress.trace, name)[row, :end] for name in TRACE_FIELDS}
             ticket.finished = done  # before its last update: a deadline after it does not fail it
             ticket.put(RowUpdate(generated, final, done, int(progress.nfe[row]), trace))
-            batch.sent[row] = final
+            batch.run.sent[row] = final
             if done:
-                batch.tickets[row] = None
+                batch.run.free(row)
 
     def warm_up(self, settings: DecodeConfig, prompt_lengths: Sequence[int]) -> int:
         """Compile ``settings``' programs for every batch size at each prompt length's bucket
@@ -471,7 +467,7 @@ class Batcher:
     def _fail_remaining(self, error: RequestError | None = None) -> None:
         """Every request still wanted ends now with ``error``; their rows are freed at the next block
         boundary, so a shutdown waits for the block call in flight at most."""
-        for ticket in self._pending + [t for r in self._running for t in r.tickets + r.joining if t is not None]:
+        for ticket in self._pending + [t for r in self._running for t in r.tickets + r.joining]:
             if not ticket.cancelled:
                 ticket.cancel()
                 ticket.put(Failed(error or ShuttingDown()))

@@ -96,3 +96,60 @@ class BlockEngine(Protocol):
         gen_length: int | None = None,
     ) -> BlockSession:
         """A session of ``prompts`` with one setting (the warm-up's)."""
+
+
+class SessionRows:
+    """A running ``BlockSession`` and what each of its rows holds for the scheduler (a request, or
+    ``None``: a free row) with the final blocks already sent to it: the one owner of row order.
+    ``regroup`` moves the session's rows and their holders by one index, so the scheduler never
+    reorders a list of its own beside the session's."""
+
+    def __init__(self, session: BlockSession, holders: Sequence[Any]):
+        self.session = session
+        self.holders: list[Any] = [*holders, *[None] * (session.size - len(holders))]
+        self.sent: list[int] = [0] * session.size
+
+    @property
+    def size(self) -> int:
+        return self.session.size
+
+    @property
+    def done(self) -> bool:
+        return self.session.done
+
+    @property
+    def compiles(self) -> int:
+        return self.session.compiles
+
+    def held(self) -> list[int]:
+        """The rows holding something, in row order."""
+        return [row for row, holder in enumerate(self.holders) if holder is not None]
+
+    def advance(self) -> BlockProgress:
+        return self.session.advance()
+
+    def join(self, holders: Sequence[Any], prompts, settings, seeds) -> None:
+        """``prompts`` into the first free rows, each held by its ``holders`` entry."""
+        free = [row for row, holder in enumerate(self.holders) if holder is None][: len(holders)]
+        if len(free) < len(holders):
+            raise ValueError(f"{len(holders)} rows to join, {len(free)} free")
+        self.session.join(free, prompts, settings, seeds)
+        for row, holder in zip(free, holders):
+            self.holders[row], self.sent[row] = holder, 0
+
+    def regroup(self, size: int) -> None:
+        """Move the held rows, first rows first, to a session of ``size`` rows."""
+        rows = self.held()
+        self.session.regroup(rows + [-1] * (size - len(rows)))
+        self.holders = [self.holders[r] for r in rows] + [None] * (size - len(rows))
+        self.sent = [self.sent[r] for r in rows] + [0] * (size - len(rows))
+
+    def stop(self, rows: Sequence[int]) -> None:
+        """Stop ``rows`` and free them."""
+        for row in rows:
+            self.holders[row] = None
+        self.session.stop(rows)
+
+    def free(self, row: int) -> None:
+        """A row whose decode ended: nothing holds it any more."""
+        self.holders[row] = None
