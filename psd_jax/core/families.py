@@ -5,7 +5,7 @@ on its name: its ``Sampler`` (how its upstream sampler treats temperature, top-p
 which softmax a confidence is read from: ``sampling``'s module docstring) and, for a block-causal
 family, its ``BlockStopRules`` (when its upstream decoder stops a row, and what it returns after:
 ``layouts.BlockCausalLayout``). A new family adds its row here; besides, it has its config and
-module in ``models`` (with its rows in ``models/__init__.py``'s dispatch) and its key table in
+module in ``models`` (with its row in ``models.FAMILIES``) and its key table in
 ``convert/keys.py`` (docs/architecture.md "Where to add").
 
 Host-side and free of JAX, so ``config`` can ask what a family ignores without loading it.

@@ -480,3 +480,16 @@ def test_compiling_for_traces_the_target_platform_forms():
             assert on_cpu()
         assert not on_cpu()
     assert on_cpu()
+
+
+def test_every_config_class_has_one_family_registration():
+    """``models.FAMILIES`` holds each family once, keyed by its config class; a config of no
+    registered family is refused by name instead of falling through to another family's module."""
+    import typing
+
+    import models
+
+    assert set(typing.get_args(models.AnyConfig)) == set(models.FAMILIES)
+    assert all(models.family_of(f.config.__new__(f.config)) is f for f in models.FAMILIES.values())
+    with pytest.raises(TypeError, match="no model family is registered for object"):
+        models.family_of(object())
