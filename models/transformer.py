@@ -120,7 +120,7 @@ def rope_inv_freq(head_dim: int, theta: float) -> np.ndarray:
     and rounded once: that is torch's scalar ``powf`` on these exponents (numpy's float32 power is not).
 
     torch's vectorised CPU pow (Sleef, within an ulp) can differ from this by one ulp in a few
-    entries; XLA's in-graph pow differs in far more (docs/xla-vs-pytorch.md)."""
+    entries; XLA's in-graph pow differs in far more, which is why the table is made on the host."""
     exponent = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
     power = np.power(np.float64(np.float32(theta)), exponent.astype(np.float64)).astype(np.float32)
     return np.float32(1.0) / power

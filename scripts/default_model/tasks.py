@@ -16,8 +16,8 @@ sentence that holds its new number (as GSM8K solutions restate what they count):
 the model finds an operand by matching that word, not by counting numbers.
 Numbers are kept small (every number of a question and every result in
 [1, MAX_VALUE] = [1, 20]) so that a tiny model can learn the arithmetic in an
-hour of CPU training: with results up to 50 the shipped model of that time got
-41% of result digits right and 8% of problems (docs/default-model.md).
+hour of CPU training: with results up to 50 an earlier shipped model got 41% of
+result digits right and 8% of problems.
 Answers are scored with ``psd_jax.scoring`` (GSM8K's conventions); this module
 only makes problems, and is what ``make_dataset``, ``make_tokenizer`` and
 ``train`` of this package build the shipped model's files from.
