@@ -199,17 +199,15 @@ class LoadedDiffusionGemma(PromptIO):
         if self.mesh is None:
             return run
         ids, valid, draws, values = run.inputs
-        rows = batch_sharding(self.mesh, ids.shape[0])
-        put = lambda x: jax.device_put(x, rows)  # noqa: E731
-        by_step = NamedSharding(self.mesh, PartitionSpec(None, *rows.spec))
+        by_step = NamedSharding(self.mesh, PartitionSpec(None, *batch_sharding(self.mesh, ids.shape[0]).spec))
         draws = Draws(
-            key=None if draws.key is None else put(draws.key),
+            key=self.placed(draws.key)[0],
             **{
                 name: None if getattr(draws, name) is None else jax.device_put(getattr(draws, name), by_step)
                 for name in ("init", "sample", "renoise")
             },
         )
-        return dataclasses.replace(run, inputs=(put(ids), put(valid), draws, jax.tree.map(put, values)))
+        return dataclasses.replace(run, inputs=(*self.placed(ids, valid), draws, *self.placed(values)))
 
     def placed(self, *trees: Any, whole: bool = False) -> tuple[Any, ...]:
         """A session's host arrays (row-major [B, ...], or pytrees of them) as its programs take

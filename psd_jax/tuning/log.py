@@ -106,7 +106,7 @@ class LoggedEvaluator:
         text = multihost.from_main(own).decode()
         if not text:
             return 0
-        self.torn = bool(text) and not text.endswith("\n")  # an interrupted run's half line
+        self.torn = not text.endswith("\n")  # an interrupted run's half line
         count = 0
         for line in text.splitlines():
             try:
