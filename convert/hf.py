@@ -21,12 +21,13 @@ from models import (
     AnyConfig,
     DiffusionLM,
     LLaDA2MoE,
+    check_family,
     load_config,
     model_class,
     param_dtype,
     param_shapes,
 )
-from models.quantize import check_family, is_projection, place_quantized, quantized_on_host
+from models.quantize import is_projection, place_quantized, quantized_on_host
 
 from .keys import Target, expected_keys
 from .safetensors_dir import CheckpointError, SafetensorsDir

@@ -26,10 +26,9 @@ import orbax.checkpoint as ocp
 from jax.sharding import SingleDeviceSharding
 from qwix import QArray
 
-from models import DiffusionLM, LLaDA2MoE, load_config, param_dtype, param_shapes
+from models import DiffusionLM, LLaDA2MoE, check_family, load_config, param_dtype, param_shapes
 from models.quantize import (
     QTYPES,
-    check_family,
     check_quantize,
     host_device,
     is_projection,

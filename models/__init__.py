@@ -1,75 +1,32 @@
-"""Flax NNX modules for the LLaDA, Dream, LLaDA2.0, LLaDA-MoE and SDAR diffusion language models.
+"""Flax NNX modules for the LLaDA, Dream, LLaDA2.0, LLaDA-MoE, SDAR and DiffusionGemma diffusion
+language models.
 
-``FAMILIES`` registers each family once (its config class, module, module class and parameter
-dtypes); ``param_shapes``, ``param_dtype`` and ``model_class`` read it, so the converter and
-checkpoint code stay generic over the families."""
+``FAMILIES`` (``families``) registers each family once; ``load_config``, ``param_shapes``,
+``param_dtype`` and ``model_class`` read it, so the converter, checkpoint code and decode stay
+generic over the families."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
 from types import ModuleType
-from typing import Any
 
 import jax.numpy as jnp
 
-from . import diffusion_gemma, llada2, lladamoe, sdar, transformer
-from .config import (
-    ConfigError,
-    LLaDA2Config,
-    LLaDAMoEConfig,
-    ModelConfig,
-    SDARConfig,
-    config_from_dict,
-    load_config,
-)
+from .config import ConfigError, LLaDA2Config, LLaDAMoEConfig, ModelConfig, SDARConfig
 from .diffusion_gemma import DiffusionGemma
 from .diffusion_gemma_config import DiffusionGemmaConfig
+from .families import (
+    FAMILIES,
+    AnyConfig,
+    Family,
+    check_family,
+    config_from_dict,
+    family_of,
+    load_config,
+)
 from .llada2 import LLaDA2MoE
 from .lladamoe import LLaDAMoE
 from .sdar import SDAR
 from .transformer import DiffusionLM
-
-AnyConfig = ModelConfig | LLaDA2Config | LLaDAMoEConfig | SDARConfig | DiffusionGemmaConfig
-
-
-def stored_as_given(name: str, dtype) -> jnp.dtype:
-    """A family whose parameters are all stored in the model's dtype."""
-    return jnp.dtype(dtype)
-
-
-@dataclasses.dataclass(frozen=True)
-class Family:
-    """One model family's registration: its config class, the module holding its parameter table
-    (``param_shapes``) and logical axes (``logical_axes``), the module class that runs it, and the
-    dtype each stored parameter takes for a model of a given dtype."""
-
-    config: type
-    module: ModuleType
-    model: type
-    param_dtype: Callable[[str, Any], jnp.dtype] = stored_as_given
-
-
-# The one registration per family on the model side (its key table is ``convert/keys.py``'s, its
-# decoding rules ``psd_jax/core/families.py``'s).
-FAMILIES: dict[type, Family] = {
-    f.config: f
-    for f in (
-        Family(ModelConfig, transformer, DiffusionLM),
-        Family(LLaDA2Config, llada2, LLaDA2MoE, llada2.param_dtype),  # its router bias stays float32
-        Family(LLaDAMoEConfig, lladamoe, LLaDAMoE),
-        Family(SDARConfig, sdar, SDAR),
-        Family(DiffusionGemmaConfig, diffusion_gemma, DiffusionGemma),
-    )
-}
-
-
-def family_of(cfg: AnyConfig) -> Family:
-    """``cfg``'s registration (by its config class)."""
-    try:
-        return FAMILIES[type(cfg)]
-    except KeyError:
-        raise TypeError(f"no model family is registered for {type(cfg).__name__}") from None
 
 
 def family_module(cfg: AnyConfig) -> ModuleType:
@@ -97,8 +54,10 @@ def model_class(cfg: AnyConfig) -> type:
 __all__ = [
     "AnyConfig",
     "ConfigError",
-    "FAMILIES",
+    "DiffusionGemma",
+    "DiffusionGemmaConfig",
     "DiffusionLM",
+    "FAMILIES",
     "Family",
     "LLaDA2Config",
     "LLaDA2MoE",
@@ -107,6 +66,7 @@ __all__ = [
     "ModelConfig",
     "SDAR",
     "SDARConfig",
+    "check_family",
     "config_from_dict",
     "family_module",
     "family_of",

@@ -15,13 +15,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from .config_error import ConfigError
-from .diffusion_gemma_config import DiffusionGemmaConfig, load_diffusion_gemma_config
 
-FAMILIES = ("llada", "dream", "llada2_moe", "lladamoe", "sdar")
-BLOCK_CAUSAL_FAMILIES = ("llada2_moe", "sdar")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # what a model's weights may be held in (``--dtype``)
 # Side files of a LLaDA2.0 or LLaDA-MoE directory that may name the special ids (their config.json
 # names no mask id).
@@ -43,6 +40,7 @@ class _SharedConfig:
     eos_id: int
     pad_id: int
     eot_id: int | None = None  # end-of-turn token (LLaDA's <|eot_id|>), when the tokenizer has one
+    BLOCK_CAUSAL: ClassVar[bool] = False  # see ``block_causal``
 
     @property
     def logit_shift(self) -> int:
@@ -61,7 +59,7 @@ class _SharedConfig:
         """Whether the family was trained for block diffusion (LLaDA2.0, SDAR): decoding attends
         block-causally, with blocks aligned from each row's position 0, and finished blocks'
         keys/values never change."""
-        return self.family in BLOCK_CAUSAL_FAMILIES
+        return self.BLOCK_CAUSAL
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
@@ -188,29 +186,17 @@ def is_lladamoe(cfg: dict) -> bool:
     )
 
 
-def config_from_dict(cfg: dict, source: str = "config", special_ids: dict[str, int] | None = None) -> Any:
-    """Parse a Hugging Face config dict of a supported family; errors name the offending field.
+def llada_config(cfg: dict, source: str, special_ids: dict[str, Any] | None = None) -> ModelConfig:
+    """A dense LLaDA config.json (its ids are in it: ``special_ids`` is not read)."""
+    return _checked_flat(_llada(cfg, source), source)
 
-    ``special_ids`` (``mask_token_id``/``eos_token_id``/``pad_token_id``) fill in what the config.json
-    of LLaDA2.0 or LLaDA-MoE lacks; ``load_config`` reads them from the directory's side files."""
-    model_type = cfg.get("model_type")
-    if model_type == "llada" and is_lladamoe(cfg):
-        return lladamoe_config(cfg, source, special_ids or {})
-    if model_type == "llada":
-        out = _llada(cfg, source)
-    elif model_type == "Dream":
-        out = _dream(cfg, source)
-    elif model_type == "llada2_moe":
-        return llada2_config(cfg, source, special_ids or {})
-    elif model_type == "sdar":
-        return sdar_config(cfg, source, special_ids or {})
-    elif model_type == "diffusion_gemma":
-        return DiffusionGemmaConfig.from_dict(cfg, source)
-    else:
-        raise ConfigError(
-            f"{source}: unknown model_type {model_type!r}; supported: 'llada' (LLaDA and LLaDA-MoE), "
-            "'Dream' (Dream), 'llada2_moe' (LLaDA2.0), 'sdar' (SDAR) and 'diffusion_gemma' (DiffusionGemma)"
-        )
+
+def dream_config(cfg: dict, source: str, special_ids: dict[str, Any] | None = None) -> ModelConfig:
+    """A Dream config.json (its ids are in it: ``special_ids`` is not read)."""
+    return _checked_flat(_dream(cfg, source), source)
+
+
+def _checked_flat(out: ModelConfig, source: str) -> ModelConfig:
     if out.d_model % out.n_heads:
         raise ConfigError(f"{source}: d_model {out.d_model} is not divisible by n_heads {out.n_heads}")
     _check_heads_and_ids(out, source, ("mask_token_id",))
@@ -231,29 +217,6 @@ def _check_heads_and_ids(
         value = getattr(out, _ID_FIELDS[name])
         if not 0 <= value < out.vocab_size:
             raise ConfigError(f"{source}: {name} {value} is outside the vocabulary ({out.vocab_size})")
-
-
-def load_config(model_dir: str | Path) -> Any:
-    """Read ``model_dir/config.json`` (and, for LLaDA2.0, LLaDA-MoE and SDAR, the special ids from its
-    side files; for SDAR also the stop list): a ``ModelConfig``, ``LLaDA2Config``, ``LLaDAMoEConfig``,
-    ``SDARConfig``, or for DiffusionGemma a ``DiffusionGemmaConfig`` (with generation_config.json's
-    end-of-sequence ids)."""
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        raise ConfigError(f"{path}: no config.json in model directory {model_dir}")
-    try:
-        cfg = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc})") from exc
-    if cfg.get("model_type") == "diffusion_gemma":
-        return load_diffusion_gemma_config(model_dir)
-    side_ids = cfg.get("model_type") in ("llada2_moe", "sdar") or (
-        cfg.get("model_type") == "llada" and is_lladamoe(cfg)
-    )
-    special = special_ids_from_dir(model_dir) if side_ids else None
-    if cfg.get("model_type") == "sdar":
-        special = {**special, "stop_token_ids": stop_ids_from_dir(model_dir)}
-    return config_from_dict(cfg, source=str(path), special_ids=special)
 
 
 # ---------------------------------------------------------------------------------------- LLaDA2.0
@@ -283,6 +246,7 @@ class LLaDA2Config(_SharedConfig):
     n_shared_experts: int  # the shared expert is one SwiGLU of n_shared_experts * moe_hidden
     routed_scaling_factor: float
     family: Literal["llada2_moe"] = "llada2_moe"
+    BLOCK_CAUSAL: ClassVar[bool] = True
 
     @property
     def n_moe_layers(self) -> int:
@@ -646,6 +610,7 @@ class SDARConfig(_SharedConfig):
     mlp_hidden: int
     block_size: int  # the block length the model was trained with (config.json ``block_size``)
     family: Literal["sdar"] = "sdar"
+    BLOCK_CAUSAL: ClassVar[bool] = True
 
     @property
     def rotary_dim(self) -> int:
@@ -724,3 +689,8 @@ def stop_ids_from_dir(model_dir: str | Path) -> list[int]:
             if value is not None:
                 return [int(v) for v in (value if isinstance(value, list) else [value])]
     return []
+
+
+def sdar_side_ids(model_dir: str | Path) -> dict[str, Any]:
+    """An SDAR directory's special ids and its stop list (``stop_token_ids``)."""
+    return {**special_ids_from_dir(model_dir), "stop_token_ids": stop_ids_from_dir(model_dir)}

@@ -157,16 +157,25 @@ class DiffusionGemmaConfig:
         return out
 
 
+def generation_eos_ids(model_dir: str | Path) -> dict[str, Any]:
+    """The end-of-sequence ids of ``generation_config.json`` when it names them (upstream's
+    ``generate`` stops on those: the released file lists 1 and 106, <end_of_turn>, where
+    config.json's text_config has only 1)."""
+    generation = Path(model_dir) / "generation_config.json"
+    if generation.is_file() and "eos_token_id" in (gen := json.loads(generation.read_text())):
+        return {"eos_token_id": gen["eos_token_id"]}
+    return {}
+
+
+def diffusion_gemma_config(cfg: dict[str, Any], source: str, special_ids: dict[str, Any]) -> DiffusionGemmaConfig:
+    """config.json with the end-of-sequence ids ``special_ids`` gives (``generation_eos_ids``)."""
+    return DiffusionGemmaConfig.from_dict({**cfg, **special_ids}, source)
+
+
 def load_diffusion_gemma_config(model_dir: str | Path) -> DiffusionGemmaConfig:
-    """``config.json``, with the end-of-sequence ids of ``generation_config.json`` when it names them
-    (upstream's ``generate`` stops on those: the released file lists 1 and 106, <end_of_turn>,
-    where config.json's text_config has only 1)."""
+    """``config.json``, with the end-of-sequence ids of ``generation_config.json``."""
     path = Path(model_dir) / "config.json"
     try:
-        raw = json.loads(path.read_text())
-        generation = Path(model_dir) / "generation_config.json"
-        if generation.is_file() and "eos_token_id" in (gen := json.loads(generation.read_text())):
-            raw = {**raw, "eos_token_id": gen["eos_token_id"]}
-        return DiffusionGemmaConfig.from_dict(raw, str(path))
+        return diffusion_gemma_config(json.loads(path.read_text()), str(path), generation_eos_ids(model_dir))
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read it ({exc})") from exc

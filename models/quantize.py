@@ -41,7 +41,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 QUANTIZE = ("int8", "int4")
 INT4_GROUP = 32  # contraction rows per int4 scale (smaller where the axis is not a multiple)
 QTYPES = {"int8": jnp.int8, "int4": jnp.int4}
-FAMILIES = ("llada", "dream", "llada2_moe", "lladamoe", "sdar")
 # The quantized parameters by name: LLaDA and Dream's stacked [L, in, out] projections, and
 # LLaDA2.0's and LLaDA-MoE's per layer group (``dense_``/``moe_`` + name): [L, in, out], the experts
 # [L, E, in, out].
@@ -101,11 +100,6 @@ def quantized_ragged_dot(x: jax.Array, w: qwix.QArray, group_sizes: jax.Array) -
 
 def is_quantized(w) -> bool:
     return isinstance(w, qwix.QArray)
-
-
-def check_family(family: str) -> None:
-    if family not in FAMILIES:
-        raise ValueError(f"quantize is not supported for the {family} family yet (supported: {', '.join(FAMILIES)})")
 
 
 def host_device() -> jax.Device:

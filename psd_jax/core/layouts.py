@@ -296,7 +296,7 @@ class FlatLayout(Layout):
 @dataclasses.dataclass(frozen=True, eq=False)
 class BlockCausalLayout(Layout):
     """Block-causal models: rows aligned to blocks from their own position 0 (``rows``), later
-    blocks never visible to earlier ones; ``stops``: the family's ``BlockStopRules`` (``families.FAMILIES``)."""
+    blocks never visible to earlier ones; ``stops``: the family's ``BlockStopRules`` (``models.FAMILIES``)."""
 
     rows: BlockLayout
     stops: BlockStopRules

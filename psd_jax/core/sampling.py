@@ -2,7 +2,7 @@
 
 Each family's upstream sampler turns a position's logits into its token and that token's
 confidence differently, and psd-jax follows each one (each family's ``Sampler``, registered with
-the family in ``families.FAMILIES``; ``SAMPLERS`` by family):
+the family in ``models.FAMILIES``; ``families.SAMPLERS`` by family):
 
 - **LLaDA**, and **LLaDA-MoE**, whose model card decodes it with LLaDA's ``generate.py``
   (``add_gumbel_noise`` then ``get_transfer_index``): the token is
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-# Each family's sampler is registered with the family (``families.FAMILIES``); ``predict`` and the
+# Each family's sampler is registered with the family (``models.FAMILIES``); ``predict`` and the
 # PyTorch backend read it through this module, beside the filters that apply it.
 from .families import SAMPLERS, Filter, FilterSettings, Sampler, filters_set, sampler_for
 

@@ -153,8 +153,8 @@ def abstract_params(cfg, mesh, quantize: str | None):
 
     model = nnx.eval_shape(lambda: model_class(cfg)(cfg, dtype=jnp.bfloat16))
     if quantize is not None:  # the projections as the loaders store them (models.quantize), abstractly
-        from models import param_shapes
-        from models.quantize import check_family, is_projection, quantize_weight
+        from models import check_family, param_shapes
+        from models.quantize import is_projection, quantize_weight
 
         check_family(cfg.family)
         for name in [name for name in param_shapes(cfg) if is_projection(name)]:

@@ -482,14 +482,34 @@ def test_compiling_for_traces_the_target_platform_forms():
     assert on_cpu()
 
 
-def test_every_config_class_has_one_family_registration():
-    """``models.FAMILIES`` holds each family once, keyed by its config class; a config of no
+def test_every_family_has_one_registration_that_every_reader_uses():
+    """``models.FAMILIES`` holds each family once, by its name: its golden directory loads through
+    it as its own family, the config class of every row is in ``AnyConfig``, a block-causal family
+    (and only one) has stop rules, and the decode's samplers are the registration's. A config of no
     registered family is refused by name instead of falling through to another family's module."""
     import typing
 
     import models
+    from psd_jax.core import families
 
-    assert set(typing.get_args(models.AnyConfig)) == set(models.FAMILIES)
-    assert all(models.family_of(f.config.__new__(f.config)) is f for f in models.FAMILIES.values())
+    goldens = {
+        "llada": "llada-tiny",
+        "dream": "dream-tiny",
+        "llada2_moe": "llada2-tiny",
+        "lladamoe": "lladamoe-tiny",
+        "sdar": "sdar-tiny",
+        "diffusion_gemma": "diffusion-gemma-tiny",
+    }
+    assert set(models.FAMILIES) == set(goldens)
+    assert {f.config for f in models.FAMILIES.values()} == set(typing.get_args(models.AnyConfig))
+    for name, family in models.FAMILIES.items():
+        cfg = models.load_config(GOLDENS / goldens[name])
+        assert (cfg.family, type(cfg)) == (name, family.config)
+        assert models.family_of(cfg) is family and models.model_class(cfg) is family.model
+        assert (family.stops is not None) == bool(getattr(cfg, "block_causal", False))
+        if family.sampler is not None:
+            assert families.sampler_for(name) is family.sampler
     with pytest.raises(TypeError, match="no model family is registered for object"):
         models.family_of(object())
+    with pytest.raises(ValueError, match="'llada' is not block-causal"):
+        families.block_stop_rules("llada")
