@@ -10,8 +10,6 @@ upstream's ``generate`` rounds ``max_new_tokens``."""
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -41,6 +39,7 @@ from .core.entropy_bound import (
     prepare,
 )
 from .core.errors import InputError
+from .core.placed_model import PlacedModel
 from .core.records import Generation, row_trace, tokens_before_stop
 from .core.runtime import row_keys
 from .core.trace import SETTLED
@@ -68,8 +67,17 @@ class LoadedDiffusionGemma(PromptIO):
         self.mesh = mesh
         self.graphdef, self.params = nnx.split(model)
         self.defaults = model_settings(path)  # the release's generation settings
-        self._compiled: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
-        self.max_programs: int | None = None  # compiled programs kept (least recently used out); None: all
+        # The compiled programs, kept as the other families' are (least recently used out).
+        self.placement = PlacedModel(self.graphdef, self.params, self.config, mesh, self.decode_text)
+
+    @property
+    def max_programs(self) -> int | None:
+        """Compiled programs kept (least recently used out); ``None``: all."""
+        return self.placement.max_programs
+
+    @max_programs.setter
+    def max_programs(self, value: int | None) -> None:
+        self.placement.max_programs = value
 
     def default_settings(self) -> DecodeConfig:
         """The release's settings (``generation_config.json``)."""
@@ -81,28 +89,15 @@ class LoadedDiffusionGemma(PromptIO):
 
     @property
     def compiled_programs(self) -> int:
-        return len(self._compiled)
+        return len(self.placement.programs)
 
     def clear_programs(self) -> None:
-        self._compiled.clear()
+        self.placement.clear_programs()
 
     def program_key(self, settings: DecodeConfig, gen_length: int) -> SamplerProgram:
         """What rows sharing a batch share (``serve.session.BlockEngine``): the sampler's program
         (steps and stopping; bounds, temperatures and confidences are each row's own)."""
         return EntropyBoundSettings.of(settings).replace_length(gen_length).program()
-
-    def _kept(self, key: tuple, compile_program) -> tuple[Any, float]:
-        """The program cached under ``key``, compiled by ``compile_program()`` if it is not (with
-        its seconds; 0.0 when cached); the least recently used dropped beyond ``max_programs``."""
-        if key in self._compiled:
-            self._compiled.move_to_end(key)
-            return self._compiled[key], 0.0
-        began = time.perf_counter()
-        with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
-            self._compiled[key] = compile_program()
-        while self.max_programs is not None and len(self._compiled) > self.max_programs:
-            self._compiled.popitem(last=False)
-        return self._compiled[key], time.perf_counter() - began
 
     def program(self, name: str, fn, args: tuple, static: dict, with_model: bool = False) -> tuple[Any, float]:
         """A ``core.entropy_bound_rows`` function compiled for ``args``' shapes and ``static``,
@@ -116,7 +111,7 @@ class LoadedDiffusionGemma(PromptIO):
                 return lambda *a: compiled(self.params, *a)
             return fn.lower(*args, **static).compile()
 
-        return self._kept(key, compile_program)
+        return self.placement.kept(key, compile_program)
 
     def start_rows(
         self,
@@ -184,7 +179,7 @@ class LoadedDiffusionGemma(PromptIO):
         run = self._on_devices(prepare(self.config, prompt_ids, prompt_mask.astype(bool), sampler, draws))
         program = sampler.program()
         key = ("decode", prompt_ids.shape, program, draws.key is None, dcfg.trace)
-        compiled, compile_seconds = self._kept(
+        compiled, compile_seconds = self.placement.kept(
             key, lambda: compile_decode(self.graphdef, self.params, run, program, dcfg.trace)
         )
         for _ in range(2 if warm and compile_seconds else 1):

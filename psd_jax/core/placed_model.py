@@ -6,6 +6,7 @@ shapes and ``runtime.Program``, least recently used out beyond ``max_programs``)
 a call's arrays (``on_devices``: rows split over the mesh; ``replicated``: whole on every device)
 and the ``Generation`` records of a decode's output (``results``). The library's loaded model holds
 one and ``block_decode.BlockDecode`` runs on one; the tokenizer stays above, given here as ``decode_text``.
+DiffusionGemma's loaded model keeps its sampler's programs here too (``kept``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from models import ModelConfig
+from models import AnyConfig
 
 from ..parallel.multihost import to_host
 from ..parallel.sharding import batch_sharding
@@ -40,7 +41,7 @@ class PlacedModel:
         self,
         graphdef: Any,
         params: Any,
-        config: ModelConfig,
+        config: AnyConfig,
         mesh: Mesh | None,
         decode_text: Callable[[Sequence[int]], str | None],
     ):
@@ -54,22 +55,27 @@ class PlacedModel:
         return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
 
     # ------------------------------------------------------------------------------- programs
-    def compile_with(self, fn, shapes: tuple, args: tuple, program: Program) -> tuple[Any, float]:
-        """``fn`` compiled ahead of time for ``args`` (cached by name ``shapes[0]``, the input
-        shapes ``shapes[1:]`` and settings; the least recently used program is dropped beyond
-        ``max_programs``), and the seconds its compilation took (0.0 when cached)."""
-        cache_key = (shapes[0], *(a.shape for a in shapes[1:]), program, self.config)
-        if cache_key in self.programs:
-            self.programs.move_to_end(cache_key)
-            return self.programs[cache_key], 0.0
+    def kept(self, key: tuple, compile_program: Callable[[], Any]) -> tuple[Any, float]:
+        """The program cached under ``key``, compiled under the mesh by ``compile_program()`` when it
+        is not, and the seconds that took (0.0 when cached); the least recently used program is
+        dropped beyond ``max_programs``."""
+        if key in self.programs:
+            self.programs.move_to_end(key)
+            return self.programs[key], 0.0
         began = time.perf_counter()
-        # Under the mesh, the engine pins the KV cache's sharding (sharding.constrain_kv_cache).
         with self.under_mesh():
-            compiled = fn.lower(self.graphdef, *args, mcfg=self.config, program=program).compile()
-        self.programs[cache_key] = compiled
+            compiled = compile_program()
+        self.programs[key] = compiled
         while self.max_programs is not None and len(self.programs) > self.max_programs:
             self.programs.popitem(last=False)
         return compiled, time.perf_counter() - began
+
+    def compile_with(self, fn, shapes: tuple, args: tuple, program: Program) -> tuple[Any, float]:
+        """``fn`` compiled ahead of time for ``args`` (``kept`` by name ``shapes[0]``, the input
+        shapes ``shapes[1:]`` and settings), and the seconds its compilation took."""
+        cache_key = (shapes[0], *(a.shape for a in shapes[1:]), program, self.config)
+        # Under the mesh, the engine pins the KV cache's sharding (sharding.constrain_kv_cache).
+        return self.kept(cache_key, lambda: fn.lower(self.graphdef, *args, mcfg=self.config, program=program).compile())
 
     def clear_programs(self) -> None:
         """Drop every compiled program (the loaded model's ``clear_programs``)."""

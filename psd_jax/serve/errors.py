@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
+
+from .json_object import JsonObject
+
 INVALID_REQUEST = "invalid_request_error"
 
 
@@ -36,7 +40,21 @@ def error_body(message: str, kind: str = INVALID_REQUEST, param: str | None = No
     """OpenAI's error object; the message and ``param`` may quote what the client sent (a field
     name with a lone surrogate), so they are made writable as UTF-8 first."""
     param = None if param is None else printable(param)
-    return {"error": {"message": printable(message), "type": kind, "param": param, "code": code}}
+    detail = ErrorDetail(message=printable(message), type=kind, param=param, code=code)
+    return ErrorResponse(error=detail).model_dump()
+
+
+class ErrorDetail(JsonObject):
+    message: str = Field(description="one line naming the problem")
+    type: str = Field(description="invalid_request_error or server_error")
+    param: str | None = Field(description="the field at fault, by its path (messages[0].role)")
+    code: str | None
+
+
+class ErrorResponse(JsonObject):
+    """Every refusal and failure, and a stream's last event when it fails."""
+
+    error: ErrorDetail
 
 
 def printable(text: str) -> str:

@@ -6,8 +6,8 @@ and the server's extensions: ``chat``, ``settings`` and every ``DecodeConfig`` f
 extension fields are made from ``DecodeConfig``'s dataclass fields (their types and
 ``FIELD_HELP`` for the schema), so a new setting is a request field without an edit here; they are
 checked by ``DecodeConfig`` itself (its messages name the field and its range), not twice. The
-response models describe the bodies ``responses.ResponseWriter`` writes (the tests hold the two
-together). FastAPI shows all of them at ``/docs`` and ``/openapi.json``, but never parses a body
+response models are the bodies: ``responses.ResponseWriter`` builds each answer and chunk as one,
+and ``errors`` each error (``ErrorResponse``). FastAPI shows all of them at ``/docs`` and ``/openapi.json``, but never parses a body
 with them: ``requests.parse_request`` does, behind ``body.read_json``'s bounds, and turns every
 problem into the server's own 400 (``errors.RequestError``), never FastAPI's 422.
 
@@ -26,7 +26,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     PlainValidator,
     StrictBool,
@@ -45,7 +44,8 @@ from ..core.config import CONFIDENCE_ALIASES, FIELD_HELP, DecodeConfig
 from ..core.trace import FIELDS as TRACE_FIELDS
 from ..prompts import SEED_LIMIT
 from ..recommended import SETTINGS_NAMES
-from .errors import RequestError
+from .errors import ErrorResponse, RequestError
+from .json_object import JsonObject
 
 MAX_STOP = 4  # stop strings, as OpenAI
 ROLES = ("system", "user", "assistant")
@@ -83,15 +83,8 @@ def _by_kind(branches: dict[type, TypeAdapter], what: str) -> WrapValidator:
     return WrapValidator(check)
 
 
-class _Object(BaseModel):
-    """A JSON object of the protocol: its fields' types are kept to the letter (no ``"3"`` for 3,
-    no ``true`` for 1), and a field it does not declare is refused rather than ignored."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
 # ------------------------------------------------------------------------------------ requests
-class StreamOptions(_Object):
+class StreamOptions(JsonObject):
     """``stream_options``, allowed with ``stream: true``."""
 
     include_usage: Annotated[StrictBool, expect("must be true or false")] | None = Field(
@@ -99,7 +92,7 @@ class StreamOptions(_Object):
     )
 
 
-class TextPart(_Object):
+class TextPart(JsonObject):
     """One part of a message's content; only text parts are taken."""
 
     type: Annotated[Literal["text"], expect("must be 'text' (only text parts are supported)")]
@@ -119,7 +112,7 @@ Content = Annotated[
 ]
 
 
-class ChatMessage(_Object):
+class ChatMessage(JsonObject):
     """One turn of a conversation; the turns go through the checkpoint's chat template."""
 
     role: Annotated[Literal[ROLES], expect(f"must be one of {', '.join(ROLES)}")]
@@ -214,7 +207,7 @@ PositiveInt = Annotated[StrictInt, Field(gt=0), expect("must be a positive integ
 Bool = Annotated[StrictBool, expect("must be true or false")]
 
 
-class _Request(_Object):
+class _Request(JsonObject):
     """The fields both endpoints share (the order is the order their errors are reported in)."""
 
     model: Annotated[StrictStr, expect("must be a string")] | None = Field(
@@ -227,7 +220,7 @@ class _Request(_Object):
     )
 
 
-class _Output(_Object):
+class _Output(JsonObject):
     """How the answer comes back, after the prompt and its length."""
 
     stop: (
@@ -287,7 +280,7 @@ class _ChatFields(_Request):
     max_completion_tokens: PositiveInt | None = Field(None, description="as max_tokens")
 
 
-def _request_model(name: str, fields: type[_Object], doc: str) -> type[_Object]:
+def _request_model(name: str, fields: type[JsonObject], doc: str) -> type[JsonObject]:
     """OpenAI's fields, then the output's, the neutral ones and ``DecodeConfig``'s (the schema
     page's order)."""
     output = {field: (info.annotation, info) for field, info in _Output.model_fields.items()}
@@ -312,7 +305,7 @@ ChatCompletionRequest = _request_model(
     _ChatFields,
     "`POST /v1/chat/completions`: OpenAI's fields, and every decoding setting (`DecodeConfig`) by name.",
 )
-REQUESTS: dict[str, type[_Object]] = {"completion": CompletionRequest, "chat": ChatCompletionRequest}
+REQUESTS: dict[str, type[JsonObject]] = {"completion": CompletionRequest, "chat": ChatCompletionRequest}
 PATHS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
@@ -395,7 +388,7 @@ def shown(value: Any) -> str:
 
 
 # ----------------------------------------------------------------------------------- responses
-class Usage(_Object):
+class Usage(JsonObject):
     """OpenAI's usage, and the diffusion decoder's cost (extension): model calls and tokens per call."""
 
     prompt_tokens: int
@@ -408,7 +401,7 @@ class Usage(_Object):
 _TRACE_TYPES: dict[str, Any] = {"kind": list[str]}  # the others hold integers
 Trace = create_model(
     "Trace",
-    __base__=_Object,
+    __base__=JsonObject,
     __doc__='Extension (`"trace": true`): when and how each generated position was written (docs/trace.md), '
     "from position `offset` of the generation.",
     offset=(int, ...),
@@ -420,7 +413,7 @@ Trace = create_model(
 FinishReason = Literal["stop", "length"]
 
 
-class _Choice(_Object):
+class _Choice(JsonObject):
     index: int
     finish_reason: FinishReason | None = Field(description="stop (EOS/EOT or a stop string) or length")
     logprobs: None
@@ -432,7 +425,7 @@ class CompletionChoice(_Choice):
     text: str
 
 
-class AssistantMessage(_Object):
+class AssistantMessage(JsonObject):
     role: Literal["assistant"]
     content: str
 
@@ -441,7 +434,7 @@ class ChatChoice(_Choice):
     message: AssistantMessage
 
 
-class ChatDelta(_Object):
+class ChatDelta(JsonObject):
     """A chunk's text; the first chunk of an answer also names the role."""
 
     role: Literal["assistant"] | None = None
@@ -452,7 +445,7 @@ class ChatChunkChoice(_Choice):
     delta: ChatDelta
 
 
-class _Answer(_Object):
+class _Answer(JsonObject):
     id: str
     created: int
     model: str
@@ -488,7 +481,7 @@ class ChatCompletionChunk(_Answer):
     usage: Usage | None = None
 
 
-class ModelCard(_Object):
+class ModelCard(JsonObject):
     id: str
     object: Literal["model"]
     created: int
@@ -496,22 +489,9 @@ class ModelCard(_Object):
     max_model_len: int = Field(description="extension: the model's context in tokens")
 
 
-class ModelList(_Object):
+class ModelList(JsonObject):
     object: Literal["list"]
     data: list[ModelCard]
-
-
-class ErrorDetail(_Object):
-    message: str = Field(description="one line naming the problem")
-    type: str = Field(description="invalid_request_error or server_error")
-    param: str | None = Field(description="the field at fault, by its path (messages[0].role)")
-    code: str | None
-
-
-class ErrorResponse(_Object):
-    """Every refusal and failure (errors.py), and a stream's last event when it fails."""
-
-    error: ErrorDetail
 
 
 # ---------------------------------------------------------------------------------- schema page
