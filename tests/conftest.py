@@ -27,14 +27,17 @@ os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAG
 # The command-line, multi-process and serving tests start processes that compile the programs other
 # tests' processes already compiled (the shipped model's, at its recommended setting, above all).
 # JAX's persistent compilation cache in one directory per pytest run (the xdist workers share the
-# run's id; their subprocesses inherit the variables) hands each program over compiled. A size cap
-# turns on the cache's file lock, so a process never reads an entry another is still writing; a
-# miss only compiles. The directory is removed when the run ends (``pytest_sessionfinish``).
+# run's id; their subprocesses inherit the variables) hands each program over compiled. Only
+# programs that took a second or more are written: writing every one (most are the tiny models'
+# sub-second programs, never compiled twice) made test_cache.py 85 s instead of 76, and a program that
+# fast costs a reader about what reading it back would. A size cap turns on the cache's file lock,
+# so a process never reads an entry another is still writing; a miss only compiles. The directory
+# is removed when the run ends (``pytest_sessionfinish``).
 COMPILE_CACHE_ROOT = Path(tempfile.gettempdir()) / "psd-jax-test-compile-cache"
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
     os.environ["JAX_COMPILATION_CACHE_DIR"] = str(COMPILE_CACHE_ROOT / _run_id)
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "1"
     os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(8 << 30)
 
 

@@ -61,6 +61,9 @@ from ..core.records import DecodeOutput
 from ..core.sampling import filters_set, sampler_for
 
 
+FAMILIES = ("llada", "dream")  # the families this backend's model (``torch_backend.model``) implements
+
+
 def check_supported(mcfg: ModelConfig, dcfg: DecodeConfig | None = None) -> None:
     """Refuse, by name, what this backend does not implement: block-causal families (LLaDA2.0's and
     SDAR's block diffusion, ``mcfg.block_causal``), families other than LLaDA and Dream, PSD's drafts into the next block,
@@ -76,7 +79,7 @@ def check_supported(mcfg: ModelConfig, dcfg: DecodeConfig | None = None) -> None
             f"the PyTorch backend does not implement block-causal decoding ({mcfg.family!r}: block diffusion); "
             "decode this model with the JAX engine (psd_jax.load_model)"
         )
-    if mcfg.family not in ("llada", "dream"):
+    if mcfg.family not in FAMILIES:
         raise InputError(
             f"the PyTorch backend implements the LLaDA and Dream families only, not {mcfg.family!r}; "
             "decode this model with the JAX engine (psd_jax.load_model)"

@@ -427,9 +427,7 @@ def test_unrolled_layers_equal_scanned_layers(name):
     np.testing.assert_allclose(
         np.asarray(scanned.model.window(*window)), np.asarray(unrolled.model.window(*window)), rtol=0, atol=LOGIT_ATOL
     )
-    settings = DecodeConfig(
-        gen_length=32, block_length=8, policy="threshold", threshold=0.7, decoder="psd", depth=3, cache="dual"
-    )
+    settings = DecodeConfig(gen_length=32, block_length=8, policy="threshold", threshold=0.7, cache="dual")
     prompts = [[5, 9, 31, 7], [12, 4, 4, 8, 100, 3]]
     a, b = scanned.generate(prompts, settings), unrolled.generate(prompts, settings)
     assert [(g.output_ids, g.nfe) for g in a] == [(g.output_ids, g.nfe) for g in b]
