@@ -60,6 +60,7 @@ from ..scoring import is_correct, load_jsonl
 from .flags import (
     EXIT_BAD_INPUT,
     ArgumentParser,
+    add_cluster_flags,
     add_decode_flags,
     add_problem_set_flags,
     decode_fields,
@@ -443,7 +444,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--all", action="store_true", help="every setting of the matrix, the opt-in ones too")
     p.add_argument("--list", action="store_true", help="list the decoder settings and exit")
     p.add_argument("--out", default="bench_out", help="output directory for JSON, Markdown and PNG")
-    multihost.add_flags(p)
+    add_cluster_flags(p)
     return p
 
 

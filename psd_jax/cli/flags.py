@@ -18,6 +18,7 @@ from models.config import DTYPE_NAMES
 from models.quantize import QUANTIZE
 
 from ..core.config import BOOL_FIELDS, CHOICES, FIELD_HELP, FLOAT_FIELDS, INT_FIELDS, DecodeConfig, DecodeConfigError
+from ..parallel.multihost import DEFAULT_HEARTBEAT_S, Cluster, ClusterError
 from ..recommended import RECOMMENDED_FILE, SETTINGS_NAMES, check_settings_name
 
 
@@ -143,3 +144,55 @@ def add_problem_set_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--prompt-bucket", type=positive_int, default=32, help="pad prompt lengths up to a multiple of this")
     add_weight_flags(p)
+
+
+# ------------------------------------------------------------------------ several processes
+def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
+    """The multi-process flags every front end takes."""
+    group = parser.add_argument_group(
+        "several processes (jax.distributed; docs/multi-host.md): run the same command in every process"
+    )
+    group.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="process 0's address, which every process connects to (with --num-processes and --process-id)",
+    )
+    group.add_argument("--num-processes", type=int, metavar="N", help="how many processes run the command")
+    group.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0 to N - 1")
+    group.add_argument(
+        "--distributed",
+        action="store_true",
+        help="join a cluster JAX detects by itself (Cloud TPU pod slices, SLURM, Open MPI) without the three flags",
+    )
+    group.add_argument(
+        "--heartbeat-timeout",
+        type=int,
+        default=DEFAULT_HEARTBEAT_S,
+        metavar="S",
+        help=f"seconds after which a silent process counts as dead and every process stops (default: {DEFAULT_HEARTBEAT_S})",
+    )
+
+
+def cluster_from_flags(args: argparse.Namespace) -> Cluster | None:
+    """The cluster the flags ask for (``None``: one process), or ``ClusterError``."""
+    explicit = {
+        "--coordinator": args.coordinator,
+        "--num-processes": args.num_processes,
+        "--process-id": args.process_id,
+    }
+    given = [name for name, value in explicit.items() if value is not None]
+    if args.heartbeat_timeout < 1:
+        raise ClusterError(f"--heartbeat-timeout must be at least 1 second, got {args.heartbeat_timeout}")
+    if not given:
+        return Cluster(heartbeat_timeout_s=args.heartbeat_timeout) if args.distributed else None
+    if len(given) < len(explicit):
+        missing = [name for name in explicit if name not in given]
+        raise ClusterError(f"{', '.join(given)} needs {' and '.join(missing)} too: give all three or none")
+    host, _, port = args.coordinator.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ClusterError(f"--coordinator must be HOST:PORT with a port from 1 to 65535, got {args.coordinator!r}")
+    if args.num_processes < 1:
+        raise ClusterError(f"--num-processes must be at least 1, got {args.num_processes}")
+    if not 0 <= args.process_id < args.num_processes:
+        raise ClusterError(f"--process-id must be from 0 to {args.num_processes - 1}, got {args.process_id}")
+    return Cluster(args.coordinator, args.num_processes, args.process_id, args.heartbeat_timeout)

@@ -23,6 +23,7 @@ from ..scoring import load_jsonl
 from .flags import (
     EXIT_BAD_INPUT,
     ArgumentParser,
+    add_cluster_flags,
     add_decode_flags,
     add_settings_flag,
     add_weight_flags,
@@ -85,7 +86,7 @@ def build_parser() -> ArgumentParser:
         help=f"replay each decode step by step after it ran ({MASK_GLYPH} for masks, each call's writes highlighted; "
         "plain lines when the output is not a terminal; it sets --trace); with no prompt, the first question's",
     )
-    multihost.add_flags(p)
+    add_cluster_flags(p)
     return p
 
 

@@ -23,7 +23,7 @@ from models import ModelConfig, load_config
 from ..core.config import ENTROPY_BOUND_FAMILY, DecodeConfig
 from ..model_dir import checked_settings, model_directory, precheck_settings
 from ..parallel import multihost
-from .flags import weight_options
+from .flags import cluster_from_flags, weight_options
 
 if TYPE_CHECKING:
     from ..api import LoadedModel
@@ -44,7 +44,7 @@ class FrontEndStart:
     def begin(cls, args: argparse.Namespace) -> FrontEndStart:
         """The cluster flags (when the front end has them) and the model directory, checked without
         reading a weight: ``ClusterError``, ``FileNotFoundError`` or ``CheckpointError`` first."""
-        cluster = multihost.cluster_from(args) if hasattr(args, "coordinator") else None
+        cluster = cluster_from_flags(args) if hasattr(args, "coordinator") else None
         model_dir = model_directory(args.model)
         return cls(args, model_dir, load_config(model_dir), cluster)
 

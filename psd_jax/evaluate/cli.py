@@ -32,7 +32,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from ..cli.flags import EXIT_BAD_INPUT, ArgumentParser
+from ..cli.flags import EXIT_BAD_INPUT, ArgumentParser, add_cluster_flags, cluster_from_flags
 from ..parallel import multihost
 from . import protocol_cli
 
@@ -61,12 +61,12 @@ REPORTING_FLAGS = {
 
 
 def split_cluster_flags(argv: list[str]) -> tuple[multihost.Cluster | None, list[str]]:
-    """psd-jax's multi-process flags (``multihost.add_flags``) out of ``argv``: (the cluster they
+    """psd-jax's multi-process flags (``flags.add_cluster_flags``) out of ``argv``: (the cluster they
     ask for, the harness's arguments)."""
     parser = ArgumentParser(prog="python -m psd_jax.evaluate", add_help=False, allow_abbrev=False)
-    multihost.add_flags(parser)
+    add_cluster_flags(parser)
     args, rest = parser.parse_known_args(argv)
-    return multihost.cluster_from(args), rest
+    return cluster_from_flags(args), rest
 
 
 def without_reporting(argv: list[str]) -> list[str]:

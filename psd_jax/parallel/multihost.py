@@ -7,7 +7,7 @@ global arrays, in the same order. A mesh then spans every process's devices
 (``convert``), and results come back to every process (``to_host``). What differs between the
 processes is what they say: only process 0 prints results and writes files (``is_main``).
 
-The front ends take the same flags (``add_flags``): ``--coordinator HOST:PORT --num-processes N
+The front ends take the same flags (``psd_jax.cli.flags.add_cluster_flags``): ``--coordinator HOST:PORT --num-processes N
 --process-id I`` (all three, for a cluster JAX cannot detect: a GPU cluster, or N processes on one
 machine), or ``--distributed`` alone (JAX's own detection: Cloud TPU pod slices, SLURM,
 Open MPI). On a CPU backend the cross-process collectives go through gloo, so the same commands
@@ -21,7 +21,6 @@ distributed service detected fatal errors"). The server notices sooner between c
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import functools
@@ -55,57 +54,6 @@ class Cluster:
         if self.detected:
             return "a cluster JAX detects"
         return f"process {self.process_id} of {self.num_processes}, coordinator {self.coordinator}"
-
-
-def add_flags(parser: argparse.ArgumentParser) -> None:
-    """The multi-process flags every front end takes."""
-    group = parser.add_argument_group(
-        "several processes (jax.distributed; docs/multi-host.md): run the same command in every process"
-    )
-    group.add_argument(
-        "--coordinator",
-        metavar="HOST:PORT",
-        help="process 0's address, which every process connects to (with --num-processes and --process-id)",
-    )
-    group.add_argument("--num-processes", type=int, metavar="N", help="how many processes run the command")
-    group.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0 to N - 1")
-    group.add_argument(
-        "--distributed",
-        action="store_true",
-        help="join a cluster JAX detects by itself (Cloud TPU pod slices, SLURM, Open MPI) without the three flags",
-    )
-    group.add_argument(
-        "--heartbeat-timeout",
-        type=int,
-        default=DEFAULT_HEARTBEAT_S,
-        metavar="S",
-        help=f"seconds after which a silent process counts as dead and every process stops (default: {DEFAULT_HEARTBEAT_S})",
-    )
-
-
-def cluster_from(args: argparse.Namespace) -> Cluster | None:
-    """The cluster the flags ask for (``None``: one process), or ``ClusterError``."""
-    explicit = {
-        "--coordinator": args.coordinator,
-        "--num-processes": args.num_processes,
-        "--process-id": args.process_id,
-    }
-    given = [name for name, value in explicit.items() if value is not None]
-    if args.heartbeat_timeout < 1:
-        raise ClusterError(f"--heartbeat-timeout must be at least 1 second, got {args.heartbeat_timeout}")
-    if not given:
-        return Cluster(heartbeat_timeout_s=args.heartbeat_timeout) if args.distributed else None
-    if len(given) < len(explicit):
-        missing = [name for name in explicit if name not in given]
-        raise ClusterError(f"{', '.join(given)} needs {' and '.join(missing)} too: give all three or none")
-    host, _, port = args.coordinator.rpartition(":")
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ClusterError(f"--coordinator must be HOST:PORT with a port from 1 to 65535, got {args.coordinator!r}")
-    if args.num_processes < 1:
-        raise ClusterError(f"--num-processes must be at least 1, got {args.num_processes}")
-    if not 0 <= args.process_id < args.num_processes:
-        raise ClusterError(f"--process-id must be from 0 to {args.num_processes - 1}, got {args.process_id}")
-    return Cluster(args.coordinator, args.num_processes, args.process_id, args.heartbeat_timeout)
 
 
 def start(cluster: Cluster | None) -> None:

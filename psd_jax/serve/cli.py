@@ -23,6 +23,7 @@ from ..api import InputError
 from ..cli.flags import (
     EXIT_BAD_INPUT,
     ArgumentParser,
+    add_cluster_flags,
     add_decode_flags,
     add_settings_flag,
     add_weight_flags,
@@ -128,7 +129,7 @@ def build_parser() -> ArgumentParser:
         "animates it; with --api-key it asks for the key)",
     )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    multihost.add_flags(p)
+    add_cluster_flags(p)
     return p
 
 

@@ -60,7 +60,6 @@ from ..core.predict import ENTROPY_EPS, sequences_forwarded
 from ..core.records import DecodeOutput
 from ..core.sampling import filters_set, sampler_for
 
-
 FAMILIES = ("llada", "dream")  # the families this backend's model (``torch_backend.model``) implements
 
 

@@ -31,6 +31,7 @@ from models import load_config
 from ..cli.flags import (
     EXIT_BAD_INPUT,
     ArgumentParser,
+    add_cluster_flags,
     add_decode_flags,
     add_problem_set_flags,
     decode_fields,
@@ -135,7 +136,7 @@ def build_parser() -> ArgumentParser:
         help="store the choice in the model directory's recommended.json, as the setting for this device's kind "
         "(or the modeled target's: gpu for h200, tpu for tpu-v5e)",
     )
-    multihost.add_flags(p)
+    add_cluster_flags(p)
     return p
 
 

@@ -229,16 +229,17 @@ def main(model: str, out: str, *rest: str) -> None:
     import argparse
 
     from psd_jax import load_model
+    from psd_jax.cli.flags import add_cluster_flags, cluster_from_flags
     from psd_jax.parallel import multihost
     from psd_jax.serve import cli
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--serve", type=int)
-    multihost.add_flags(parser)
+    add_cluster_flags(parser)
     args, cluster = parser.parse_args(rest), list(rest)
     if args.serve is not None:
         cluster = cluster[: cluster.index("--serve")] + cluster[cluster.index("--serve") + 2 :]
-    multihost.start(multihost.cluster_from(args))  # before any output is captured
+    multihost.start(cluster_from_flags(args))  # before any output is captured
     out_dir = Path(out)
     runs = run_front_ends(Path(model), cluster)
     runs["generate diffusion_gemma"] = diffusion_gemma_generate(cluster)

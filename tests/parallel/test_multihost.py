@@ -29,6 +29,7 @@ import pytest
 from paths import DEFAULT_MODEL, HELPERS, TEST_DATA
 from processes import free_port
 
+from psd_jax.cli.flags import add_cluster_flags, cluster_from_flags
 from psd_jax.parallel import multihost
 
 from conftest import OFFLINE
@@ -212,8 +213,8 @@ def test_losing_a_process_fails_requests_and_stops_the_server(cluster):
 
 def cluster_of(*argv: str):
     parser = argparse.ArgumentParser()
-    multihost.add_flags(parser)
-    return multihost.cluster_from(parser.parse_args(argv))
+    add_cluster_flags(parser)
+    return cluster_from_flags(parser.parse_args(argv))
 
 
 def test_cluster_flags_are_all_three_or_none():
