@@ -30,8 +30,9 @@ SETTINGS = {
         **LENGTHS, policy="threshold", threshold=0.9, decoder="psd", depth=5, draft_next_block=True
     ),
 }
-# With a cache the verifier is a window call, and each block starts with a full forward.
-SETTINGS["fixed-1-d15/prefix"] = SETTINGS["fixed-1-d15"].replace(cache="prefix")
+# With a cache the verifier is a window call, and each block starts with a full forward (at depth 7:
+# the drafts still cross into the next block, in half the verifier's canvases of depth 15).
+SETTINGS["fixed-1-d7/prefix"] = SETTINGS["fixed-1-d15"].replace(cache="prefix", depth=7)
 SETTINGS["threshold-d5/dual+v16"] = SETTINGS["threshold-d5"].replace(cache="dual", vicinity=16)
 
 
