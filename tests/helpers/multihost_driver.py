@@ -7,7 +7,7 @@ Runs, in this process, ``python -m psd_jax.generate`` for each setting of ``GENE
 prompt and one token-id prompt in one batch, JSON out) on MODEL_DIR (``word_model.with_tokenizer``),
 through its ``main`` with the given multi-process flags, so the processes of a cluster share one
 start-up and the programs one compile. Writes OUT_DIR/run-<process>.json: what each command printed
-and its exit code (and ``generate`` and ``tune`` of the tiny DiffusionGemma checkpoint). ``bench`` and
+and its exit code (and ``generate`` of the tiny DiffusionGemma checkpoint). ``bench`` and
 ``evaluate`` on several processes are tests/parallel/test_front_end_commands.py's (each started as a
 user starts it; they decode through the same ``generate`` as here). With ``--serve PORT`` it then
 runs ``python -m psd_jax.serve`` (``SERVE`` settings; process 0 listens on PORT) until the server
@@ -119,52 +119,6 @@ def diffusion_gemma_generate(cluster: list[str]) -> dict:
     return captured(generate.main, argv + cluster)
 
 
-# The tuner on the tiny DiffusionGemma checkpoint (with a character-level tokenizer) over
-# ``DG_OWN_MESH``, at ``DG_OWN``'s length (64 ids) in batches of 2: its smallest search (the
-# release's settings with 6 steps as the base; two candidates, one rung, two confirmation problems),
-# model calls the objective so that no clock decides. bench and the harness decode through the same
-# ``generate`` (``generate diffusion_gemma``) and split their work across processes as they do for
-# the other families (tests/parallel/test_front_end_commands.py); the tuner adds its log, read back
-# through process 0.
-DG_PROBLEMS = [{"question": f"What is {i}+{i}?", "answer": str(2 * i)} for i in range(4)]
-DG_UNCOMPARED = {"seconds", "compile_seconds", "time", "date", "model", "log", "processes", "data", "path"}
-
-
-def untimed(tree):
-    """``tree`` without what differs between two runs that decode alike: times and paths."""
-    if isinstance(tree, dict):
-        return {k: untimed(v) for k, v in tree.items() if k not in DG_UNCOMPARED}
-    if isinstance(tree, list):
-        return [untimed(v) for v in tree]
-    return tree
-
-
-def diffusion_gemma_tune(out_dir: Path, cluster: list[str]) -> dict:
-    """``python -m psd_jax.tune`` of the tiny DiffusionGemma checkpoint on ``DG_OWN_MESH`` through
-    its ``main`` with ``cluster``'s flags (without them, one process of the same mesh:
-    sharded_decode's reference): the exit code and what it printed, and on process 0 the report and
-    log it wrote, without times and paths."""
-    from diffusion_gemma_goldens import tiny_with_tokenizer
-
-    from psd_jax.tuning import cli as tune
-
-    root = out_dir / f"diffusion-gemma-tune-{process_index(cluster)}-{len(cluster)}"
-    model = tiny_with_tokenizer(root / "model")
-    data, confirm = root / "dev.jsonl", root / "confirm.jsonl"
-    data.write_text("".join(json.dumps(p) + "\n" for p in DG_PROBLEMS[:2]))
-    confirm.write_text("".join(json.dumps(p) + "\n" for p in DG_PROBLEMS[2:]))
-    argv = ["--model", str(model), "--data", str(data), "--confirm-data", str(confirm), "--batch", "2"]
-    argv += ["--gen-length", "64", "--mesh", DG_OWN_MESH, "--space", "small", "--rungs", "2"]
-    argv += ["--base", "entropy-bound-0.1-s6", "--max-loss", "0", "--confirm-z", "0", "--objective", "calls"]
-    run = captured(tune.main, [*argv, "--out", str(root / "tune"), *cluster])
-    if process_index(cluster) == 0:
-        log = (root / "tune" / "tune.jsonl").read_text().splitlines()
-        run["written"] = untimed(
-            {"report": json.loads((root / "tune" / "tune.json").read_text()), "log": list(map(json.loads, log))}
-        )
-    return run
-
-
 DG_SERVED_NAME = "diffusion-gemma-tiny"
 DG_START_S = 300  # process 0's wait for its DiffusionGemma server to answer /health
 
@@ -243,7 +197,6 @@ def main(model: str, out: str, *rest: str) -> None:
     out_dir = Path(out)
     runs = run_front_ends(Path(model), cluster)
     runs["generate diffusion_gemma"] = diffusion_gemma_generate(cluster)
-    runs["tune diffusion_gemma"] = diffusion_gemma_tune(out_dir, cluster)
     if args.serve is not None:  # a DiffusionGemma server on these processes, stopped before the next one
         runs["serve diffusion_gemma"] = diffusion_gemma_served(cluster)
     # A running batch that grows, takes joined rows and shrinks, its programs split over both processes.

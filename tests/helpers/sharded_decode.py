@@ -177,14 +177,7 @@ def front_end_references(word_model: str, out: str) -> dict:
 
     from psd_jax.model_dir import model_settings
 
-    from multihost_driver import (
-        PROMPT_BUCKET,
-        SERVE_MESH,
-        SERVE_PROMPTS,
-        TEXT_REFERENCE,
-        diffusion_gemma_tune,
-        run_front_ends,
-    )
+    from multihost_driver import PROMPT_BUCKET, SERVE_MESH, SERVE_PROMPTS, TEXT_REFERENCE, run_front_ends
 
     # generate once (its printed text); the other settings' tokens are the mesh decodes' above.
     runs = run_front_ends(Path(word_model), [], settings_run=[TEXT_REFERENCE])
@@ -194,7 +187,6 @@ def front_end_references(word_model: str, out: str) -> dict:
     answers = [{"text": g.text, "token_ids": g.output_ids[: g.tokens], "model_calls": g.nfe} for g in served]
     single = load_model(word_model)
     block_decode = [[g.output_ids, g.nfe] for p, s in SERVE_ROWS for g in single.generate([p], s, prompt_bucket=16)]
-    runs["tune diffusion_gemma"] = diffusion_gemma_tune(Path(out), [])
     return {"runs": runs, "served": answers, "block_decode_reference": block_decode}
 
 

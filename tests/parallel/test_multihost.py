@@ -124,19 +124,6 @@ def test_diffusion_gemma_generate_equals_one_process(cluster, sharded_run):
     assert len(got) == 2 and got == sharded_run["diffusion_gemma"]["own_reference"]
 
 
-def test_diffusion_gemma_tune_on_two_processes_writes_what_one_process_writes(cluster, sharded_run):
-    """``python -m psd_jax.tune`` of DiffusionGemma with rows over ``data`` across the two processes:
-    process 0 writes the report and log one process of the same mesh writes (its candidates, each
-    one's calls and the choice), and process 1 prints nothing."""
-    runs = [cluster.run(i)["tune diffusion_gemma"] for i in range(2)]
-    want = sharded_run["front_ends"]["runs"]["tune diffusion_gemma"]
-    assert [runs[0]["code"], runs[1]["code"], want["code"]] == [0, 0, 0]
-    assert runs[1]["stdout"] == "", "only process 0 prints"
-    report = runs[0]["written"]["report"]
-    assert set(report["candidates"]) == {"entropy-bound-1-s6", "entropy-bound-1-s24"} and report["choice"] is not None
-    assert runs[0]["written"] == want["written"]
-
-
 def test_diffusion_gemma_server_on_two_processes_answers_as_generate(cluster, sharded_run):
     """``python -m psd_jax.serve`` of DiffusionGemma on data=2,model=4 across the two processes:
     concurrent requests (a row joining a running batch) each get ``generate``'s ids and calls of it
