@@ -29,7 +29,7 @@ from .core.block_decode import BlockDecode
 from .core.config import ENTROPY_BOUND_FAMILY, DecodeConfig
 from .core.engine import decode
 from .core.errors import InputError
-from .core.placed_model import PlacedModel
+from .core.placed_model import PlacedModel, placed_attribute
 from .core.records import DecodeOutput, Generation
 from .core.runtime import Program, RowValues, row_keys
 from .model_dir import model_directory
@@ -39,11 +39,6 @@ from .prompts import PromptIO, left_pad
 from .tokenizer import load_tokenizer, resolve_special_ids
 
 DTYPES = {name: getattr(jnp, name) for name in DTYPE_NAMES}
-
-
-def _placed(name: str, doc: str) -> property:
-    """``LoadedModel``'s attribute ``name``: its ``PlacedModel``'s, read and set through it."""
-    return property(lambda lm: getattr(lm.placed, name), lambda lm, value: setattr(lm.placed, name, value), doc=doc)
 
 
 class LoadedModel(PromptIO):
@@ -61,11 +56,11 @@ class LoadedModel(PromptIO):
         self._forward = jax.jit(lambda params, ids, mask: nnx.merge(self.graphdef, params)(ids, mask))
 
     # The placed model's, read and set here as a loaded model's own.
-    config = _placed("config", "the model's config, special ids resolved (``ModelConfig``)")
-    graphdef = _placed("graphdef", "the model's graph (``nnx.split``)")
-    params = _placed("params", "the model's parameters (``nnx.split``), on their devices")
-    mesh = _placed("mesh", "the mesh the parameters are sharded over; ``None``: one device")
-    max_programs = _placed("max_programs", "compiled programs kept (least recently used out); ``None``: all")
+    config = placed_attribute("config", "the model's config, special ids resolved (``ModelConfig``)")
+    graphdef = placed_attribute("graphdef", "the model's graph (``nnx.split``)")
+    params = placed_attribute("params", "the model's parameters (``nnx.split``), on their devices")
+    mesh = placed_attribute("mesh", "the mesh the parameters are sharded over; ``None``: one device")
+    max_programs = placed_attribute("max_programs", "compiled programs kept (least recently used out); ``None``: all")
 
     # ------------------------------------------------------------------------------ logits
     def logits(self, input_ids, attention_mask=None) -> jax.Array:

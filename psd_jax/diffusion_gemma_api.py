@@ -39,7 +39,7 @@ from .core.entropy_bound import (
     prepare,
 )
 from .core.errors import InputError
-from .core.placed_model import PlacedModel
+from .core.placed_model import PlacedModel, placed_attribute
 from .core.records import Generation, row_trace, tokens_before_stop
 from .core.runtime import row_keys
 from .core.trace import SETTLED
@@ -63,21 +63,16 @@ class LoadedDiffusionGemma(PromptIO):
         self.model = model
         self.tokenizer = tokenizer
         self.path = path
-        self.config: DiffusionGemmaConfig = model.config
-        self.mesh = mesh
-        self.graphdef, self.params = nnx.split(model)
         self.defaults = model_settings(path)  # the release's generation settings
-        # The compiled programs, kept as the other families' are (least recently used out).
-        self.placement = PlacedModel(self.graphdef, self.params, self.config, mesh, self.decode_text)
+        # Graph, parameters, config, mesh and the compiled programs (least recently used out), held
+        # as the other families' are; ``placed`` (below) is this family's placement of host arrays.
+        self.placement = PlacedModel(*nnx.split(model), model.config, mesh, self.decode_text)
 
-    @property
-    def max_programs(self) -> int | None:
-        """Compiled programs kept (least recently used out); ``None``: all."""
-        return self.placement.max_programs
-
-    @max_programs.setter
-    def max_programs(self, value: int | None) -> None:
-        self.placement.max_programs = value
+    config = placed_attribute("config", "the model's config (``DiffusionGemmaConfig``)", "placement")
+    graphdef = placed_attribute("graphdef", "the model's graph (``nnx.split``)", "placement")
+    params = placed_attribute("params", "the model's parameters (``nnx.split``), on their devices", "placement")
+    mesh = placed_attribute("mesh", "the mesh the parameters are sharded over; ``None``: one device", "placement")
+    max_programs = placed_attribute("max_programs", "compiled programs kept; ``None``: all", "placement")
 
     def default_settings(self) -> DecodeConfig:
         """The release's settings (``generation_config.json``)."""

@@ -32,6 +32,16 @@ from .records import DecodeOutput, Generation, generations
 from .runtime import Program
 
 
+def placed_attribute(name: str, doc: str, holder: str = "placed") -> property:
+    """A loaded model's attribute ``name``, read and set on the ``PlacedModel`` it holds as
+    ``holder``: one copy of the graph, parameters, config, mesh and ``max_programs``."""
+    return property(
+        lambda lm: getattr(getattr(lm, holder), name),
+        lambda lm, value: setattr(getattr(lm, holder), name, value),
+        doc=doc,
+    )
+
+
 class PlacedModel:
     """The graph and parameters of a model (``nnx.split``), its ``config`` (special ids resolved),
     the ``mesh`` its parameters are sharded over (``None``: one device), ``decode_text`` (generated
