@@ -170,12 +170,3 @@ def generation_eos_ids(model_dir: str | Path) -> dict[str, Any]:
 def diffusion_gemma_config(cfg: dict[str, Any], source: str, special_ids: dict[str, Any]) -> DiffusionGemmaConfig:
     """config.json with the end-of-sequence ids ``special_ids`` gives (``generation_eos_ids``)."""
     return DiffusionGemmaConfig.from_dict({**cfg, **special_ids}, source)
-
-
-def load_diffusion_gemma_config(model_dir: str | Path) -> DiffusionGemmaConfig:
-    """``config.json``, with the end-of-sequence ids of ``generation_config.json``."""
-    path = Path(model_dir) / "config.json"
-    try:
-        return diffusion_gemma_config(json.loads(path.read_text()), str(path), generation_eos_ids(model_dir))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read it ({exc})") from exc

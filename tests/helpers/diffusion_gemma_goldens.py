@@ -12,15 +12,15 @@ from paths import GOLDENS
 from safetensors.numpy import load_file
 
 from convert.diffusion_gemma import read_params
+from models import load_config
 from models.diffusion_gemma import DiffusionGemma
-from models.diffusion_gemma_config import load_diffusion_gemma_config
 
 TINY = GOLDENS / "diffusion-gemma-tiny"
 
 
 def tiny_model() -> DiffusionGemma:
     """The tiny checkpoint through the converter, in float32."""
-    cfg = load_diffusion_gemma_config(TINY)
+    cfg = load_config(TINY)
     return DiffusionGemma.from_params(cfg, read_params(TINY, cfg))
 
 

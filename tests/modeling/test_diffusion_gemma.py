@@ -20,9 +20,9 @@ from safetensors.numpy import load_file
 
 from convert.diffusion_gemma import expected_keys, from_mapping, read_params
 from convert.safetensors_dir import CheckpointError
-from models import ConfigError
+from models import ConfigError, load_config
 from models.diffusion_gemma import DiffusionGemma, active_param_count, is_quantized_name, param_count
-from models.diffusion_gemma_config import DiffusionGemmaConfig, load_diffusion_gemma_config
+from models.diffusion_gemma_config import DiffusionGemmaConfig
 
 FULL = HF_CONFIGS / "DiffusionGemma-26B-A4B"
 LOGIT_ATOL = 1e-4  # float32 against upstream's float32 (float32 vs float64 logits differ by <= 3.2e-5)
@@ -69,7 +69,7 @@ def test_encoder_cache_and_denoiser_logits_equal_upstream(model, name):
 def test_full_size_key_table_and_parameter_counts_equal_upstream():
     """The 26B-A4B config: every text tensor ``save_pretrained`` writes, by name and shape, is the
     converter's table; the parameter counts are upstream's (tied weights once, self-conditioning in)."""
-    cfg = load_diffusion_gemma_config(FULL)
+    cfg = load_config(FULL)
     names = json.loads((FULL / "weight_names.json").read_text())
     written = {
         w["name"]: tuple(w["shape"])
@@ -89,7 +89,7 @@ def test_full_size_model_builds_and_runs_abstractly():
     """The 26B-A4B module in bfloat16 without allocating it (``eval_shape``): 50.5 GB of weights
     (the text parameters and 60 layer scales), and an encoder call on a 64-token prompt then a
     self-conditioned denoiser call on a 256-position canvas give float32 logits over the vocabulary."""
-    cfg = load_diffusion_gemma_config(FULL)
+    cfg = load_config(FULL)
     model = nnx.eval_shape(lambda: DiffusionGemma(cfg, dtype=jnp.bfloat16))
     weights = jax.tree.leaves(nnx.state(model, nnx.Param))
     assert sum(math.prod(w.shape) * w.dtype.itemsize for w in weights) == 2 * param_count(cfg) + 2 * 60
@@ -106,7 +106,7 @@ def test_full_size_model_builds_and_runs_abstractly():
 
 
 def test_a_checkpoint_not_of_the_config_is_refused_by_name():
-    cfg = load_diffusion_gemma_config(TINY)
+    cfg = load_config(TINY)
     tensors = load_file(TINY / "model.safetensors")
     name = "model.decoder.layers.1.mlp.up_proj.weight"
     with pytest.raises(CheckpointError, match=rf"the checkpoint has no {name}"):
@@ -160,7 +160,7 @@ def test_quantized_logits_equal_the_dequantized_weights_product_and_int8_stays_n
     tests/modeling/test_quantize.py's bound (6% of the largest logit), top-1 agreeing at 95%; the
     rest are positions whose routed experts change (the tiny checkpoint's random router is near
     uniform: with only the dense projections quantized the largest error is the same)."""
-    cfg = load_diffusion_gemma_config(TINY)
+    cfg = load_config(TINY)
     params = read_params(TINY, cfg)
     quantized = DiffusionGemma.from_params(cfg, params, quantize=quantize)
     names = [name for name in params if is_quantized_name(name)]
