@@ -381,13 +381,21 @@ class DiffusionGemma(nnx.Module):
         cache: Cache,
         sc_logits: jax.Array | None = None,
         sc_on: jax.Array | None = None,
+        *,
+        sc_probs: jax.Array | None = None,
     ) -> jax.Array:
         """Float32 soft-capped logits [B, C, V] of ``canvas`` [B, C] at ``positions`` [B, C], attending
         to ``cache`` and the whole canvas; ``sc_logits`` [B, C, V] the previous step's processed
         logits (None: the first step of a canvas, no self-conditioning), ``sc_on`` [B] the rows they
-        condition (the others as without them: upstream's ``self_conditioning_mask``)."""
+        condition (the others as without them: upstream's ``self_conditioning_mask``).
+        ``sc_probs``, their softmax in float32, in place of ``sc_logits`` where the caller has it
+        already (the sampler computes it for the step's entropy and draws)."""
         cfg = self.config
-        x = self._sc_input(canvas, sc_logits, sc_on)
+        if sc_logits is not None and sc_probs is not None:
+            raise ValueError("denoise takes sc_logits or sc_probs, not both")
+        if sc_logits is not None:
+            sc_probs = jax.nn.softmax(sc_logits.astype(jnp.float32), axis=-1)
+        x = self._sc_input(canvas, sc_probs, sc_on)
         batch, length = canvas.shape
         canvas_mask = jnp.ones((batch, length, length), bool)
         window_start = positions[:, :1] - (cfg.sliding_window - 1)  # a sliding layer's oldest cached position
@@ -412,13 +420,13 @@ class DiffusionGemma(nnx.Module):
         scale = jnp.asarray(self.config.embed_scale, jnp.float32).astype(self.dtype)
         return self.embed[...][ids] * scale
 
-    def _sc_input(self, canvas: jax.Array, sc_logits: jax.Array | None, sc_on: jax.Array | None) -> jax.Array:
+    def _sc_input(self, canvas: jax.Array, sc_probs: jax.Array | None, sc_on: jax.Array | None) -> jax.Array:
         cfg = self.config
         e = self._embed(canvas)
-        if sc_logits is None:
+        if sc_probs is None:
             soft = jnp.zeros_like(e)
         else:
-            probs = jax.nn.softmax(sc_logits.astype(jnp.float32), axis=-1).astype(self.dtype)
+            probs = sc_probs.astype(self.dtype)
             scale = jnp.asarray(cfg.embed_scale, jnp.float32).astype(self.dtype)
             soft = jnp.einsum("bcv,vd->bcd", probs, self.embed[...]) * scale
             if sc_on is not None:

@@ -1,5 +1,5 @@
-"""The mixture-of-experts feed-forward of LLaDA2.0 and LLaDA-MoE: the router's choice and the
-dropless expert compute.
+"""The mixture-of-experts feed-forward of LLaDA2.0, LLaDA-MoE and DiffusionGemma: the router's choice
+and the dropless expert compute.
 
 Routing (``route``) follows upstream ``LLaDA2MoeGate`` exactly: logits in float32, sigmoid scores,
 ``expert_bias`` added only to choose experts, group-limited top-k (keep the ``topk_group``
@@ -9,11 +9,11 @@ the lower index (``lax.top_k``'s rule), for groups and experts alike. LLaDA-MoE'
 (``softmax_route``, OLMoE's rule) is a float32 softmax over all experts and its top-k, not renormalised.
 
 Experts (``routed_experts``) are dropless and exact: every token gets exactly its k experts. The
-(token, expert) assignments are sorted by expert and run as one grouped matrix product per
-projection (``grouped_matmul``), so the work is about the active parameters, not all experts for
-every token: the FLOPs XLA reports against the active-parameter ideal are in docs/cost-model.md
-(``scripts/figures/moe_cost.py``). The outputs are unsorted and combined with the routing weights in
-float32, rounded once, as upstream's ``moe_infer``.
+(token, expert) assignments are sorted by expert; on TPU they run as one grouped matrix product per
+projection (``ragged_matmul``), elsewhere in slots of a few rows per expert that read the expert
+weights in place (``expert_slots``). The work against the active-parameter ideal and the time
+are in docs/cost-model.md (``scripts/figures/moe_cost.py``). The outputs are unsorted and combined
+with the routing weights in float32, rounded once, as upstream's ``moe_infer``.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .quantize import fitted_specs, is_quantized, quantized_ragged_dot, quantized_tile_matmul
+from .quantize import fitted_specs, is_quantized, quantized_expert_matmul, quantized_ragged_dot
 from .transformer import on_tpu
 
-MAX_TILE = 128
+MIN_SLOT_ROWS, MAX_SLOT_ROWS = 8, 32
 
 
 def route(
@@ -75,56 +75,64 @@ def softmax_route(x: jax.Array, router: jax.Array, *, top_k: int) -> tuple[jax.A
     return chosen.astype(jnp.int32), weights
 
 
-def tile_size(assignments: int, n_experts: int) -> int:
-    """Rows per tile of ``grouped_matmul``: a power of two near half the mean group size, so that
-    padding each expert's group to whole tiles adds at most about half the work (1 when
-    there are about as many assignments as experts, as in decoding)."""
-    mean = assignments // (2 * n_experts)
-    return int(min(MAX_TILE, 1 << max(0, mean.bit_length() - 1))) if mean > 0 else 1
+def slot_rows(assignments: int, n_experts: int, tokens: int) -> int:
+    """Rows per expert in one slot of ``expert_slots``: the power of two at or above twice the mean
+    group size, within [8, 32] and at most ``tokens`` (no group is larger: a token picks an expert
+    once). With balanced routing one slot covers every group; fewer slots mean fewer reads of the
+    expert weights, which is what the product waits on at decoding sizes."""
+    mean = -(-assignments // n_experts)
+    rows = min(MAX_SLOT_ROWS, max(MIN_SLOT_ROWS, 1 << (2 * mean - 1).bit_length()))
+    return int(max(1, min(rows, tokens)))
 
 
-def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, tile: int | None = None) -> jax.Array:
-    """``x[r] @ w[g(r)]`` for rows x [R, K] sorted by group, ``group_sizes`` [G] rows each; w [G, K, N].
+def expert_slots(xs: jax.Array, sizes: jax.Array, w_gate, w_up, w_down, swiglu, rows: int) -> jax.Array:
+    """Each expert's MLP on its rows of xs [R, D], sorted by expert with ``sizes`` [E] rows each (rows
+    after ``sizes.sum()`` belong to no expert here and come back as zeros), in xs's dtype.
 
-    XLA has no grouped GEMM outside TPU: ``jax.lax.ragged_dot`` on CPU and GPU lowers to a dense
-    product of every row with every group's weights (G times the work, measured in
-    docs/cost-model.md), so this pads each group to whole tiles of ``tile`` rows and runs one
-    batched product of tiles against their group's weights. The work is
-    ``(R + G_used * (tile - 1)) * K * N`` multiply-adds with G_used <= min(G, R) groups present;
-    the weights are read once per tile. TPU keeps ``ragged_dot`` (its native grouped kernel).
-    Products accumulate in float32 and round once to x's dtype.
+    XLA has no grouped GEMM outside TPU (``jax.lax.ragged_dot`` on CPU and GPU lowers to a dense
+    product of every row with every expert), so the groups are cut into slots: slot s holds rows
+    ``s * rows .. (s + 1) * rows - 1`` of every expert's group, zero-padded, as one [E, rows, D]
+    batch, and a ``while_loop`` runs one batched product per projection against the whole expert
+    stack per slot, until the largest group is covered (``ceil(max(sizes) / rows)`` slots: at most
+    ``ceil(tokens / rows)``, the dense product's work, whatever the routing). The weights are read
+    in place, never gathered or copied. Products accumulate in float32 and round once to xs's dtype,
+    each row's exactly as one expert's product; ``w_up`` None means ``w_gate`` holds both
+    (``interleave_gate_up``). Quantized weights (``qwix.QArray``) go through ``qwix.einsum``."""
+    total = xs.shape[0]
+    start = jnp.cumsum(sizes) - sizes
+    n_slots = (jnp.max(sizes) + rows - 1) // rows
 
-    A quantized ``w`` (a ``qwix.QArray``, ``models.quantize``) goes through qwix: ``qwix.ragged_dot``
-    on TPU; elsewhere the tiles' experts are gathered from the integers and their scales (a
-    ``QArray`` indexes along its expert axis, which has a scale per expert) and multiplied by
-    ``qwix.einsum``.
-    """
-    if on_tpu():
+    def product(a, w):
         if is_quantized(w):
-            return quantized_ragged_dot(x, w, group_sizes).astype(x.dtype)
-        out = jax.lax.ragged_dot(x, w, group_sizes, preferred_element_type=jnp.float32)
-        return out.astype(x.dtype)
-    rows, n_groups = x.shape[0], w.shape[0]
-    tile = tile or tile_size(rows, n_groups)
-    n_tiles = -(-(rows + min(n_groups, rows) * (tile - 1)) // tile)
-    sizes = group_sizes.astype(jnp.int32)
-    tiles_per_group = (sizes + tile - 1) // tile
-    tile_end = jnp.cumsum(tiles_per_group)  # [G]: first tile after group g
-    row_start = jnp.cumsum(sizes) - sizes
-    group_of_row = jnp.searchsorted(jnp.cumsum(sizes), jnp.arange(rows), side="right", method="compare_all")
-    group_of_row = jnp.minimum(group_of_row, n_groups - 1)
-    padded_row = (tile_end - tiles_per_group)[group_of_row] * tile + jnp.arange(rows) - row_start[group_of_row]
-    group_of_tile = jnp.minimum(
-        jnp.searchsorted(tile_end, jnp.arange(n_tiles), side="right", method="compare_all"), n_groups - 1
-    )
-    xt = jnp.zeros((n_tiles * tile, x.shape[1]), x.dtype).at[padded_row].set(x, unique_indices=True)
-    xt = xt.reshape(n_tiles, tile, x.shape[1])
-    tile_weights = w[group_of_tile]
+            return quantized_expert_matmul(a, w).astype(xs.dtype)
+        return jnp.einsum("emk,ekn->emn", a, w, preferred_element_type=jnp.float32).astype(xs.dtype)
+
+    def slot(s, out):
+        r = s * rows + jnp.arange(rows)
+        present = r[None, :] < sizes[:, None]  # [E, rows]
+        index = jnp.where(present, start[:, None] + r[None, :], total)  # total: no row (dropped)
+        xe = jnp.take(xs, index, axis=0, mode="fill", fill_value=0)
+        if w_up is None:
+            both = product(xe, w_gate)
+            h = swiglu(both[..., 0::2], both[..., 1::2])
+        else:
+            h = swiglu(product(xe, w_gate), product(xe, w_up))
+        ye = product(h, w_down)
+        return out.at[index.reshape(-1)].set(ye.reshape(-1, ye.shape[-1]), mode="drop", unique_indices=True)
+
+    # The first slot outside the loop: its result carries the inputs' types, which under
+    # ``shard_map`` vary over the mesh axes the weights are split on, as the loop's carry must.
+    first = slot(0, jnp.zeros((total, w_down.shape[-1]), xs.dtype))
+    return jax.lax.fori_loop(1, n_slots, slot, first)
+
+
+def ragged_matmul(x: jax.Array, w, group_sizes: jax.Array) -> jax.Array:
+    """``x[r] @ w[g(r)]`` for rows x [R, K] sorted by group, ``group_sizes`` [G] rows each, w [G, K, N],
+    by ``jax.lax.ragged_dot`` (TPU's native grouped kernel; ``qwix.ragged_dot`` for quantized
+    weights), accumulated in float32 and rounded once to x's dtype."""
     if is_quantized(w):
-        out = quantized_tile_matmul(xt, tile_weights).astype(x.dtype)
-    else:
-        out = jnp.einsum("tmk,tkn->tmn", xt, tile_weights, preferred_element_type=jnp.float32).astype(x.dtype)
-    return out.reshape(n_tiles * tile, -1)[padded_row]
+        return quantized_ragged_dot(x, w, group_sizes).astype(x.dtype)
+    return jax.lax.ragged_dot(x, w, group_sizes, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
 def routed_experts(
@@ -135,7 +143,7 @@ def routed_experts(
     w_up: jax.Array | None,
     w_down: jax.Array,
     swiglu,
-    tile: int | None = None,
+    per_slot: int | None = None,
     grouped=None,
     batch: int = 1,
 ) -> jax.Array:
@@ -143,17 +151,22 @@ def routed_experts(
 
     chosen/weights [T, k] from ``route``; w_gate/w_up [E, D, F], w_down [E, F, D]; or ``w_up`` None
     and ``w_gate`` [E, D, 2F] the two interleaved (``interleave_gate_up``); ``swiglu(gate, up)``
-    is the model's activation (float32 SiLU, rounded once); ``grouped(x, w, sizes)`` replaces
-    ``grouped_matmul`` (scripts/figures/moe_cost.py measures ``jax.lax.ragged_dot`` in its place).
+    is the model's activation (float32 SiLU, rounded once). Off TPU the experts run in slots of
+    ``per_slot`` rows per expert (``expert_slots``; ``slot_rows`` when None); on TPU, and wherever
+    ``grouped(x, w, sizes)`` is given (``ragged_matmul`` or ``jax.lax.ragged_dot``: the cost
+    figures measure it), as one grouped product per projection.
 
     Traced under a mesh (``jax.set_mesh``) with more than one device, the product runs expert
     parallel (``expert_parallel``; the T rows are ``batch`` sequences of T / batch tokens, split over
     the mesh by ``row_axes``); otherwise on the whole arrays."""
-    grouped = grouped or (lambda a, w, n: grouped_matmul(a, w, n, tile))
+    if grouped is None and on_tpu():
+        grouped = ragged_matmul
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty and math.prod(mesh.shape.values()) > 1:
-        return expert_parallel(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, dict(mesh.shape), batch)
-    return _local_experts(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, 0).astype(x.dtype)
+        return expert_parallel(
+            x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, dict(mesh.shape), batch, per_slot
+        )
+    return _local_experts(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, 0, per_slot).astype(x.dtype)
 
 
 def interleave_gate_up(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -168,13 +181,12 @@ def interleave_gate_up(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return np.stack([gate, up], axis=-1).reshape(*gate.shape[:-1], 2 * gate.shape[-1])
 
 
-def _local_experts(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, first) -> jax.Array:
+def _local_experts(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, first, per_slot=None) -> jax.Array:
     """The float32 sum over each row's chosen experts among ``first .. first + E_local - 1`` (the
     experts of w_gate/w_up/w_down [E_local, ...]); the row's other experts contribute nothing.
 
-    Their assignments are sorted after every local group and left out of the group sizes, so the
-    grouped product does not count them as any group's rows (``ragged_dot`` gives zeros there;
-    ``grouped_matmul`` computes them against the last group, and they are dropped)."""
+    Their assignments are sorted after every local group and left out of the group sizes, so
+    neither product counts them as any expert's rows (both give zeros there, dropped)."""
     tokens, k = chosen.shape
     n_local = w_gate.shape[0]
     local = chosen - first
@@ -183,12 +195,15 @@ def _local_experts(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, fi
     order = jnp.argsort(flat, stable=True)  # assignments sorted by expert, other devices' last
     sizes = jnp.zeros((n_local,), jnp.int32).at[flat].add(1, mode="drop")
     xs = jnp.take(x, order // k, axis=0)
-    if w_up is None:
-        both = grouped(xs, w_gate, sizes)
-        h = swiglu(both[:, 0::2], both[:, 1::2])
+    if grouped is None:
+        ys = expert_slots(xs, sizes, w_gate, w_up, w_down, swiglu, per_slot or slot_rows(tokens * k, n_local, tokens))
     else:
-        h = swiglu(grouped(xs, w_gate, sizes), grouped(xs, w_up, sizes))
-    ys = grouped(h, w_down, sizes)
+        if w_up is None:
+            both = grouped(xs, w_gate, sizes)
+            h = swiglu(both[:, 0::2], both[:, 1::2])
+        else:
+            h = swiglu(grouped(xs, w_gate, sizes), grouped(xs, w_up, sizes))
+        ys = grouped(h, w_down, sizes)
     y = jnp.zeros_like(ys).at[order].set(ys, unique_indices=True).reshape(tokens, k, -1)
     # An elementwise product and sum, not a dot: no reduced-precision matmul passes on any backend.
     return jnp.where(mine[..., None], y.astype(jnp.float32) * weights[..., None], 0.0).sum(axis=1)
@@ -211,17 +226,26 @@ def row_axes(mesh_shape: dict[str, int], batch: int) -> str | tuple[str, str] | 
 
 # Why ``jax.shard_map`` and not the partitioner: GSPMD cannot split a sort-by-expert grouped
 # product over experts. On TPU it all-gathers the whole expert stack in front of
-# ``jax.lax.ragged_dot`` (it partitions a ragged dot's non-grouped dimensions only); for the tiled
-# product it gathers each tile's expert weights with a masked local gather and an all-reduce of
-# the gathered [tiles, K, N] weights, more bytes than the stack itself (both seen in the compiled
+# ``jax.lax.ragged_dot`` (it partitions a ragged dot's non-grouped dimensions only); for a product
+# of gathered per-tile expert weights it gathered them with a masked local gather and an all-reduce
+# of the gathered [tiles, K, N] weights, more bytes than the stack itself (both seen in the compiled
 # HLO of the LLaDA2.0 forward on ``expert=8``; docs/memory-and-scaling.md). Here the compiled
 # forward has no all-gather and no all-to-all of expert weights.
 #
-# Every device still runs the grouped product over all of its shard's T * k assignment rows
-# (static shapes); other devices' rows are outside its groups, which ``ragged_dot`` does not
-# compute and the tiled CPU product does.
+# Every device sorts all of its shard's T * k assignment rows (static shapes); other devices' rows
+# are outside its groups, and neither product computes them.
 def expert_parallel(
-    x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, mesh_shape: dict[str, int], batch: int = 1
+    x,
+    chosen,
+    weights,
+    w_gate,
+    w_up,
+    w_down,
+    swiglu,
+    grouped,
+    mesh_shape: dict[str, int],
+    batch: int = 1,
+    per_slot: int | None = None,
 ):
     """``routed_experts`` over the current mesh: each device runs its own experts on its rows.
 
@@ -256,7 +280,7 @@ def expert_parallel(
         if scatter:  # this data shard's rows, from every expert device
             x, chosen, weights = (jax.lax.all_gather(a, experts, axis=0, tiled=True) for a in (x, chosen, weights))
         first = jax.lax.axis_index(experts) * w_gate.shape[0] if experts else 0
-        out = _local_experts(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, first)
+        out = _local_experts(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, first, per_slot)
         if reduced:
             out = jax.lax.psum(out, reduced)
         if scatter:

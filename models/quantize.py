@@ -7,9 +7,9 @@ dequantizes them inside the product; activations stay in the model dtype:
 
 - LLaDA and Dream: attention q/k/v/o and the MLP's gate/up/down (``qwix.dot_general``);
 - LLaDA2.0: the fused ``wqkv``, ``wo``, the dense layers' MLP and the shared expert
-  (``qwix.dot_general``), and the routed experts' stacked [E, in, out] weights, through the grouped
-  expert product (``models.moe.grouped_matmul``: ``qwix.ragged_dot`` on TPU; elsewhere each tile's
-  expert is gathered from the ``QArray`` and multiplied by ``qwix.einsum``).
+  (``qwix.dot_general``), and the routed experts' stacked [E, in, out] weights, through the expert
+  product (``models.moe.routed_experts``: ``qwix.ragged_dot`` on TPU; elsewhere each slot of rows
+  against the whole stacked ``QArray`` by ``qwix.einsum``).
 - LLaDA-MoE: as LLaDA2.0, with separate ``wq``/``wk``/``wv`` in place of the fused ``wqkv``.
 - DiffusionGemma: each layer's attention and dense projections and its routed experts (the fused
   gate/up array, a scale per interleaved column), per layer arrays (``DiffusionGemma.from_params``).
@@ -87,10 +87,10 @@ def quantized_matmul(x: jax.Array, w: qwix.QArray) -> jax.Array:
     return qwix.dot_general(x, w, dims, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
-def quantized_tile_matmul(x: jax.Array, w: qwix.QArray) -> jax.Array:
-    """``x[t] @ w[t]`` for tiles x [T, M, K] and quantized weights w [T, K, N], in float32 (the
-    tiled grouped expert product: ``models.moe.grouped_matmul``)."""
-    return qwix.einsum("tmk,tkn->tmn", x, w, preferred_element_type=jnp.float32)
+def quantized_expert_matmul(x: jax.Array, w: qwix.QArray) -> jax.Array:
+    """``x[e] @ w[e]`` for one slot's rows x [E, M, K] and the quantized expert stack w [E, K, N], in
+    float32 (``models.moe.expert_slots``)."""
+    return qwix.einsum("emk,ekn->emn", x, w, preferred_element_type=jnp.float32)
 
 
 def quantized_ragged_dot(x: jax.Array, w: qwix.QArray, group_sizes: jax.Array) -> jax.Array:

@@ -110,7 +110,7 @@ def on_cpu() -> bool:
 
 
 def on_tpu() -> bool:
-    """Whether this trace targets TPU (``models.moe.grouped_matmul`` keeps ``ragged_dot`` there)."""
+    """Whether this trace targets TPU (``models.moe.routed_experts`` keeps ``ragged_dot`` there)."""
     return (_COMPILE_TARGET[-1] if _COMPILE_TARGET else jax.default_backend()) == "tpu"
 
 

@@ -199,14 +199,14 @@ class Draws:
         keys = self._keys(canvas, jnp.int32(-1))
         return jax.vmap(lambda k: jax.random.randint(k, shape[1:], 0, vocab, jnp.int32))(keys)
 
-    def sampled(self, step: jax.Array, canvas: jax.Array, n: jax.Array, logits: jax.Array) -> jax.Array:
+    def sampled(self, step: jax.Array, canvas: jax.Array, n: jax.Array, probs: jax.Array) -> jax.Array:
         """The sampled canvas of the batch's ``step``-th step (recorded), or of step ``n`` of
-        canvas ``canvas`` (drawn: keyed by the row's place in its own decode, not the batch's;
-        ``canvas`` a scalar or each row's own [B])."""
+        canvas ``canvas`` (drawn from ``probs`` [B, C, V]: keyed by the row's place in its own
+        decode, not the batch's; ``canvas`` a scalar or each row's own [B])."""
         if self.sample is not None:
             return self.sample[step]
         keys = self._keys(canvas, n, jnp.int32(0))
-        return jax.vmap(lambda k, z: jax.random.categorical(k, z, axis=-1).astype(jnp.int32))(keys, logits)
+        return jax.vmap(lambda k, p: categorical(jax.random.uniform(k, p.shape[:-1]), p))(keys, probs)
 
     def renoised(
         self, step: jax.Array, canvas: jax.Array, n: jax.Array, shape: tuple[int, int], vocab: int
@@ -232,10 +232,47 @@ class Decoded:
     trace: dict[str, np.ndarray] | None = None
 
 
-def entropy(z: jax.Array) -> jax.Array:
-    """Entropy of softmax(z) over the last axis, in float32 (torch ``Categorical(logits=z).entropy()``)."""
+def probabilities_and_entropy(z: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """softmax(z) over the last axis and its entropy, in float32 (torch
+    ``Categorical(logits=z).entropy()``); the probabilities are the ones the entropy sums."""
     logp = z - jax.nn.logsumexp(z, axis=-1, keepdims=True)
-    return -(jnp.exp(logp) * logp).sum(-1)
+    p = jnp.exp(logp)
+    return p, -(p * logp).sum(-1)
+
+
+CDF_BLOCK = 128  # entries per block of ``categorical``'s two-level search
+
+
+def categorical(u: jax.Array, probs: jax.Array) -> jax.Array:
+    """One id per row of ``probs`` [..., V] (non-negative, not necessarily summing to 1), drawn by
+    inverting the cumulative sum at ``u`` [...] (uniform in [0, 1)) times the row's total: id j
+    with probability ``probs[j] / total``, never one of probability 0, int32.
+
+    Why not ``jax.random.categorical``: its Gumbel noise is V random numbers and two logarithms per
+    position, over a [B, C, V] step with V = 262,144 for DiffusionGemma, the most expensive part
+    of a step's sampling on CPU; this takes one number per position and two short cumulative sums
+    (over the row's blocks of ``CDF_BLOCK`` entries, then inside the chosen block)."""
+    vocab = probs.shape[-1]
+    padded = -(-vocab // CDF_BLOCK) * CDF_BLOCK
+    if padded != vocab:
+        probs = jnp.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(0, padded - vocab)])
+    blocks = probs.reshape(*probs.shape[:-1], padded // CDF_BLOCK, CDF_BLOCK)
+    block_mass = blocks.sum(-1)
+    block_cdf = jnp.cumsum(block_mass, axis=-1)
+    target = u * block_cdf[..., -1]
+    b = _first_above(block_cdf, target, block_mass)
+    inside = jnp.take_along_axis(blocks, b[..., None, None], axis=-2)[..., 0, :]
+    before = jnp.take_along_axis(block_cdf - block_mass, b[..., None], axis=-1)[..., 0]
+    j = _first_above(jnp.cumsum(inside, axis=-1), target - before, inside)
+    return (b * CDF_BLOCK + j).astype(jnp.int32)
+
+
+def _first_above(cumulative: jax.Array, target: jax.Array, mass: jax.Array) -> jax.Array:
+    """The first index whose ``cumulative`` exceeds ``target`` among those of positive ``mass``;
+    where rounding leaves none (a target at the very top), the last index of positive mass."""
+    hit = (cumulative > target[..., None]) & (mass > 0)
+    last = mass.shape[-1] - 1 - jnp.argmax(jnp.flip(mass > 0, axis=-1), axis=-1)
+    return jnp.where(hit.any(-1), jnp.argmax(hit, axis=-1), last)
 
 
 def accepted(h: jax.Array, bound) -> jax.Array:
@@ -427,11 +464,11 @@ def denoise_canvas(
         passes_now = s["passes"] + (~(s["stopped"] | ended)).astype(jnp.int32)
         row_nfe = s["row_nfe"] + (~ended).astype(jnp.int32)
         on = jnp.broadcast_to(s["has_sc"], (batch,))  # no self-conditioning at a canvas's first step
-        logits = model.denoise(s["x"], at, cache, s["sc"], sc_on=on)
+        logits = model.denoise(s["x"], at, cache, sc_on=on, sc_probs=s["sc"])
         temperature = values.temperatures[:, n]  # [B]
         z = logits / temperature[:, None, None]
-        h = entropy(z)
-        y = draws.sampled(s["step"], k, n, z)
+        p, h = probabilities_and_entropy(z)
+        y = draws.sampled(s["step"], k, n, p)
         a = jnp.argmax(z, axis=-1).astype(jnp.int32)
         keep = accepted(h, values.entropy_bound)
         r = draws.renoised(s["step"], k, n, (batch, C), V)
@@ -442,16 +479,16 @@ def denoise_canvas(
             frozen = stopped[:, None]
             a = jnp.where(frozen, s["a"], a)
             x_next = jnp.where(frozen, s["x"], x_next)
-            z = jnp.where(frozen[..., None], s["sc"], z)
-            h_kept = entropy(z)
+            p = jnp.where(frozen[..., None], s["sc"], p)
             if program.stability_threshold:
                 stable = jnp.all(history == a[None], axis=(0, 2))
                 history = jnp.concatenate([history[1:], a[None]], axis=0)
             else:
                 stable = jnp.ones((batch,), bool)
-            confident = h_kept.mean(-1) < values.confidence
+            # A frozen row's entropy is not that of the logits it keeps, but it has stopped already.
+            confident = h.mean(-1) < values.confidence
             stopped = stopped | (stable & confident)
-        new = dict(s, n=n - 1, x=x_next, a=a, sc=z, has_sc=jnp.ones((), bool), stopped=stopped,
+        new = dict(s, n=n - 1, x=x_next, a=a, sc=p, has_sc=jnp.ones((), bool), stopped=stopped,
                    history=history, passes=passes_now, row_nfe=row_nfe, step=s["step"] + 1, nfe=s["nfe"] + 1)  # fmt: skip
         if trace:
             rec = new["records"]

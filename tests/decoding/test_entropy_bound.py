@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from diffusion_gemma_goldens import golden_case, tiny_model
@@ -16,7 +18,7 @@ from flax import nnx
 
 from models.diffusion_gemma import DiffusionGemma
 from psd_jax.core.config import DecodeConfigError
-from psd_jax.core.entropy_bound import Draws, EntropyBoundSettings, decode
+from psd_jax.core.entropy_bound import Draws, EntropyBoundSettings, categorical, decode
 from psd_jax.core.errors import InputError
 
 CASES = [f"{s}_{p}" for s in ("default", "eb1_s32_stop", "eb2_s8_nostop") for p in ("p0", "p1", "p2", "batch_p0p2")]
@@ -112,3 +114,28 @@ def test_replayed_draws_that_run_out_or_do_not_fit_are_refused(model):
         decode(model, prompt, valid, longer, draws)
     with pytest.raises(InputError, match=r"'init_canvas' must be \[n, batch 2, canvas 32\], got \(1, 1, 32\)"):
         decode(model, np.concatenate([prompt, prompt]), np.concatenate([valid, valid]), other, draws)
+
+
+def test_the_engines_draws_follow_the_probabilities_and_never_pick_an_impossible_id():
+    """``categorical`` (inverse CDF over blocks): 200,000 draws from a known distribution over a
+    vocabulary that is not a whole number of blocks land within 5 standard deviations of every
+    id's expected count; ids of probability 0 (inside blocks and whole blocks) are never drawn,
+    not even at the very top of [0, 1), nor where a row's mass is all in one id."""
+    vocab = 300  # 3 blocks of 128, the last one padded
+    p = np.zeros(vocab, np.float32)
+    p[[0, 5, 127, 128, 131, 299]] = [0.1, 0.2, 0.05, 0.3, 0.15, 0.2]
+    n = 200_000
+    u = jax.random.uniform(jax.random.key(7), (n,))
+    ids = np.asarray(jax.jit(categorical)(u, jnp.broadcast_to(jnp.asarray(p), (n, vocab))))
+    counts = np.bincount(ids, minlength=vocab)
+    assert set(np.flatnonzero(counts)) == set(np.flatnonzero(p))
+    expected = n * p / p.sum()
+    assert np.all(np.abs(counts - expected) <= 5 * np.sqrt(expected * (1 - p)) + 1e-9)
+    top = jnp.asarray([0.0, 0.5, np.nextafter(np.float32(1), np.float32(0))], jnp.float32)
+    q = np.zeros((3, vocab), np.float32)
+    q[:, 200] = 1.0  # one possible id, in the last block
+    q[1, 3] = 1e-30  # a tiny mass first
+    np.testing.assert_array_equal(np.asarray(categorical(top, jnp.asarray(q))), [200, 200, 200])
+    tail = np.zeros((1, vocab), np.float32)
+    tail[0, [10, 130]] = [0.5, 0.5]  # rounding can leave no cumulative sum above the top draw
+    assert int(categorical(jnp.asarray([0.99999994], jnp.float32), jnp.asarray(tail))[0]) == 130

@@ -18,7 +18,7 @@ from convert.orbax_io import load_checkpoint, save_params
 from convert.safetensors_dir import SafetensorsDir
 from models import ConfigError, LLaDA2MoE, config_from_dict, load_config
 from models.llada2 import block_causal
-from models.moe import grouped_matmul, route, routed_experts
+from models.moe import ragged_matmul, route, routed_experts, slot_rows
 from models.transformer import swiglu
 
 from conftest import llada2_mini_config
@@ -162,39 +162,38 @@ def test_routing_matches_the_per_token_rule():
     assert set(ref_chosen[0]) == {0, 2, 4}  # tied groups 0 and 1 kept, lower indices first
 
 
-def test_routed_experts_are_exact_for_every_tile_size():
-    """Each token gets exactly its k experts, whatever the tiling (including empty experts)."""
+def test_routed_experts_are_exact_for_every_slot_size_and_the_grouped_product():
+    """Each token gets exactly its k experts, whatever the slot size (one row per expert and slot: as
+    many slots as the largest group; three; the default) and through the grouped product (TPU's
+    path, ``ragged_dot``), with empty experts, and with every token on one expert (the most slots)."""
     rng = np.random.default_rng(2)
     T, d, F, E, k = 24, 8, 6, 8, 2
     x = rng.normal(size=(T, d)).astype(np.float32)
-    chosen = np.stack([rng.choice([0, 1, 2, 5, 7], size=k, replace=False) for _ in range(T)]).astype(np.int32)
+    spread = np.stack([rng.choice([0, 1, 2, 5, 7], size=k, replace=False) for _ in range(T)])
+    crowded = np.stack([np.full(T, 3), rng.choice([0, 1, 2, 4, 5, 6, 7], size=T)], axis=1)
     weights = rng.random((T, k)).astype(np.float32)
     wg, wu = rng.normal(size=(E, d, F)).astype(np.float32), rng.normal(size=(E, d, F)).astype(np.float32)
     wd = rng.normal(size=(E, F, d)).astype(np.float32)
     silu = lambda a: a / (1 + np.exp(-a))
-    ref = sum(
-        weights[:, j, None]
-        * np.stack([(silu(x[t] @ wg[e]) * (x[t] @ wu[e])) @ wd[e] for t, e in enumerate(chosen[:, j])])
-        for j in range(k)
-    )
-    for tile in (1, 3):
-        got = jax.jit(routed_experts, static_argnums=(6, 7))(x, chosen, weights, wg, wu, wd, swiglu, tile)
-        np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-5, atol=1e-5)
+    run = jax.jit(routed_experts, static_argnums=(6, 7, 8))
+    for chosen in (spread.astype(np.int32), crowded.astype(np.int32)):
+        ref = sum(
+            weights[:, j, None]
+            * np.stack([(silu(x[t] @ wg[e]) * (x[t] @ wu[e])) @ wd[e] for t, e in enumerate(chosen[:, j])])
+            for j in range(k)
+        )
+        for rows, grouped in ((1, None), (3, None), (None, None), (None, ragged_matmul)):
+            got = run(x, chosen, weights, wg, wu, wd, swiglu, rows, grouped)
+            np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-5, atol=1e-5, err_msg=f"{rows} {grouped}")
 
 
-def test_grouped_matmul_costs_the_active_rows_not_every_expert():
-    """XLA's FLOP count of the grouped product is the assigned rows' work (plus tile padding),
-    far below the dense cost that ``jax.lax.ragged_dot`` has off TPU."""
-    if jax.default_backend() == "tpu":
-        pytest.skip("TPU runs ragged_dot natively")
-    rows, K, N, E = 256, 64, 32, 64
-    args = (jax.ShapeDtypeStruct((rows, K), jnp.float32), jax.ShapeDtypeStruct((E, K, N), jnp.float32))
-    sizes = jax.ShapeDtypeStruct((E,), jnp.int32)
-    ideal = 2 * rows * K * N
-    ours = jax.jit(grouped_matmul).lower(*args, sizes).compile().cost_analysis()["flops"]
-    dense = jax.jit(jax.lax.ragged_dot).lower(*args, sizes).compile().cost_analysis()["flops"]
-    assert ideal <= ours <= 1.6 * ideal
-    assert dense >= 0.9 * E * ideal
+def test_slot_rows_cover_a_balanced_routing_in_one_slot():
+    """Twice the mean group size, a power of two within [8, 32], never more than the tokens."""
+    assert slot_rows(64, 16, 32) == 8  # DiffusionGemma's 100M shape, one canvas: mean 4
+    assert slot_rows(256, 16, 128) == 32
+    assert slot_rows(256, 256, 32) == 8  # LLaDA2.0-mini decoding: mean 1, at least 8
+    assert slot_rows(8192, 16, 4096) == 32
+    assert slot_rows(16, 8, 4) == 4  # no group exceeds 4 tokens
 
 
 # ------------------------------------------------------------------------- real LLaDA2.0-mini
