@@ -1,19 +1,16 @@
-"""FLOPs per token of LLaDA2.0-mini's expert compute and forward, from XLA's cost analysis, against
-the active-parameter ideal. Abstract arrays only (``jax.ShapeDtypeStruct``, ``nnx.eval_shape``): no
-weight is materialised, so it runs on a laptop CPU.
+"""FLOPs per token of LLaDA2.0-mini's routed-expert compute against the active-parameter ideal.
+Abstract arrays only (``jax.ShapeDtypeStruct``): no weight is materialised, so it runs on a laptop CPU.
 
     python -m scripts.figures.moe_cost [--config DIR] [--shapes 1x32,8x32,1x512,1x4096] [--dtype float32]
 
-Rows, per token shape B x L (tokens T = B * L):
-- routed experts of one MoE layer (``models.moe.routed_experts``) with ``grouped_matmul`` and with
-  ``jax.lax.ragged_dot`` in its place, against 2 x k x 3 x d x F_expert;
-- the whole bidirectional forward (logits at every position), against 2 x (active parameters -
-  embedding) + attention (4 x L x H x hd per layer). XLA counts a ``lax.scan`` body once, so the
-  forward is measured unrolled with one and with two MoE layers, and the difference is the MoE layer.
-
-XLA counts elementwise ops as FLOPs too; in bfloat16 on CPU that includes converting the gathered
-expert weights to float32 for the batched product (+0.5 of the ideal at tile 1), so float32 (the
-default) shows the products' work alone.
+Rows, per token shape B x L (tokens T = B * L), for one MoE layer against the ideal
+2 x k x 3 x d x F_expert:
+- off TPU, ``models.moe.expert_slots``: every expert on ``slot_rows`` rows per slot, as many slots
+  as the largest group needs (one slot per ``slot_rows`` rows of it). Counted from the shapes at a
+  balanced routing (every expert T k / E rows), because XLA counts a loop's body once whatever its
+  trip count;
+- ``models.moe.routed_experts`` with ``jax.lax.ragged_dot`` as the grouped product (TPU's path; off
+  TPU it lowers to a dense product of every row with every expert), XLA's count.
 
 Its figures are in docs/cost-model.md.
 """
@@ -21,17 +18,16 @@ Its figures are in docs/cost-model.md.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
-from models import LLaDA2MoE, config_from_dict
-from models.moe import routed_experts, tile_size
+from models import config_from_dict
+from models.moe import ragged_matmul, routed_experts, slot_rows
 from models.transformer import swiglu
 
 MINI = Path(__file__).resolve().parents[3] / "shared" / "hf-configs" / "LLaDA2.0-mini"
@@ -56,13 +52,6 @@ def expert_flops(cfg, tokens: int, grouped=None) -> float:
     return flops(lambda *a: routed_experts(*a, swiglu, grouped=grouped), *args)
 
 
-def forward_flops(cfg, batch: int, length: int, n_moe: int) -> float:
-    small = dataclasses.replace(cfg, n_layers=cfg.n_dense_layers + n_moe)
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: LLaDA2MoE(small, dtype=DTYPE, unroll_layers=True)))
-    ids = jax.ShapeDtypeStruct((batch, length), jnp.int32)
-    return flops(lambda st, i: nnx.merge(graphdef, st)(i), state, ids)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(MINI), help="directory with a llada2_moe config.json")
@@ -75,30 +64,23 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_from_dict(raw, args.config, {"mask_token_id": 0, "eos_token_id": 0})  # ids do not matter here
     d, k, F = cfg.d_model, cfg.n_experts_per_tok, cfg.moe_hidden
     ideal_experts = 2 * k * 3 * d * F
-    dense_params = cfg.active_param_count() - cfg.vocab_size * d  # the embedding lookup is no FLOPs
     print(
         f"LLaDA2.0 config {args.config}: {cfg.param_count():,} parameters, {cfg.active_param_count():,} active, "
         f"{args.dtype}, jax {jax.__version__} on {jax.default_backend()}"
     )
-    print(
-        "| B x L | tile | routed experts / token (XLA) | ideal | ratio | with ragged_dot | ratio "
-        "| forward / token (XLA) | ideal | ratio |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| B x L | slot rows | slots | experts / token | ideal | ratio | with ragged_dot (XLA) | ratio |")
+    print("|---|---|---|---|---|---|---|---|")
     for shape in args.shapes.split(","):
         batch, length = map(int, shape.split("x"))
         tokens = batch * length
-        ours = expert_flops(cfg, tokens) / tokens
-        ragged = expert_flops(cfg, tokens, grouped=jax.lax.ragged_dot) / tokens
-        one, two = forward_flops(cfg, batch, length, 1), forward_flops(cfg, batch, length, 2)
-        forward = (one + (cfg.n_moe_layers - 1) * (two - one)) / tokens
-        attention = 4 * length * cfg.n_heads * cfg.head_dim * cfg.n_layers
-        ideal_forward = 2 * dense_params + attention
+        rows = slot_rows(tokens * k, cfg.n_experts, tokens)
+        group = math.ceil(tokens * k / cfg.n_experts)  # each expert's rows at a balanced routing
+        slots = math.ceil(group / rows)
+        ours = slots * 2 * cfg.n_experts * rows * 3 * d * F / tokens
+        ragged = expert_flops(cfg, tokens, grouped=ragged_matmul) / tokens
         print(
-            f"| {batch} x {length} | {tile_size(tokens * k, cfg.n_experts)} | {ours / 1e6:.1f} M | "
-            f"{ideal_experts / 1e6:.1f} M | {ours / ideal_experts:.2f} | {ragged / 1e6:.0f} M | "
-            f"{ragged / ideal_experts:.1f} | {forward / 1e9:.3f} G | {ideal_forward / 1e9:.3f} G | "
-            f"{forward / ideal_forward:.2f} |"
+            f"| {batch} x {length} | {rows} | {slots} | {ours / 1e6:.1f} M | {ideal_experts / 1e6:.1f} M | "
+            f"{ours / ideal_experts:.2f} | {ragged / 1e6:.0f} M | {ragged / ideal_experts:.1f} |"
         )
     return 0
 
