@@ -98,9 +98,11 @@ def expert_slots(xs: jax.Array, sizes: jax.Array, w_gate, w_up, w_down, swiglu, 
     in place, never gathered or copied. Products accumulate in float32 and round once to xs's dtype,
     each row's exactly as one expert's product; ``w_up`` None means ``w_gate`` holds both
     (``interleave_gate_up``). Quantized weights (``qwix.QArray``) go through ``qwix.einsum``."""
-    total = xs.shape[0]
+    total, n_experts = xs.shape[0], sizes.shape[0]
     start = jnp.cumsum(sizes) - sizes
     n_slots = (jnp.max(sizes) + rows - 1) // rows
+    # Absent rows get distinct indices past the end: read as zeros, their writes dropped.
+    absent = total + jnp.arange(n_experts * rows).reshape(n_experts, rows)
 
     def product(a, w):
         if is_quantized(w):
@@ -110,7 +112,7 @@ def expert_slots(xs: jax.Array, sizes: jax.Array, w_gate, w_up, w_down, swiglu, 
     def slot(s, out):
         r = s * rows + jnp.arange(rows)
         present = r[None, :] < sizes[:, None]  # [E, rows]
-        index = jnp.where(present, start[:, None] + r[None, :], total)  # total: no row (dropped)
+        index = jnp.where(present, start[:, None] + r[None, :], absent)
         xe = jnp.take(xs, index, axis=0, mode="fill", fill_value=0)
         if w_up is None:
             both = product(xe, w_gate)
