@@ -509,7 +509,7 @@ def denoise_canvas(
         "n": jnp.int32(N),
         "x": x0,
         "a": x0,
-        "sc": jnp.zeros((batch, C, V), jnp.float32),
+        "sc": jnp.zeros((batch, C, V), jnp.float32),  # the last step's probabilities: self-conditioning
         "has_sc": jnp.zeros((), bool),
         "stopped": stopped,
         "history": jnp.full((history_len, batch, C), -1, jnp.int32),
