@@ -379,22 +379,16 @@ class DiffusionGemma(nnx.Module):
         canvas: jax.Array,
         positions: jax.Array,
         cache: Cache,
-        sc_logits: jax.Array | None = None,
-        sc_on: jax.Array | None = None,
-        *,
         sc_probs: jax.Array | None = None,
+        sc_on: jax.Array | None = None,
     ) -> jax.Array:
         """Float32 soft-capped logits [B, C, V] of ``canvas`` [B, C] at ``positions`` [B, C], attending
-        to ``cache`` and the whole canvas; ``sc_logits`` [B, C, V] the previous step's processed
-        logits (None: the first step of a canvas, no self-conditioning), ``sc_on`` [B] the rows they
-        condition (the others as without them: upstream's ``self_conditioning_mask``).
-        ``sc_probs``, their softmax in float32, in place of ``sc_logits`` where the caller has it
-        already (the sampler computes it for the step's entropy and draws)."""
+        to ``cache`` and the whole canvas; ``sc_probs`` [B, C, V] the softmax, in float32, of the
+        previous step's processed logits (upstream's ``self_conditioning_logits``; the sampler has
+        it already, from the step's entropy and draws; None: the first step of a canvas, no
+        self-conditioning), ``sc_on`` [B] the rows they condition (the others as without them:
+        upstream's ``self_conditioning_mask``)."""
         cfg = self.config
-        if sc_logits is not None and sc_probs is not None:
-            raise ValueError("denoise takes sc_logits or sc_probs, not both")
-        if sc_logits is not None:
-            sc_probs = jax.nn.softmax(sc_logits.astype(jnp.float32), axis=-1)
         x = self._sc_input(canvas, sc_probs, sc_on)
         batch, length = canvas.shape
         canvas_mask = jnp.ones((batch, length, length), bool)

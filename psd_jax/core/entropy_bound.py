@@ -464,7 +464,7 @@ def denoise_canvas(
         passes_now = s["passes"] + (~(s["stopped"] | ended)).astype(jnp.int32)
         row_nfe = s["row_nfe"] + (~ended).astype(jnp.int32)
         on = jnp.broadcast_to(s["has_sc"], (batch,))  # no self-conditioning at a canvas's first step
-        logits = model.denoise(s["x"], at, cache, sc_on=on, sc_probs=s["sc"])
+        logits = model.denoise(s["x"], at, cache, s["sc"], sc_on=on)
         temperature = values.temperatures[:, n]  # [B]
         z = logits / temperature[:, None, None]
         p, h = probabilities_and_entropy(z)

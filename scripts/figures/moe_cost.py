@@ -38,7 +38,8 @@ def flops(fn, *args) -> float:
     return float(jax.jit(fn).lower(*args).compile().cost_analysis()["flops"])
 
 
-def expert_flops(cfg, tokens: int, grouped=None) -> float:
+def ragged_flops(cfg, tokens: int) -> float:
+    """XLA's FLOPs of one MoE layer's routed experts with ``ragged_matmul`` as the grouped product."""
     d, E, F, k = cfg.d_model, cfg.n_experts, cfg.moe_hidden, cfg.n_experts_per_tok
     s = jax.ShapeDtypeStruct
     args = (
@@ -49,7 +50,7 @@ def expert_flops(cfg, tokens: int, grouped=None) -> float:
         s((E, d, F), DTYPE),
         s((E, F, d), DTYPE),
     )
-    return flops(lambda *a: routed_experts(*a, swiglu, grouped=grouped), *args)
+    return flops(lambda *a: routed_experts(*a, swiglu, grouped=ragged_matmul), *args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         group = math.ceil(tokens * k / cfg.n_experts)  # each expert's rows at a balanced routing
         slots = math.ceil(group / rows)
         ours = slots * 2 * cfg.n_experts * rows * 3 * d * F / tokens
-        ragged = expert_flops(cfg, tokens, grouped=ragged_matmul) / tokens
+        ragged = ragged_flops(cfg, tokens) / tokens
         print(
             f"| {batch} x {length} | {rows} | {slots} | {ours / 1e6:.1f} M | {ideal_experts / 1e6:.1f} M | "
             f"{ours / ideal_experts:.2f} | {ragged / 1e6:.0f} M | {ragged / ideal_experts:.1f} |"

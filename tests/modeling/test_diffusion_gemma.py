@@ -36,7 +36,14 @@ def model() -> DiffusionGemma:
 
 # The two modes compiled whole (op by op, a call of the tiny model takes seconds of dispatch).
 encode = nnx.jit(lambda model, ids, positions, valid: model.encode(ids, positions, valid))
-denoise = nnx.jit(lambda model, canvas, at, cache, sc=None: model.denoise(canvas, at, cache, sc))
+denoise = nnx.jit(  # sc: upstream's self-conditioning logits, which the model takes as their softmax
+    lambda model, canvas, at, cache, sc=None: model.denoise(canvas, at, cache, None if sc is None else softmax(sc))
+)
+
+
+def softmax(sc_logits: jax.Array) -> jax.Array:
+    """What ``denoise`` conditions on: upstream's self-conditioning logits' float32 softmax."""
+    return jax.nn.softmax(sc_logits.astype(jnp.float32), axis=-1)
 
 
 @pytest.mark.parametrize("name", ["forward_batch", "forward_single"])
@@ -99,7 +106,7 @@ def test_full_size_model_builds_and_runs_abstractly():
         _, cache = m.encode(jnp.zeros((1, prompt), jnp.int32), jnp.arange(prompt)[None], jnp.ones((1, prompt), bool))
         at = prompt + jnp.arange(canvas)[None]
         sc = jnp.zeros((1, canvas, cfg.vocab_size), jnp.bfloat16)
-        return m.denoise(jnp.zeros((1, canvas), jnp.int32), at, cache, sc, sc_on=jnp.ones((1,), bool))
+        return m.denoise(jnp.zeros((1, canvas), jnp.int32), at, cache, softmax(sc), sc_on=jnp.ones((1,), bool))
 
     out = nnx.eval_shape(call, model)
     assert (out.shape, out.dtype) == ((1, 256, 262_144), jnp.float32)

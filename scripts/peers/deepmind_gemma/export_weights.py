@@ -41,6 +41,7 @@ def main() -> int:
     parser.add_argument("--shape", choices=("tiny", "100m"), required=True)
     args = parser.parse_args()
 
+    import jax
     import jax.numpy as jnp
 
     from convert.diffusion_gemma import from_mapping, read_params
@@ -97,7 +98,9 @@ def main() -> int:
     dpos = np.arange(n, n + c)[None]
     _, cache = model.encode(jnp.asarray(ids), jnp.asarray(pos), jnp.ones(ids.shape, bool))
     ref["psd_logits_nosc"] = np.asarray(model.denoise(jnp.asarray(canvas), jnp.asarray(dpos), cache))
-    ref["psd_logits_sc"] = np.asarray(model.denoise(jnp.asarray(canvas), jnp.asarray(dpos), cache, jnp.asarray(sc)))
+    ref["psd_logits_sc"] = np.asarray(
+        model.denoise(jnp.asarray(canvas), jnp.asarray(dpos), cache, jax.nn.softmax(jnp.asarray(sc), axis=-1))
+    )
     ref.update(
         input_ids=np.asarray(ids, np.int32), position_ids=pos.astype(np.int32),
         canvas=np.asarray(canvas, np.int32), decoder_position_ids=dpos.astype(np.int32),
