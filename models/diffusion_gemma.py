@@ -422,8 +422,16 @@ class DiffusionGemma(nnx.Module):
         else:
             probs = sc_probs.astype(self.dtype)
             scale = jnp.asarray(cfg.embed_scale, jnp.float32).astype(self.dtype)
-            soft = jnp.einsum("bcv,vd->bcd", probs, self.embed[...]) * scale
-            if sc_on is not None:
+
+            def product() -> jax.Array:
+                return jnp.einsum("bcv,vd->bcd", probs, self.embed[...]) * scale
+
+            if sc_on is None:
+                soft = product()
+            else:
+                # Skipped where no row conditions (a canvas's first step in the sampler's loop): the
+                # product with the embedding is as costly as the head.
+                soft = jax.lax.cond(jnp.any(sc_on), product, lambda: jnp.zeros_like(e))
                 soft = jnp.where(sc_on[:, None, None], soft, 0.0)
         n = rms_norm(soft, self.sc_pre_norm[...], cfg.norm_eps)
         signal = gelu_glu(n @ self.sc_gate[...], n @ self.sc_up[...]) @ self.sc_down[...]

@@ -18,7 +18,14 @@ from flax import nnx
 
 from models.diffusion_gemma import DiffusionGemma
 from psd_jax.core.config import DecodeConfigError
-from psd_jax.core.entropy_bound import Draws, EntropyBoundSettings, categorical, decode
+from psd_jax.core.entropy_bound import (
+    Draws,
+    EntropyBoundSettings,
+    categorical,
+    decode,
+    first_argmax,
+    probabilities_and_entropy,
+)
 from psd_jax.core.errors import InputError
 
 CASES = [f"{s}_{p}" for s in ("default", "eb1_s32_stop", "eb2_s8_nostop") for p in ("p0", "p1", "p2", "batch_p0p2")]
@@ -139,3 +146,25 @@ def test_the_engines_draws_follow_the_probabilities_and_never_pick_an_impossible
     tail = np.zeros((1, vocab), np.float32)
     tail[0, [10, 130]] = [0.5, 0.5]  # rounding can leave no cumulative sum above the top draw
     assert int(categorical(jnp.asarray([0.99999994], jnp.float32), jnp.asarray(tail))[0]) == 130
+
+
+def test_the_steps_argmax_and_entropy_are_numpys():
+    """The step's own reductions: ``first_argmax`` is ``argmax`` exactly (the first of tied maxima,
+    the first NaN, a row of -inf), and ``probabilities_and_entropy`` gives the softmax and its
+    entropy within float32 rounding of a float64 computation."""
+    rng = np.random.default_rng(3)
+    x = rng.integers(-3, 4, (6, 5, 300)).astype(np.float32)  # many ties
+    x[0, 0] = -np.inf
+    x[1, 2, [7, 40]] = np.nan
+    x[2, 1, 299] = 9.0
+    x[3, 4, 0] = np.inf
+    got = np.asarray(jax.jit(first_argmax)(jnp.asarray(x)))
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, np.argmax(x, axis=-1))
+    assert got[0, 0] == 0 and got[1, 2] == 7 and got[2, 1] == 299
+    z = rng.normal(0, 4, (3, 7, 1000)).astype(np.float32)
+    p, h = jax.jit(probabilities_and_entropy)(jnp.asarray(z))
+    z64 = z.astype(np.float64)
+    logp = z64 - np.log(np.exp(z64 - z64.max(-1, keepdims=True)).sum(-1, keepdims=True)) - z64.max(-1, keepdims=True)
+    np.testing.assert_allclose(np.asarray(p), np.exp(logp), rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(np.asarray(h), -(np.exp(logp) * logp).sum(-1), rtol=1e-5)

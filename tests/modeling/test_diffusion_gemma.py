@@ -40,6 +40,8 @@ denoise = nnx.jit(  # sc: upstream's self-conditioning logits, which the model t
     lambda model, canvas, at, cache, sc=None: model.denoise(canvas, at, cache, None if sc is None else softmax(sc))
 )
 
+denoise_rows = nnx.jit(lambda model, canvas, at, cache, probs, on: model.denoise(canvas, at, cache, probs, sc_on=on))
+
 
 def softmax(sc_logits: jax.Array) -> jax.Array:
     """What ``denoise`` conditions on: upstream's self-conditioning logits' float32 softmax."""
@@ -71,6 +73,13 @@ def test_encoder_cache_and_denoiser_logits_equal_upstream(model, name):
     np.testing.assert_allclose(np.asarray(denoise(model, canvas, at, cache)), c["logits_nosc"], atol=LOGIT_ATOL)
     sc = jnp.asarray(c["self_conditioning_logits"])
     np.testing.assert_allclose(np.asarray(denoise(model, canvas, at, cache, sc)), c["logits_sc"], atol=LOGIT_ATOL)
+    # Per row (the sampler's form): rows off are as without self-conditioning, also when none is on.
+    rows = canvas.shape[0]
+    for on in {(False,) * rows, (True,) + (False,) * (rows - 1), (True,) * rows}:
+        got = np.asarray(denoise_rows(model, canvas, at, cache, softmax(sc), jnp.asarray(on)))
+        for row, row_on in enumerate(on):
+            want = c["logits_sc" if row_on else "logits_nosc"][row]
+            np.testing.assert_allclose(got[row], want, atol=LOGIT_ATOL, err_msg=f"rows on {on}, row {row}")
 
 
 def test_full_size_key_table_and_parameter_counts_equal_upstream():
