@@ -235,8 +235,13 @@ class Decoded:
 def probabilities_and_entropy(z: jax.Array) -> tuple[jax.Array, jax.Array]:
     """softmax(z) over the last axis and its entropy, in float32 (torch
     ``Categorical(logits=z).entropy()``); the probabilities are the ones the entropy sums."""
-    logp = z - jax.nn.logsumexp(z, axis=-1, keepdims=True)
-    p = jnp.exp(logp)
+    # One exponential per entry (torch's softmax: exp(z - max) / sum), not one for the normaliser
+    # and another for the probabilities.
+    shifted = z - jax.lax.stop_gradient(z.max(axis=-1, keepdims=True))
+    e = jnp.exp(shifted)
+    total = e.sum(axis=-1, keepdims=True)
+    p = e / total
+    logp = shifted - jnp.log(total)
     # A row-wise dot, not ``(p * logp).sum(-1)``: XLA's CPU backend ran that multiply-and-reduce
     # over [B, C, V] about 4x slower than the dot (docs/diffusion-gemma.md). HIGHEST: no bfloat16
     # passes on TPU, where the entropy decides acceptance.
