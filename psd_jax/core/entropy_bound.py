@@ -237,7 +237,7 @@ def probabilities_and_entropy(z: jax.Array) -> tuple[jax.Array, jax.Array]:
     ``Categorical(logits=z).entropy()``); the probabilities are the ones the entropy sums."""
     # One exponential per entry (torch's softmax: exp(z - max) / sum), not one for the normaliser
     # and another for the probabilities.
-    shifted = z - jax.lax.stop_gradient(z.max(axis=-1, keepdims=True))
+    shifted = z - z.max(axis=-1, keepdims=True)
     e = jnp.exp(shifted)
     total = e.sum(axis=-1, keepdims=True)
     p = e / total
