@@ -20,30 +20,18 @@ from pathlib import Path
 
 import httpx
 import pytest
+from command_outputs import MESH, TIMEOUT_S, TIMING, harness_files, one_and_two, untimed_tune
 from paths import DEFAULT_MODEL, ROOT
 from processes import finish, free_port, start, stop
 
 from psd_jax.recommended import RECOMMENDED_FILE, read_recommended
 
 MODEL = str(DEFAULT_MODEL.relative_to(ROOT))  # as a user in the repository writes it
-MESH = ["--mesh", "data=2"]
-TIMEOUT_S = 600
 QUESTIONS = [json.loads(line)["question"] for line in (DEFAULT_MODEL / "test.jsonl").read_text().splitlines()[1:3]]
 PROMPT_LENGTH = 64  # both questions' padded length (37 and 39 tokens in the bucket of 32)
 GENERATE = ["--model", MODEL, "--settings", "recommended", *MESH, "--json"]
 GENERATE += [arg for q in QUESTIONS for arg in ("--prompt", q)]
 UNTIMED = lambda line: {k: v for k, v in json.loads(line).items() if k not in ("seconds", "compile_seconds")}  # noqa: E731
-
-
-def one_and_two(module: str, argv: list[str], out: Path, name: str, two_argv: list[str] | None = None):
-    """The command as one process of two devices and as two processes of one device each, run
-    at once and both finished: (the one process, the two)."""
-    one = start(module, argv, out, f"{name}-one", devices=2)
-    two = start(module, two_argv or argv, out, f"{name}-two", devices=1, processes=2)
-    try:
-        return finish(one, TIMEOUT_S)[0], finish(two, TIMEOUT_S)
-    finally:
-        stop(one + two)
 
 
 @pytest.fixture(scope="module")
@@ -62,16 +50,6 @@ def test_generate_recommended_on_two_processes_prints_what_one_process_prints(ge
     assert len(lines) == len(QUESTIONS) and all(json.loads(line)["tokens"] > 0 for line in lines)
     assert list(map(UNTIMED, zero.out().splitlines())) == list(map(UNTIMED, lines))
     assert other.out() == "", "only process 0 prints"
-
-
-TIMING = {
-    "seconds",
-    "tokens_per_second",
-    "compile_seconds",
-    "speedup_tokens_per_second",
-    "speedup_tokens_per_second_interval",
-    "batch_seconds",
-}
 
 
 def test_bench_recommended_on_two_processes_writes_what_one_process_writes(out):
@@ -101,17 +79,6 @@ def linked_model(directory: Path) -> Path:
 
 
 TUNE_PROBLEMS = {"dev": (3, 5), "confirm": (5, 7)}  # lines of the held-out set: a search and a confirmation
-UNTIMED_TUNE = {"seconds", "compile_seconds", "time", "date", "model", "log", "processes"}
-
-
-def untimed_tune(tree):
-    """``tree`` without what differs between two runs that decode alike: times, and the paths of
-    each run's own model directory and output."""
-    if isinstance(tree, dict):
-        return {k: untimed_tune(v) for k, v in tree.items() if k not in UNTIMED_TUNE}
-    if isinstance(tree, list):
-        return [untimed_tune(v) for v in tree]
-    return tree
 
 
 def test_tune_on_two_processes_writes_what_one_process_writes(out):
@@ -149,12 +116,6 @@ def test_tune_on_two_processes_writes_what_one_process_writes(out):
     assert (again["meta"]["log_entries_read_back"], again["meta"]["problems_decoded"]) == (len(log), 0)
     same = lambda report: untimed_tune({**report, "meta": {}})  # noqa: E731
     assert same(again) == same(got)
-
-
-def harness_files(root: Path) -> tuple[dict, dict]:
-    (results,) = root.rglob("results_*.json")
-    (efficiency,) = root.rglob("efficiency_*.json")
-    return json.loads(results.read_text()), json.loads(efficiency.read_text())
 
 
 def test_evaluate_recommended_on_two_processes_writes_what_one_process_writes(out):

@@ -5,8 +5,9 @@ One cluster runs for the module: two processes of tests/helpers/multihost_driver
 ``generate`` (a text and a token-id prompt; plain, PSD and RPS; no cache and the dual cache; rows
 over ``data`` and ``model`` across the processes) through its command-line entry point, then
 ``serve`` of DiffusionGemma (its requests sent and the server stopped by process 0 itself), then
-``serve`` of the word model (process 0 answers HTTP). ``bench`` and ``evaluate`` on two processes are
-tests/parallel/test_front_end_commands.py's. The one-process reference is
+``serve`` of the word model (process 0 answers HTTP). ``bench``, ``tune`` and ``evaluate`` on two
+processes are tests/parallel/test_front_end_commands.py's (and, for DiffusionGemma,
+test_diffusion_gemma_commands.py's). The one-process reference is
 the same driver run in conftest's ``sharded_run`` subprocess. The last test kills process 1.
 """
 
