@@ -4,6 +4,10 @@ tokenizer), as two processes of one ``jax.distributed`` cluster with ``--mesh da
 the same command writes as one process of two devices (rows split over the processes, results
 gathered). Its ``generate`` and server on two processes: tests/parallel/test_multihost.py; the same
 front ends on one process, against ``generate``: tests/frontends/test_diffusion_gemma_frontends.py.
+
+Marked slow, so left out of the default run: nine processes, about 75 s alone on 2 cores and twice
+that beside the rest of the suite, which would take CI past its 15 minutes. Run them with
+``python -m pytest -m slow tests/parallel/test_diffusion_gemma_commands.py``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ PROBLEMS = [
     {"question": "What is 4+4?", "answer": "8"},
     {"question": "Say 9", "answer": "9"},
 ]
+pytestmark = pytest.mark.slow
+
 STEPS = ["--max-denoising-steps", "6"]  # 6 steps a canvas, not the release's 16: the same work, less time
 
 
