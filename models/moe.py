@@ -85,9 +85,7 @@ def slot_rows(assignments: int, n_experts: int, tokens: int) -> int:
     return int(max(1, min(rows, tokens)))
 
 
-def expert_slots(
-    xs: jax.Array, sizes: jax.Array, w_gate, w_up, w_down, swiglu, rows: int, wide: int | None = None
-) -> jax.Array:
+def expert_slots(xs: jax.Array, sizes: jax.Array, w_gate, w_up, w_down, swiglu, rows: int) -> jax.Array:
     """Each expert's MLP on its rows of xs [R, D], sorted by expert with ``sizes`` [E] rows each (rows
     after ``sizes.sum()`` belong to no expert here and come back as zeros), in xs's dtype.
 
@@ -99,18 +97,7 @@ def expert_slots(
     ``ceil(tokens / rows)``, the dense product's work, whatever the routing). The weights are read
     in place, never gathered or copied. Products accumulate in float32 and round once to xs's dtype,
     each row's exactly as one expert's product; ``w_up`` None means ``w_gate`` holds both
-    (``interleave_gate_up``). Quantized weights (``qwix.QArray``) go through ``qwix.einsum``.
-
-    ``wide`` (more than ``rows``): where the largest group needs more than one slot of ``rows``,
-    the slots are ``wide`` rows instead, chosen at run time. A slot's product costs well under
-    twice as much at twice the rows (it reads the same weights), so an uneven routing whose
-    largest group just overflows one slot costs one wide slot, not two narrow ones."""
-    if wide is not None and wide > rows:
-        return jax.lax.cond(
-            jnp.max(sizes) > rows,
-            lambda: expert_slots(xs, sizes, w_gate, w_up, w_down, swiglu, wide),
-            lambda: expert_slots(xs, sizes, w_gate, w_up, w_down, swiglu, rows),
-        )
+    (``interleave_gate_up``). Quantized weights (``qwix.QArray``) go through ``qwix.einsum``."""
     total, n_experts = xs.shape[0], sizes.shape[0]
     start = jnp.cumsum(sizes) - sizes
     n_slots = (jnp.max(sizes) + rows - 1) // rows
@@ -167,8 +154,7 @@ def routed_experts(
     chosen/weights [T, k] from ``route``; w_gate/w_up [E, D, F], w_down [E, F, D]; or ``w_up`` None
     and ``w_gate`` [E, D, 2F] the two interleaved (``interleave_gate_up``); ``swiglu(gate, up)``
     is the model's activation (float32 SiLU, rounded once). Off TPU the experts run in slots of
-    ``per_slot`` rows per expert (``expert_slots``; when None, ``slot_rows``, or twice that, up to
-    ``MAX_SLOT_ROWS``, where the largest group overflows one slot); on TPU, and wherever
+    ``per_slot`` rows per expert (``expert_slots``; ``slot_rows`` when None); on TPU, and wherever
     ``grouped(x, w, sizes)`` is given (``ragged_matmul`` or ``jax.lax.ragged_dot``: the cost
     figures measure it), as one grouped product per projection.
 
@@ -212,11 +198,7 @@ def _local_experts(x, chosen, weights, w_gate, w_up, w_down, swiglu, grouped, fi
     sizes = jnp.zeros((n_local,), jnp.int32).at[flat].add(1, mode="drop")
     xs = jnp.take(x, order // k, axis=0)
     if grouped is None:
-        if per_slot is None:
-            rows = slot_rows(tokens * k, n_local, tokens)
-            ys = expert_slots(xs, sizes, w_gate, w_up, w_down, swiglu, rows, min(2 * rows, MAX_SLOT_ROWS, tokens))
-        else:
-            ys = expert_slots(xs, sizes, w_gate, w_up, w_down, swiglu, per_slot)
+        ys = expert_slots(xs, sizes, w_gate, w_up, w_down, swiglu, per_slot or slot_rows(tokens * k, n_local, tokens))
     else:
         if w_up is None:
             both = grouped(xs, w_gate, sizes)

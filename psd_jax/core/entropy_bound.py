@@ -482,7 +482,7 @@ def denoise_canvas(
         n = s["n"]
         passes_now = s["passes"] + (~(s["stopped"] | ended)).astype(jnp.int32)
         row_nfe = s["row_nfe"] + (~ended).astype(jnp.int32)
-        on = jnp.broadcast_to(s["has_sc"], (batch,))  # no self-conditioning at a canvas's first step
+        on = jnp.broadcast_to(n < N, (batch,))  # no self-conditioning at a canvas's first step
         logits = model.denoise(s["x"], at, cache, s["sc"], sc_on=on)
         temperature = values.temperatures[:, n]  # [B]
         z = logits / temperature[:, None, None]
@@ -507,7 +507,7 @@ def denoise_canvas(
             # A frozen row's entropy is not that of the logits it keeps, but it has stopped already.
             confident = h.mean(-1) < values.confidence
             stopped = stopped | (stable & confident)
-        new = dict(s, n=n - 1, x=x_next, a=a, sc=p, has_sc=jnp.ones((), bool), stopped=stopped,
+        new = dict(s, n=n - 1, x=x_next, a=a, sc=p, stopped=stopped,
                    history=history, passes=passes_now, row_nfe=row_nfe, step=s["step"] + 1, nfe=s["nfe"] + 1)  # fmt: skip
         if trace:
             rec = new["records"]
@@ -529,7 +529,6 @@ def denoise_canvas(
         "x": x0,
         "a": x0,
         "sc": jnp.zeros((batch, C, V), jnp.float32),  # the last step's probabilities: self-conditioning
-        "has_sc": jnp.zeros((), bool),
         "stopped": stopped,
         "history": jnp.full((history_len, batch, C), -1, jnp.int32),
         **counters,

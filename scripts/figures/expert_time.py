@@ -5,7 +5,8 @@ a warm-up:
     python -m scripts.figures.expert_time [--experts 16] [--top-k 2] [--d 512] [--hidden 256]
         [--layers 8] [--tokens 32,128] [--rows default,8,32] [--runs 15]
 
-``--rows`` picks the slot size of ``models.moe.expert_slots`` (``default``: ``slot_rows``'s).
+``--rows`` picks the slot size of ``models.moe.expert_slots`` (``default``: the library's own,
+``slot_rows``'s).
 Figures: docs/cost-model.md.
 """
 
@@ -23,7 +24,7 @@ from models.moe import interleave_gate_up, routed_experts, slot_rows
 from models.transformer import swiglu
 
 
-def expert_layers(chosen: jax.Array, weights: jax.Array, rows: int):
+def expert_layers(chosen: jax.Array, weights: jax.Array, rows: int | None):
     """A jitted stack of expert layers, each adding its routed experts' output to the rows."""
 
     @jax.jit
@@ -61,18 +62,16 @@ def main(argv: list[str] | None = None) -> int:
         chosen = jnp.asarray(np.argsort(-rng.normal(size=(tokens, E)), axis=1)[:, :k].astype(np.int32))
         weights = jnp.asarray(rng.random((tokens, k)).astype(np.float32))
         for choice in args.rows.split(","):
-            rows = slot_rows(tokens * k, E, tokens) if choice == "default" else int(choice)
-
-            layers = expert_layers(chosen, weights, rows)
+            default = choice == "default"
+            rows = slot_rows(tokens * k, E, tokens) if default else int(choice)
+            layers = expert_layers(chosen, weights, None if default else rows)
             jax.block_until_ready(layers(x, gate_up, down))
             times = []
             for _ in range(args.runs):
                 start = time.perf_counter()
                 jax.block_until_ready(layers(x, gate_up, down))
                 times.append(time.perf_counter() - start)
-            print(
-                f"| {tokens} | {rows}{' (default)' if choice == 'default' else ''} | {1e3 * statistics.median(times):.1f} |"
-            )
+            print(f"| {tokens} | {rows}{' (default)' if default else ''} | {1e3 * statistics.median(times):.1f} |")
     return 0
 
 

@@ -6,9 +6,9 @@ Abstract arrays only (``jax.ShapeDtypeStruct``): no weight is materialised, so i
 Rows, per token shape B x L (tokens T = B * L), for one MoE layer against the ideal
 2 x k x 3 x d x F_expert:
 - off TPU, ``models.moe.expert_slots``: every expert on ``slot_rows`` rows per slot, as many slots
-  as the largest group needs (one slot per ``slot_rows`` rows of it; where it overflows one slot,
-  slots of twice the rows). Counted from the shapes at a balanced routing (every expert T k / E
-  rows: one slot), because XLA counts a loop's body once whatever its trip count;
+  as the largest group needs (one slot per ``slot_rows`` rows of it). Counted from the shapes at a
+  balanced routing (every expert T k / E rows), because XLA counts a loop's body once whatever its
+  trip count;
 - ``models.moe.routed_experts`` with ``jax.lax.ragged_dot`` as the grouped product (TPU's path; off
   TPU it lowers to a dense product of every row with every expert), XLA's count.
 

@@ -165,8 +165,7 @@ def test_routing_matches_the_per_token_rule():
 def test_routed_experts_are_exact_for_every_slot_size_and_the_grouped_product():
     """Each token gets exactly its k experts, whatever the slot size (one row per expert and slot: as
     many slots as the largest group; three; the default) and through the grouped product (TPU's
-    path, ``ragged_dot``), with empty experts, and with every token on one expert (the most slots;
-    by default, slots of twice the rows, as for any group that overflows one slot)."""
+    path, ``ragged_dot``), with empty experts, and with every token on one expert (the most slots)."""
     rng = np.random.default_rng(2)
     T, d, F, E, k = 24, 8, 6, 8, 2
     x = rng.normal(size=(T, d)).astype(np.float32)
